@@ -1,0 +1,205 @@
+package dsync
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync/renew"
+)
+
+// Defaults.
+const (
+	// DefaultTTL is the lease of a hold unless [TTL] says otherwise.
+	DefaultTTL = 30 * time.Second
+	// DefaultPrefix begins every key dsync writes unless [Prefix] says otherwise.
+	DefaultPrefix = "dsync"
+
+	// fenceIdle is how long the per-name bookkeeping (the fencing counter)
+	// lives after its last use. Tokens stay monotonic past it because the
+	// next token is at least the server time in µs.
+	fenceIdle = 24 * time.Hour
+	// releaseTimeout bounds an unlock or cleanup that runs detached from
+	// the caller's ctx.
+	releaseTimeout = 5 * time.Second
+	// starvation is how long a waiter waits before it takes a place in the
+	// lock's queue, as in sync.Mutex's starvation mode.
+	starvation = time.Millisecond
+)
+
+// A Client makes dsync primitives on one Redis deployment. Its background
+// work, one lease renewer and one pub/sub connection shared by all waiters,
+// starts on first use and stops on Close. A Client is safe for concurrent use.
+type Client struct {
+	rdb    redis.UniversalClient
+	cfg    config
+	err    error // bad input to New, reported by every call
+	renew  *renew.Renewer
+	notify *notifier
+
+	mu     sync.Mutex
+	holds  map[holdKey]*hold // holds of owners carried in ctx
+	closed chan struct{}
+	once   sync.Once
+}
+
+// New returns a Client over rdb, which may be a single-node, cluster,
+// sentinel or ring client. Options set defaults for every primitive made by
+// the Client. Close stops the Client's background work; it does not close
+// rdb. A nil rdb or a bad option makes every call fail with [ErrInvalid].
+func New(rdb redis.UniversalClient, opts ...Option) *Client {
+	c := &Client{
+		rdb:    rdb,
+		cfg:    defaultConfig(),
+		holds:  make(map[holdKey]*hold),
+		closed: make(chan struct{}),
+	}
+	c.cfg.apply(opts)
+	c.err = c.cfg.err
+	if rdb == nil {
+		c.err = fmt.Errorf("%w: nil redis client", ErrInvalid)
+	}
+	if c.err != nil {
+		return c
+	}
+	c.renew = renew.New(rdb, renew.LostError(ErrLeaseLost))
+	c.notify = newNotifier(rdb)
+	return c
+}
+
+// Close stops renewing every lease of the Client (their Done channels
+// close) and its notifications; calls in progress and later calls return
+// [ErrClosed]. Holds are not released: they expire at their TTL. Close does
+// not close the Redis client. It is safe to call more than once.
+func (c *Client) Close() error {
+	c.once.Do(func() {
+		close(c.closed)
+		if c.renew != nil {
+			c.renew.Close()
+		}
+		if c.notify != nil {
+			c.notify.close()
+		}
+	})
+	return nil
+}
+
+func (c *Client) check() error {
+	if c == nil {
+		return fmt.Errorf("%w: nil client", ErrInvalid)
+	}
+	if c.err != nil {
+		return c.err
+	}
+	select {
+	case <-c.closed:
+		return ErrClosed
+	default:
+		return nil
+	}
+}
+
+// An Option configures a Client (as the default of all its primitives) or
+// one primitive.
+type Option func(*config)
+
+type config struct {
+	ttl      time.Duration
+	interval time.Duration // 0: TTL/3; < 0: no renewal
+	maxHold  time.Duration
+	prefix   string
+	err      error
+}
+
+func defaultConfig() config {
+	return config{ttl: DefaultTTL, prefix: DefaultPrefix}
+}
+
+func (cfg *config) apply(opts []Option) {
+	for _, o := range opts {
+		if o != nil {
+			o(cfg)
+		}
+	}
+}
+
+func (cfg *config) fail(format string, args ...any) {
+	if cfg.err == nil {
+		cfg.err = fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+	}
+}
+
+// TTL sets the lease of every hold (default [DefaultTTL], 30 s). While a hold
+// lives it is renewed every TTL/3, so the TTL is how long a hold survives its
+// holder's death. It must be at least 1 ms.
+func TTL(d time.Duration) Option {
+	return func(cfg *config) {
+		if d < time.Millisecond {
+			cfg.fail("TTL %v, want at least 1ms", d)
+			return
+		}
+		cfg.ttl = d
+	}
+}
+
+// FixedLease turns renewal off: a hold lasts exactly its TTL unless released
+// earlier, and its [Lease] reports [ErrLeaseLost] when the TTL runs out.
+// For holders that prefer expiry to an unbounded hold.
+func FixedLease() Option {
+	return func(cfg *config) { cfg.interval = -1 }
+}
+
+// MaxHold bounds how long renewal may keep one hold alive: a live but stuck
+// holder loses the hold at most d plus one TTL after taking it. The default,
+// 0, is no bound.
+func MaxHold(d time.Duration) Option {
+	return func(cfg *config) {
+		if d < 0 {
+			cfg.fail("MaxHold %v, want ≥ 0", d)
+			return
+		}
+		cfg.maxHold = d
+	}
+}
+
+// Prefix sets the first part of every key and channel name (default
+// [DefaultPrefix], "dsync"). Clients that share names must share the prefix.
+func Prefix(p string) Option {
+	return func(cfg *config) {
+		if p == "" {
+			cfg.fail("empty prefix")
+			return
+		}
+		cfg.prefix = p
+	}
+}
+
+// keyOf returns the base key of a primitive: the prefix and the name as a
+// hash tag, so that every key of one primitive lives in one cluster slot.
+func (cfg *config) keyOf(name string) string {
+	return cfg.prefix + ":{" + name + "}"
+}
+
+func ms(d time.Duration) int64 {
+	v := d.Milliseconds()
+	if v < 1 {
+		v = 1
+	}
+	return v
+}
+
+// newCallID returns an id for one call: scripts that see the same id twice
+// (a retry after a lost reply) answer as before and change nothing.
+func newCallID() string {
+	return strconv.FormatUint(rand.Uint64(), 36)
+}
+
+// detached returns a context for cleanup that must run although ctx ended.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+}

@@ -1,0 +1,25 @@
+package dsync
+
+import "errors"
+
+// Errors returned by dsync. Compare with errors.Is: an error from a call
+// whose ctx ended matches both the ctx error and, where one applies, the
+// sentinel below.
+var (
+	// ErrNotHeld is returned by an unlock or release of something the
+	// caller's owner (or, without an owner, the handle) does not hold.
+	ErrNotHeld = errors.New("dsync: not held")
+
+	// ErrLeaseLost reports that a hold ended without being released: its
+	// lease expired, its keys were deleted, or Redis lost it. The holder must
+	// assume another process may now hold it.
+	ErrLeaseLost = errors.New("dsync: lease lost")
+
+	// ErrClosed is returned by calls on a primitive whose Client was closed.
+	ErrClosed = errors.New("dsync: client closed")
+
+	// ErrInvalid reports bad input: an empty name, a TTL ≤ 0, a nil client,
+	// an unusable owner token, a count out of range. Nothing was sent to
+	// Redis. The error text says which argument.
+	ErrInvalid = errors.New("dsync: invalid argument")
+)

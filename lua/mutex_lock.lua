@@ -1,0 +1,107 @@
+-- mutex_lock: take or re-enter a Mutex, or report how long to wait.
+--
+-- KEYS[1] lock hash: <owner token> -> reentry count, ':f' fencing token of
+--         the hold, ':c' id of the last call applied, ':w' set once someone waits
+-- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
+--         'r' id of the last unlock that released, 'x' id of the last abandoned call
+-- KEYS[3] queue zset: waiter token -> arrival time (µs)
+-- KEYS[4] queue data hash: waiter token -> "<place deadline ms> <ttl ms> <call id>"
+-- ARGV[1] owner token
+-- ARGV[2] lease TTL (ms)
+-- ARGV[3] call id (the same for every attempt of one Lock call)
+-- ARGV[4] '1' when the caller has waited past the starvation threshold
+-- ARGV[5] idle expiry of the fence hash (ms)
+-- Reply: the fencing token (> 0) when the caller holds the lock, else
+--        minus the number of ms after which to try again (< 0).
+
+local tok, ttl, id = ARGV[1], ARGV[2], ARGV[3]
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+
+-- A call its caller abandoned must not take effect when it arrives late.
+if redis.call('HGET', KEYS[2], 'x') == id then
+  return -1
+end
+
+local cnt = redis.call('HGET', KEYS[1], tok)
+if cnt then
+  -- Re-entry, or a repeat of this very call (a retry after a lost reply,
+  -- or a hold handed to this waiter): a repeat changes nothing.
+  if redis.call('HGET', KEYS[1], ':c') ~= id then
+    redis.call('HINCRBY', KEYS[1], tok, 1)
+    redis.call('HSET', KEYS[1], ':c', id)
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  return tonumber(redis.call('HGET', KEYS[1], ':f'))
+end
+
+-- The queue head whose place has not lapsed; lapsed places are dropped.
+local function head()
+  for _ = 1, 1000 do
+    local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not h then
+      return nil
+    end
+    local d = redis.call('HGET', KEYS[4], h)
+    if d then
+      local dl = tonumber(string.match(d, '^(%d+)'))
+      if dl > now_ms then
+        return h, dl
+      end
+    end
+    redis.call('ZREM', KEYS[3], h)
+    redis.call('HDEL', KEYS[4], h)
+  end
+  return nil
+end
+
+local function enqueue()
+  -- The place lasts one lease TTL and is refreshed by every attempt.
+  redis.call('ZADD', KEYS[3], 'NX', now_us, tok)
+  redis.call('HSET', KEYS[4], tok, string.format('%.0f %s %s', now_ms + tonumber(ttl), ttl, id))
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < tonumber(ttl) then
+      redis.call('PEXPIRE', KEYS[i], ttl)
+    end
+  end
+end
+
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], ':w', 1)
+  if ARGV[4] == '1' or redis.call('EXISTS', KEYS[3]) == 1 then
+    enqueue()
+  end
+  local p = redis.call('PTTL', KEYS[1])
+  if p < 1 then
+    p = 1
+  end
+  return -p
+end
+
+local h, dl = head()
+if h and h ~= tok then
+  -- Free, but a starving waiter is first in line: queue behind it and wait
+  -- until it takes the lock or its place lapses.
+  enqueue()
+  return -math.max(dl - now_ms, 1)
+end
+if h then
+  redis.call('ZREM', KEYS[3], tok)
+  redis.call('HDEL', KEYS[4], tok)
+end
+
+-- Fresh acquisition: next fencing token = max(last + 1, server time in µs),
+-- so tokens keep rising even after the fence hash expired.
+local f = redis.call('HINCRBY', KEYS[2], 'n', 1)
+if f < now_us then
+  redis.call('HSET', KEYS[2], 'n', now_us)
+  f = now_us
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+redis.call('HSET', KEYS[1], tok, 1, ':f', f, ':c', id)
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HSET', KEYS[1], ':w', 1)
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+return f

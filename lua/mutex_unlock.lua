@@ -1,0 +1,99 @@
+-- mutex_unlock: release one level of a Mutex hold; a full release hands the
+-- lock straight to the first waiter in the queue, if any.
+--
+-- KEYS[1..4] as in mutex_lock.lua (lock hash, fence hash, queue, queue data)
+-- ARGV[1] owner token
+-- ARGV[2] call id of this unlock
+-- ARGV[3] notification channel
+-- ARGV[4] idle expiry of the fence hash (ms)
+-- ARGV[5] '' for Unlock. For a Lock call its caller abandoned (ctx done, reply
+--         lost), that call's id: the call is marked abandoned so it cannot
+--         take effect later, its queue place is dropped, and the hold is
+--         released only if that call was the last to take or re-enter it.
+-- Reply: 1 released (or handed over), 2 still held by the owner (its count
+--        went down), 0 the owner does not hold it.
+
+local tok, id, ch, idle, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+
+-- A repeat of an unlock that released answers as before.
+if redis.call('HGET', KEYS[2], 'r') == id then
+  return 1
+end
+
+local function head()
+  for _ = 1, 1000 do
+    local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not h then
+      return nil
+    end
+    local d = redis.call('HGET', KEYS[4], h)
+    if d and tonumber(string.match(d, '^(%d+)')) > now_ms then
+      return h, d
+    end
+    redis.call('ZREM', KEYS[3], h)
+    redis.call('HDEL', KEYS[4], h)
+  end
+  return nil
+end
+
+if guard ~= '' then
+  redis.call('HSET', KEYS[2], 'x', guard)
+  redis.call('PEXPIRE', KEYS[2], idle)
+  local d = redis.call('HGET', KEYS[4], tok)
+  if d and string.match(d, '(%S+)$') == guard then
+    redis.call('ZREM', KEYS[3], tok)
+    redis.call('HDEL', KEYS[4], tok)
+    if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+      -- It may have been first in line for a free lock: let the rest retry.
+      redis.call('PUBLISH', ch, '')
+    end
+  end
+  if redis.call('HGET', KEYS[1], ':c') ~= guard then
+    return 0
+  end
+end
+
+local cnt = redis.call('HGET', KEYS[1], tok)
+if not cnt then
+  return 0
+end
+if redis.call('HGET', KEYS[1], ':c') == id then
+  -- A repeat of an unlock that only lowered the count.
+  return 2
+end
+if tonumber(cnt) > 1 then
+  redis.call('HINCRBY', KEYS[1], tok, -1)
+  redis.call('HSET', KEYS[1], ':c', id)
+  return 2
+end
+
+redis.call('HSET', KEYS[2], 'r', id)
+redis.call('PEXPIRE', KEYS[2], idle)
+local waited = redis.call('HEXISTS', KEYS[1], ':w') == 1
+redis.call('DEL', KEYS[1])
+
+local h, d = head()
+if not h then
+  if waited then
+    redis.call('PUBLISH', ch, '')
+  end
+  return 1
+end
+
+-- Hand over: the head owns the lock now, with its own TTL and its Lock
+-- call's id, so that call's next attempt finds it held and changes nothing.
+local ttl, cid = string.match(d, '^%d+ (%d+) (%S+)$')
+redis.call('ZREM', KEYS[3], h)
+redis.call('HDEL', KEYS[4], h)
+local f = redis.call('HINCRBY', KEYS[2], 'n', 1)
+if f < now_us then
+  redis.call('HSET', KEYS[2], 'n', now_us)
+  f = now_us
+end
+redis.call('HSET', KEYS[1], h, 1, ':f', f, ':c', cid, ':w', 1)
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PUBLISH', ch, h .. ' ' .. string.format('%.0f', f))
+return 1

@@ -1,0 +1,322 @@
+package dsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dsync-go/dsync/lua"
+	"github.com/dsync-go/dsync/renew"
+)
+
+// A Mutex is a mutual exclusion lock shared by every process that names it,
+// the distributed twin of [sync.Mutex]. Get one with [Client.Mutex]; a Mutex
+// handle is safe for concurrent use and cheap, so make one where needed.
+//
+// Without an owner in ctx a Mutex handle behaves like sync.Mutex: it is not
+// reentrant, it remembers the hold it took, and any goroutine using the
+// handle may unlock it. With an owner (see [WithOwner]) the owner may lock
+// again while it holds the lock (each Lock needs one Unlock), other owners
+// wait, and only the owner may unlock.
+//
+// Unlike sync.Mutex, every hold has a lease (see [TTL]): the Client renews it
+// while the hold lives, and a holder that dies frees the lock when its lease
+// runs out. Each fresh acquisition gets a fencing token larger than every
+// earlier one of the name ([Lease.Token]).
+//
+// Waiters are woken by the release, not by polling. As in sync.Mutex's
+// starvation mode, a waiter that has waited more than a millisecond takes a
+// place in a queue kept in Redis; newcomers, including the goroutine that
+// just unlocked, then queue behind it, and an unlock hands the lock straight
+// to the first in line.
+type Mutex struct {
+	c    *Client
+	cfg  config
+	name string
+	keys []string // lock hash, fence hash, queue, queue data
+	err  error
+
+	mu  sync.Mutex
+	cur *hold // the handle's own hold, without an owner in ctx
+}
+
+// Mutex returns a handle on the Mutex called name. Options override the
+// Client's defaults for this handle. An empty name or a bad option makes
+// every call on the handle fail with [ErrInvalid].
+func (c *Client) Mutex(name string, opts ...Option) *Mutex {
+	m := &Mutex{c: c, name: name}
+	if c != nil {
+		m.cfg = c.cfg
+	} else {
+		m.cfg = defaultConfig()
+	}
+	m.cfg.err = nil
+	m.cfg.apply(opts)
+	m.err = m.cfg.err
+	if name == "" {
+		m.err = fmt.Errorf("%w: empty name", ErrInvalid)
+	}
+	k := m.cfg.keyOf(name)
+	m.keys = []string{k, k + ":f", k + ":q", k + ":qd"}
+	return m
+}
+
+func (m *Mutex) check() error {
+	if m == nil {
+		return fmt.Errorf("%w: nil Mutex", ErrInvalid)
+	}
+	if err := m.c.check(); err != nil {
+		return err
+	}
+	return m.err
+}
+
+// Lock locks m, waiting until it is free or ctx is done. On success the
+// hold lasts until Unlock, renewed by the Client; with an owner in ctx that
+// already holds m, Lock re-enters at once. On failure it returns an error
+// for which errors.Is(err, ctx.Err()) holds (or a Redis or [ErrClosed]
+// error) and leaves no hold behind, also when the server took the lock but
+// the reply was lost.
+func (m *Mutex) Lock(ctx context.Context) error {
+	_, err := m.lock(ctx, true)
+	return err
+}
+
+// TryLock tries to lock m once, without waiting, and reports whether it
+// succeeded. It fails if another owner holds m or waiters are queued for it.
+// An error means the attempt could not be made or its outcome is unknown;
+// then no hold is left behind.
+func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
+	return m.lock(ctx, false)
+}
+
+func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
+	if err := m.check(); err != nil {
+		return false, err
+	}
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if !owned {
+		tok = newToken()
+	}
+	id := newCallID()
+	start := time.Now()
+	v, err := m.attempt(ctx, tok, id, false)
+	if err != nil {
+		m.abandon(ctx, tok, id)
+		return false, err
+	}
+	if v <= 0 && wait {
+		v, err = m.wait(ctx, tok, id, start, v)
+		if err != nil {
+			m.abandon(ctx, tok, id)
+			return false, err
+		}
+	}
+	if v <= 0 {
+		return false, nil
+	}
+	m.held(tok, owned, uint64(v), start)
+	return true, nil
+}
+
+// attempt runs the lock script once: > 0 is the fencing token of a hold,
+// ≤ 0 minus the ms to wait at most.
+func (m *Mutex) attempt(ctx context.Context, tok, id string, starving bool) (int64, error) {
+	s := "0"
+	if starving {
+		s = "1"
+	}
+	return lua.MutexLock.Run(ctx, m.c.rdb, m.keys, tok, ms(m.cfg.ttl), id, s, ms(fenceIdle)).Int64()
+}
+
+// wait retries after notifications until the lock is held or ctx is done.
+func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int64) (int64, error) {
+	w := m.c.notify.watch(m.keys[0], tok)
+	defer m.c.notify.unwatch(w)
+	w.awaitReady(ctx, m.c.closed)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	retry := true // the subscription is new: a release may have been missed
+	for {
+		if retry {
+			var err error
+			v, err = m.attempt(ctx, tok, id, time.Since(start) >= starvation)
+			if err != nil || v > 0 {
+				return v, err
+			}
+		}
+		// Sleep no longer than the hold (or the queue place) can last, and
+		// refresh the queue place within its TTL.
+		d := min(time.Duration(-v)*time.Millisecond, m.cfg.ttl/2)
+		t.Reset(max(d, time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-m.c.closed:
+			return 0, ErrClosed
+		case <-t.C:
+			retry = true
+		case <-w.sig:
+			if f, ok := w.handover(); ok {
+				return int64(f), nil
+			}
+			// A plain release (or a resubscription) invites a retry; a
+			// hand-over to another waiter does not.
+			retry = true
+		}
+	}
+}
+
+// abandon undoes whatever a failed Lock call may have done on the server:
+// a hold it took whose reply was lost, a re-entry, its place in the queue.
+// It runs detached from ctx, which may be done.
+func (m *Mutex) abandon(ctx context.Context, tok, id string) {
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	_ = lua.MutexUnlock.Run(dctx, m.c.rdb, m.keys, tok, newCallID(), m.keys[0], ms(fenceIdle), id).Err()
+}
+
+// held records a hold taken (or re-entered) by tok.
+func (m *Mutex) held(tok string, owned bool, fence uint64, start time.Time) {
+	newHold := func() *hold {
+		return m.c.startHold(&m.cfg, renew.Spec{
+			Script: lua.MutexRenew,
+			Keys:   m.keys[:1],
+			Args:   []any{tok, ms(m.cfg.ttl)},
+		}, tok, fence, start)
+	}
+	if owned {
+		m.c.ownerHold(holdKey{m.keys[0], tok}, fence, newHold)
+		return
+	}
+	h := newHold()
+	m.mu.Lock()
+	old := m.cur
+	m.cur = h
+	m.mu.Unlock()
+	if old != nil {
+		// The previous hold of this handle is gone, or Lock would have waited.
+		old.release()
+	}
+}
+
+// Unlock unlocks m: one level of an owner's re-entry, or the handle's hold.
+// It runs even if ctx is already done, detached with its own deadline. It
+// returns [ErrNotHeld] if the caller does not hold m and [ErrLeaseLost] if
+// the hold was lost before Unlock; in both cases nothing is changed. Unlock
+// never affects another owner's hold, also when retried after a lost reply.
+func (m *Mutex) Unlock(ctx context.Context) error {
+	if err := m.check(); err != nil && !errors.Is(err, ErrClosed) {
+		return err
+	}
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return err
+	}
+	var h *hold
+	if owned {
+		h = m.c.lookupHold(holdKey{m.keys[0], tok})
+	} else {
+		m.mu.Lock()
+		h = m.cur
+		m.mu.Unlock()
+		if h == nil {
+			return ErrNotHeld
+		}
+		tok = h.tok
+	}
+	id := newCallID()
+	if h != nil {
+		m.mu.Lock()
+		if h.unlockID != "" {
+			id = h.unlockID
+		}
+		h.unlockID = id
+		m.mu.Unlock()
+	}
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	r, err := lua.MutexUnlock.Run(dctx, m.c.rdb, m.keys, tok, id, m.keys[0], ms(fenceIdle), "").Int64()
+	if err != nil {
+		// The outcome is unknown: keep the hold, and let a retry reuse id.
+		return err
+	}
+	if h != nil {
+		m.mu.Lock()
+		h.unlockID = ""
+		m.mu.Unlock()
+	}
+	switch {
+	case r == 1 || (r == 0 && h != nil):
+		if h != nil {
+			m.forget(owned, tok, h)
+			if r == 0 {
+				h.lease.MarkLost()
+				return ErrLeaseLost
+			}
+			h.release()
+		}
+		return nil
+	case r == 2:
+		if h != nil && owned {
+			m.c.mu.Lock()
+			h.count--
+			last := h.count <= 0
+			m.c.mu.Unlock()
+			if last {
+				// Another process re-entered with this owner and renews
+				// the rest of the hold.
+				m.forget(owned, tok, h)
+				h.release()
+			}
+		}
+		return nil
+	default:
+		return ErrNotHeld
+	}
+}
+
+func (m *Mutex) forget(owned bool, tok string, h *hold) {
+	if owned {
+		m.c.dropHold(holdKey{m.keys[0], tok}, h)
+		return
+	}
+	m.mu.Lock()
+	if m.cur == h {
+		m.cur = nil
+	}
+	m.mu.Unlock()
+}
+
+// Lease returns the lease of the current hold of ctx's owner on m or,
+// without an owner in ctx, of the handle's hold. It returns [ErrNotHeld] if
+// there is none. It sends nothing to Redis.
+func (m *Mutex) Lease(ctx context.Context) (*Lease, error) {
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var h *hold
+	if owned {
+		h = m.c.lookupHold(holdKey{m.keys[0], tok})
+	} else {
+		m.mu.Lock()
+		h = m.cur
+		m.mu.Unlock()
+	}
+	if h == nil {
+		return nil, ErrNotHeld
+	}
+	return h.leaseView(), nil
+}

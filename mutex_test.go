@@ -1,0 +1,461 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// eachBackend runs f on miniredis and, when available, a real redis-server.
+func eachBackend(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) { f(t, b) })
+	}
+}
+
+// newClient returns a dsync Client on a fresh connection to b, closed at cleanup.
+func newClient(t *testing.T, b redistest.Backend, opts ...dsync.Option) *dsync.Client {
+	t.Helper()
+	c := dsync.New(b.NewClient(t), opts...)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestMutexExcludesAcrossClients(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		const clients, perClient, rounds = 3, 3, 20
+		var inside, maxInside, total atomic.Int64
+		var wg sync.WaitGroup
+		for i := 0; i < clients; i++ {
+			c := newClient(t, b)
+			for j := 0; j < perClient; j++ {
+				m := c.Mutex(name) // one handle per goroutine, and no owner
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for k := 0; k < rounds; k++ {
+						if err := m.Lock(ctx); err != nil {
+							t.Errorf("Lock: %v", err)
+							return
+						}
+						n := inside.Add(1)
+						if n > maxInside.Load() {
+							maxInside.Store(n)
+						}
+						total.Add(1)
+						time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
+						inside.Add(-1)
+						if err := m.Unlock(ctx); err != nil {
+							t.Errorf("Unlock: %v", err)
+							return
+						}
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		if got := maxInside.Load(); got != 1 {
+			t.Errorf("holders at once = %d, want 1", got)
+		}
+		if got, want := total.Load(), int64(clients*perClient*rounds); got != want {
+			t.Errorf("acquisitions = %d, want %d", got, want)
+		}
+		assertNoLockKeys(t, b, name)
+	})
+}
+
+// assertNoLockKeys checks that a released lock left only its long-lived
+// bookkeeping (the fence hash) behind, and that it carries an expiry.
+func assertNoLockKeys(t *testing.T, b redistest.Backend, name string) {
+	t.Helper()
+	rdb := b.NewClient(t)
+	ctx := context.Background()
+	var keys []string
+	for _, suffix := range []string{"", ":q", ":qd", ":f"} {
+		k := "dsync:{" + name + "}" + suffix
+		n, err := rdb.Exists(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			keys = append(keys, k)
+		}
+	}
+	if slices.ContainsFunc(keys, func(k string) bool { return k[len(k)-2:] != ":f" }) {
+		t.Errorf("keys left after release: %v, want only the fence hash", keys)
+	}
+	for _, k := range keys {
+		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
+			t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
+		}
+	}
+}
+
+func TestMutexTryLock(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		c1, c2 := newClient(t, b), newClient(t, b)
+		m1, m2 := c1.Mutex(name), c2.Mutex(name)
+		if ok, err := m1.TryLock(ctx); !ok || err != nil {
+			t.Fatalf("first TryLock = %v, %v; want true, nil", ok, err)
+		}
+		if ok, err := m2.TryLock(ctx); ok || err != nil {
+			t.Fatalf("TryLock while held = %v, %v; want false, nil", ok, err)
+		}
+		// Without an owner a handle is not reentrant, like sync.Mutex.
+		if ok, err := m1.TryLock(ctx); ok || err != nil {
+			t.Fatalf("TryLock on the holding handle = %v, %v; want false, nil", ok, err)
+		}
+		if err := m1.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock: %v", err)
+		}
+		if ok, err := m2.TryLock(ctx); !ok || err != nil {
+			t.Fatalf("TryLock after release = %v, %v; want true, nil", ok, err)
+		}
+		if err := m2.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock: %v", err)
+		}
+		if err := m2.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("second Unlock = %v, want ErrNotHeld", err)
+		}
+	})
+}
+
+func TestMutexAnyGoroutineMayUnlockHandle(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		m := newClient(t, b).Mutex(redistest.Key(t))
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error)
+		go func() { errc <- m.Unlock(context.Background()) }()
+		if err := <-errc; err != nil {
+			t.Fatalf("Unlock from another goroutine = %v, want nil", err)
+		}
+		if ok, _ := m.TryLock(ctx); !ok {
+			t.Fatal("lock still held after Unlock")
+		}
+	})
+}
+
+func TestMutexReentrantOwner(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		c := newClient(t, b)
+		m := c.Mutex(name)
+		other := newClient(t, b).Mutex(name)
+		for i := 0; i < 3; i++ {
+			if err := m.Lock(ctx); err != nil {
+				t.Fatalf("Lock %d: %v", i, err)
+			}
+		}
+		rdb := b.NewClient(t)
+		if n, _ := rdb.HGet(ctx, "dsync:{"+name+"}", dsync.OwnerToken(ctx)).Int(); n != 3 {
+			t.Errorf("reentry count in Redis = %d, want 3", n)
+		}
+		// Another owner neither gets it nor may release it.
+		octx := dsync.WithOwner(context.Background())
+		if ok, _ := other.TryLock(octx); ok {
+			t.Fatal("another owner took a held lock")
+		}
+		if err := other.Unlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("Unlock by another owner = %v, want ErrNotHeld", err)
+		}
+		// Nor may a caller without owner, even on the same handle.
+		if err := m.Unlock(context.Background()); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("Unlock without owner = %v, want ErrNotHeld", err)
+		}
+		for i := 0; i < 3; i++ {
+			if ok, _ := other.TryLock(octx); ok {
+				t.Fatalf("lock free after %d of 3 unlocks", i)
+			}
+			if err := m.Unlock(ctx); err != nil {
+				t.Fatalf("Unlock %d: %v", i, err)
+			}
+		}
+		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("fourth Unlock = %v, want ErrNotHeld", err)
+		}
+		if ok, err := other.TryLock(octx); !ok || err != nil {
+			t.Fatalf("TryLock after the last Unlock = %v, %v", ok, err)
+		}
+		if err := other.Unlock(octx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestMutexOwnerTokenAcrossProcesses(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		name := redistest.Key(t)
+		a := newClient(t, b).Mutex(name)
+		bm := newClient(t, b).Mutex(name) // another process
+		ctxA := dsync.WithOwner(ctxT(t))
+		if err := a.Lock(ctxA); err != nil {
+			t.Fatal(err)
+		}
+		// The token crosses a process boundary (RPC metadata, say).
+		ctxB := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctxA))
+		if ok, err := bm.TryLock(ctxB); !ok || err != nil {
+			t.Fatalf("re-entry from another process = %v, %v; want true", ok, err)
+		}
+		la, _ := a.Lease(ctxA)
+		lb, err := bm.Lease(ctxB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if la.Token() != lb.Token() {
+			t.Errorf("fencing tokens differ on re-entry: %d vs %d", la.Token(), lb.Token())
+		}
+		if err := bm.Unlock(ctxB); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Unlock(ctxA); err != nil {
+			t.Fatal(err)
+		}
+		if ok, _ := bm.TryLock(context.Background()); !ok {
+			t.Fatal("lock held after both unlocks")
+		}
+	})
+}
+
+func TestMutexWaiterWokenByRelease(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		holder := newClient(t, b).Mutex(name)
+		waiter := newClient(t, b).Mutex(name)
+		const rounds = 15
+		var lat []time.Duration
+		for i := 0; i < rounds; i++ {
+			if err := holder.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan time.Time, 1)
+			go func() {
+				if err := waiter.Lock(ctx); err != nil {
+					t.Error(err)
+				}
+				got <- time.Now()
+			}()
+			time.Sleep(20 * time.Millisecond) // let the waiter block
+			released := time.Now()
+			if err := holder.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			lat = append(lat, (<-got).Sub(released))
+			if err := waiter.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		slices.Sort(lat)
+		med := lat[len(lat)/2]
+		t.Logf("handoff latency: median %v, max %v", med, lat[len(lat)-1])
+		// The TTL is 30 s: only a notification explains a fast wake-up.
+		if med > 15*time.Millisecond {
+			t.Errorf("median handoff %v, want under 15ms", med)
+		}
+	})
+}
+
+func TestMutexNoStarvation(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		const G = 4
+		counts := make([]atomic.Int64, G)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for g := 0; g < G; g++ {
+			m := newClient(t, b).Mutex(name)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 100000; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if err := m.Lock(ctx); err != nil {
+						t.Error(err)
+						return
+					}
+					counts[g].Add(1)
+					if err := m.Unlock(ctx); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		time.Sleep(1500 * time.Millisecond)
+		close(stop)
+		wg.Wait()
+		var lo, hi int64 = 1 << 62, 0
+		for g := range counts {
+			n := counts[g].Load()
+			lo, hi = min(lo, n), max(hi, n)
+		}
+		t.Logf("acquisitions per goroutine: fewest %d, most %d", lo, hi)
+		if lo == 0 || float64(lo) < 0.3*float64(hi) {
+			t.Errorf("fewest/most = %d/%d, want ≥ 0.3 (no starvation)", lo, hi)
+		}
+	})
+}
+
+func TestMutexCancelLeavesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		holder := newClient(t, b).Mutex(name)
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c := newClient(t, b)
+		var wg sync.WaitGroup
+		for i := 0; i < 12; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				wctx, cancel := context.WithTimeout(ctx, time.Duration(1+rand.IntN(40))*time.Millisecond)
+				defer cancel()
+				if i%2 == 0 {
+					wctx = dsync.WithOwner(wctx)
+				}
+				m := c.Mutex(name)
+				err := m.Lock(wctx)
+				if err == nil {
+					// It won the race with its deadline: a hold like any other.
+					if err := m.Unlock(wctx); err != nil {
+						t.Errorf("Unlock: %v", err)
+					}
+					return
+				}
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Lock = %v, want DeadlineExceeded", err)
+				}
+			}()
+		}
+		// Release while some waiters are giving up: a hand-over may race
+		// with a cancellation.
+		time.Sleep(20 * time.Millisecond)
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); !ok || err != nil {
+			t.Fatalf("TryLock after every waiter gave up = %v, %v; want true", ok, err)
+		}
+	})
+}
+
+func TestMutexLostReplyIsReleased(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		faults := &redistest.Faults{}
+		rdb.AddHook(faults)
+		c := dsync.New(rdb)
+		defer c.Close()
+		m := c.Mutex(name)
+		// The server runs the lock script, the reply is lost.
+		faults.DropReplyNext(1, context.DeadlineExceeded)
+		if err := m.Lock(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Lock = %v, want the injected error", err)
+		}
+		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); !ok || err != nil {
+			t.Fatalf("lock leaked after a lost reply: TryLock = %v, %v", ok, err)
+		}
+	})
+}
+
+func TestMutexUnlockWithDoneContext(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		name := redistest.Key(t)
+		m := newClient(t, b).Mutex(name)
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock with a cancelled ctx = %v, want nil", err)
+		}
+		if ok, _ := newClient(t, b).Mutex(name).TryLock(context.Background()); !ok {
+			t.Fatal("lock still held")
+		}
+	})
+}
+
+func TestMutexBadInput(t *testing.T) {
+	b := redistest.Miniredis(t)
+	rdb := b.NewClient(t)
+	counter := &redistest.Counter{}
+	rdb.AddHook(counter)
+	ctx := context.Background()
+	c := dsync.New(rdb)
+	defer c.Close()
+	nilc, badc := dsync.New(nil), dsync.New(rdb, dsync.TTL(0))
+	defer nilc.Close()
+	defer badc.Close()
+	cases := map[string]*dsync.Mutex{
+		"empty name":        c.Mutex(""),
+		"zero TTL":          c.Mutex("x", dsync.TTL(0)),
+		"negative TTL":      c.Mutex("x", dsync.TTL(-time.Second)),
+		"nil client":        nilc.Mutex("x"),
+		"bad client option": badc.Mutex("x"),
+	}
+	for name, m := range cases {
+		if err := m.Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: Lock = %v, want ErrInvalid", name, err)
+		}
+		if _, err := m.TryLock(ctx); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: TryLock = %v, want ErrInvalid", name, err)
+		}
+		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: Unlock = %v, want ErrInvalid", name, err)
+		}
+	}
+	bad := dsync.WithOwnerToken(ctx, "")
+	if err := c.Mutex("x").Lock(bad); !errors.Is(err, dsync.ErrInvalid) {
+		t.Errorf("empty owner token: Lock = %v, want ErrInvalid", err)
+	}
+	if n := counter.RoundTrips(); n != 0 {
+		t.Errorf("bad input sent %d commands, want 0", n)
+	}
+}
+
+func TestMutexClosedClient(t *testing.T) {
+	b := redistest.Miniredis(t)
+	c := dsync.New(b.NewClient(t))
+	m := c.Mutex("x")
+	c.Close()
+	if err := m.Lock(context.Background()); !errors.Is(err, dsync.ErrClosed) {
+		t.Fatalf("Lock after Close = %v, want ErrClosed", err)
+	}
+}
+
+var _ redis.UniversalClient = (*redis.Client)(nil)

@@ -1,0 +1,53 @@
+package dsync
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+type ownerKey struct{}
+
+// maxTokenLen bounds owner tokens so they fit in Redis fields and RPC metadata.
+const maxTokenLen = 256
+
+// WithOwner returns a copy of ctx that carries a new owner: a random,
+// unguessable token. Locks taken with the returned context belong to that
+// owner, which may re-enter them and alone may release them.
+func WithOwner(ctx context.Context) context.Context {
+	return context.WithValue(ctx, ownerKey{}, uuid.NewString())
+}
+
+// WithOwnerToken returns a copy of ctx whose owner is tok, typically a token
+// read with [OwnerToken] in another process and carried over in RPC
+// metadata, so that both processes act as one owner. A token must be
+// non-empty, at most 256 bytes and must not begin with ':'; calls made with
+// an unusable token fail with [ErrInvalid].
+func WithOwnerToken(ctx context.Context, tok string) context.Context {
+	return context.WithValue(ctx, ownerKey{}, tok)
+}
+
+// OwnerToken returns the owner token carried by ctx, or "" if ctx has no
+// owner.
+func OwnerToken(ctx context.Context) string {
+	tok, _ := ctx.Value(ownerKey{}).(string)
+	return tok
+}
+
+// owner returns ctx's owner token and whether there is one.
+func owner(ctx context.Context) (string, bool, error) {
+	v := ctx.Value(ownerKey{})
+	if v == nil {
+		return "", false, nil
+	}
+	tok := v.(string)
+	if tok == "" || len(tok) > maxTokenLen || strings.HasPrefix(tok, ":") || strings.ContainsAny(tok, " \n") {
+		return "", false, fmt.Errorf("%w: owner token %q", ErrInvalid, tok)
+	}
+	return tok, true, nil
+}
+
+// newToken returns a fresh random owner token.
+func newToken() string { return uuid.NewString() }

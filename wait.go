@@ -1,0 +1,261 @@
+package dsync
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Waiting. A waiter never polls at a fixed interval: it sleeps until a
+// notification on its primitive's channel, or until the time the failed
+// attempt said the current hold (or queue place) lasts at most.
+//
+// One pub/sub connection per Client carries the channels of every name that
+// has waiters; a channel stays subscribed for a short while after its last
+// waiter leaves, so a busy name does not subscribe again for every wait.
+
+const (
+	// subscribeWait bounds how long a waiter waits for its channel's
+	// subscription to be confirmed; past it, the waiter relies on its TTL
+	// fallback alone.
+	subscribeWait = 2 * time.Second
+	// linger is how long a channel stays subscribed without waiters.
+	linger = 5 * time.Second
+)
+
+type notifier struct {
+	rdb redis.UniversalClient
+
+	mu      sync.Mutex
+	ps      *redis.PubSub
+	chans   map[string]*channel
+	pending map[string]int // SUBSCRIBEs sent and not yet confirmed
+	closed  bool
+	done    chan struct{} // closed when the dispatcher exits
+	stop    chan struct{}
+}
+
+type channel struct {
+	watchers  map[*watcher]struct{}
+	ready     chan struct{} // closed once the subscription is confirmed
+	confirmed bool
+	idle      time.Time // when the last watcher left
+}
+
+// A watcher is one waiter's interest in a channel.
+type watcher struct {
+	name  string
+	tok   string
+	ready chan struct{}
+	sig   chan struct{} // a release, a hand-over or a resubscription happened
+
+	mu     sync.Mutex
+	handed string // the payload of a hand-over to tok, once seen
+}
+
+func newNotifier(rdb redis.UniversalClient) *notifier {
+	return &notifier{
+		rdb:     rdb,
+		chans:   make(map[string]*channel),
+		pending: make(map[string]int),
+		stop:    make(chan struct{}),
+	}
+}
+
+// watch registers interest in channel name for a waiter with owner token
+// tok. The caller must call unwatch.
+func (n *notifier) watch(name, tok string) *watcher {
+	w := &watcher{name: name, tok: tok, sig: make(chan struct{}, 1)}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		w.ready = closedChan
+		return w
+	}
+	if n.ps == nil {
+		n.ps = n.rdb.Subscribe(context.Background())
+		n.done = make(chan struct{})
+		go n.dispatch(n.ps.ChannelWithSubscriptions(redis.WithChannelSize(256)))
+	}
+	ch := n.chans[name]
+	if ch == nil {
+		ch = &channel{watchers: make(map[*watcher]struct{}), ready: make(chan struct{})}
+		n.chans[name] = ch
+		ctx, cancel := context.WithTimeout(context.Background(), subscribeWait)
+		if err := n.ps.Subscribe(ctx, name); err == nil {
+			n.pending[name]++
+		}
+		cancel()
+	}
+	ch.watchers[w] = struct{}{}
+	w.ready = ch.ready
+	return w
+}
+
+func (n *notifier) unwatch(w *watcher) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if ch := n.chans[w.name]; ch != nil {
+		delete(ch.watchers, w)
+		if len(ch.watchers) == 0 {
+			ch.idle = time.Now()
+		}
+	}
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// dispatch delivers messages to watchers until the pub/sub closes.
+func (n *notifier) dispatch(msgs <-chan any) {
+	defer close(n.done)
+	sweep := time.NewTicker(linger)
+	defer sweep.Stop()
+	for {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return
+			}
+			n.deliver(m)
+		case <-sweep.C:
+			n.sweep()
+		case <-n.stop:
+			return
+		}
+	}
+}
+
+func (n *notifier) deliver(m any) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch m := m.(type) {
+	case *redis.Subscription:
+		if m.Kind != "subscribe" && m.Kind != "ssubscribe" {
+			return
+		}
+		ch := n.chans[m.Channel]
+		if p := n.pending[m.Channel]; p > 0 {
+			if p == 1 {
+				delete(n.pending, m.Channel)
+				if ch != nil && !ch.confirmed {
+					ch.confirmed = true
+					close(ch.ready)
+				}
+			} else {
+				n.pending[m.Channel] = p - 1
+			}
+			return
+		}
+		// Resubscribed after a reconnect: releases may have been missed, so
+		// every waiter tries again.
+		if ch != nil {
+			for w := range ch.watchers {
+				w.signal()
+			}
+		}
+	case *redis.Message:
+		ch := n.chans[m.Channel]
+		if ch == nil {
+			return
+		}
+		to, _ := splitHandover(m.Payload)
+		for w := range ch.watchers {
+			if to != "" && to == w.tok {
+				w.mu.Lock()
+				w.handed = m.Payload
+				w.mu.Unlock()
+			}
+			w.signal()
+		}
+	}
+}
+
+// sweep unsubscribes channels that have had no watchers for a while.
+func (n *notifier) sweep() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var names []string
+	for name, ch := range n.chans {
+		if len(ch.watchers) == 0 && time.Since(ch.idle) >= linger {
+			names = append(names, name)
+			delete(n.chans, name)
+		}
+	}
+	if len(names) > 0 && n.ps != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), subscribeWait)
+		_ = n.ps.Unsubscribe(ctx, names...)
+		cancel()
+	}
+}
+
+func (n *notifier) close() {
+	n.mu.Lock()
+	n.closed = true
+	ps, done := n.ps, n.done
+	for _, ch := range n.chans {
+		for w := range ch.watchers {
+			w.signal()
+		}
+	}
+	n.mu.Unlock()
+	close(n.stop)
+	if ps != nil {
+		_ = ps.Close()
+		<-done
+	}
+}
+
+func (w *watcher) signal() {
+	select {
+	case w.sig <- struct{}{}:
+	default:
+	}
+}
+
+// handover returns the fencing token of a hold handed to this waiter, if a
+// hand-over was seen.
+func (w *watcher) handover() (uint64, bool) {
+	w.mu.Lock()
+	p := w.handed
+	w.mu.Unlock()
+	if p == "" {
+		return 0, false
+	}
+	_, f := splitHandover(p)
+	return f, f > 0
+}
+
+// splitHandover parses "<owner token> <fencing token>"; a plain release is "".
+func splitHandover(p string) (string, uint64) {
+	i := strings.LastIndexByte(p, ' ')
+	if i < 0 {
+		return "", 0
+	}
+	f, err := strconv.ParseUint(p[i+1:], 10, 64)
+	if err != nil {
+		return "", 0
+	}
+	return p[:i], f
+}
+
+// awaitReady waits, boundedly, until w's channel is subscribed, so that a
+// release after the next attempt cannot be missed.
+func (w *watcher) awaitReady(ctx context.Context, closed <-chan struct{}) {
+	select {
+	case <-w.ready:
+		return
+	default:
+	}
+	t := time.NewTimer(subscribeWait)
+	defer t.Stop()
+	select {
+	case <-w.ready:
+	case <-t.C:
+	case <-ctx.Done():
+	case <-closed:
+	}
+}
