@@ -22,4 +22,13 @@ var (
 	// an unusable owner token, a count out of range. Nothing was sent to
 	// Redis. The error text says which argument.
 	ErrInvalid = errors.New("dsync: invalid argument")
+
+	// ErrUpgrade is returned by RWMutex.Lock and TryLock when the caller's
+	// owner holds a read lock on the same RWMutex: waiting for the write
+	// lock would wait for itself. Release the read lock first.
+	ErrUpgrade = errors.New("dsync: write lock requested while holding a read lock")
+
+	// ErrSizeMismatch is returned by Semaphore calls whose size differs from
+	// the size of the semaphore in force under the same name.
+	ErrSizeMismatch = errors.New("dsync: semaphore size differs from the one in force")
 )
