@@ -112,6 +112,7 @@ type config struct {
 	ttl      time.Duration
 	interval time.Duration // 0: TTL/3; < 0: no renewal
 	maxHold  time.Duration
+	period   time.Duration // Once: life of the done mark; 0 forever
 	prefix   string
 	err      error
 }

@@ -1,0 +1,44 @@
+-- once_do: report a Once's done mark, or take its run lease, or say how long
+-- to wait. A caller that arrives after the Once is done learns it (and the
+-- value) in this one round trip.
+--
+-- KEYS[1] run hash, alive while someone runs f (expires with its lease):
+--         't' token of the runner's call, 'w' set once someone waits,
+--         'x' token of the last call its caller abandoned
+-- KEYS[2] done hash, the done mark (persists, or expires after the period):
+--         'v' the value stored by the run that succeeded, 't' its call token
+-- ARGV[1] token of this call (every attempt of one call sends the same)
+-- ARGV[2] lease TTL (ms)
+-- Reply: {1, value} the Once is done;
+--        {2} the caller holds the run lease and must run f;
+--        {0, ms} another call runs f: wait at most ms before trying again.
+
+local tok, ttl = ARGV[1], ARGV[2]
+
+local v = redis.call('HGET', KEYS[2], 'v')
+if v then
+  return {1, v}
+end
+
+-- A call its caller abandoned must not take the lease when it arrives late.
+if redis.call('HGET', KEYS[1], 'x') == tok then
+  return {0, 1}
+end
+
+local t = redis.call('HGET', KEYS[1], 't')
+if t == tok then
+  -- A repeat of this very attempt (a retry after a lost reply).
+  return {2}
+end
+if t then
+  redis.call('HSET', KEYS[1], 'w', 1)
+  local p = redis.call('PTTL', KEYS[1])
+  if p < 1 then
+    p = 1
+  end
+  return {0, p}
+end
+
+redis.call('HSET', KEYS[1], 't', tok)
+redis.call('PEXPIRE', KEYS[1], ttl)
+return {2}

@@ -1,0 +1,66 @@
+-- once_release: end a run of a Once. When f succeeded, releasing the run
+-- lease and setting the done mark (with the value) happen together, so no
+-- caller ever sees the Once neither done nor running between the two.
+--
+-- KEYS[1], KEYS[2] as in once_do.lua (run hash, done hash)
+-- ARGV[1] token of the call
+-- ARGV[2] 'done': f returned nil; store ARGV[3] as the done mark.
+--         'fail': f failed or panicked; release the lease only.
+--         'abandon': the call ended (ctx done, reply lost) not knowing
+--         whether it holds the lease: release it if held, and mark the call
+--         abandoned so that a late attempt of it takes nothing.
+-- ARGV[3] the value ('done' only)
+-- ARGV[4] ms after which the done mark expires; '0' never
+-- ARGV[5] notification channel
+-- ARGV[6] lease TTL (ms), the life of an abandon mark left on its own
+-- Reply: 1 released (for 'done': the done mark is set), 0 the call did not
+--        hold the run lease (nothing changed but an abandon mark).
+
+local tok, mode, ch = ARGV[1], ARGV[2], ARGV[5]
+
+local function mark_done()
+  redis.call('HSET', KEYS[2], 'v', ARGV[3], 't', tok)
+  if ARGV[4] ~= '0' then
+    redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  else
+    -- The done mark is the user's data: it persists.
+    redis.call('PERSIST', KEYS[2])
+  end
+end
+
+-- A repeat of a 'done' that was applied answers as before.
+if mode == 'done' and redis.call('HGET', KEYS[2], 't') == tok then
+  return 1
+end
+
+if mode == 'abandon' then
+  redis.call('HSET', KEYS[1], 'x', tok)
+  if redis.call('PTTL', KEYS[1]) < 0 then
+    redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  end
+end
+
+local t = redis.call('HGET', KEYS[1], 't')
+if t ~= tok then
+  -- The lease was lost. If f succeeded and nobody has taken over or
+  -- finished since, f's success still counts: it ran once.
+  if mode == 'done' and not t and redis.call('EXISTS', KEYS[2]) == 0 then
+    mark_done()
+    -- Waiters may sleep until the expired lease's TTL: wake them.
+    redis.call('PUBLISH', ch, '')
+    return 1
+  end
+  return 0
+end
+
+local waited = redis.call('HEXISTS', KEYS[1], 'w') == 1
+-- Emptied of its runner, the hash disappears unless an abandon mark stays
+-- (with the expiry it already has).
+redis.call('HDEL', KEYS[1], 't', 'w')
+if mode == 'done' then
+  mark_done()
+end
+if waited then
+  redis.call('PUBLISH', ch, '')
+end
+return 1

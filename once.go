@@ -1,0 +1,381 @@
+package dsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dsync-go/dsync/lua"
+	"github.com/dsync-go/dsync/renew"
+)
+
+// A Once runs a function exactly once across every process that names it,
+// the distributed twin of [sync.Once], and can hand every caller the value
+// the run produced. Get one with [Client.Once]; a Once handle is safe for
+// concurrent use and cheap, so make one where needed.
+//
+// One call at a time runs f, holding a run lease that the Client renews
+// while f runs. The other calls wait, woken by the end of the run rather
+// than by polling, and return only after f has returned.
+//
+// Unlike sync.Once, a Once is done only when f returns nil. If f returns an
+// error or panics, the next waiting call (or the next call to come) runs f.
+// If the process running f dies, its lease runs out after the TTL (see
+// [TTL]) and a waiting call takes over. A run whose lease is lost is told so
+// through f's context, which is then cancelled; f should stop, since
+// another call may run f at the same time from then on.
+//
+// The done mark is the one piece of state dsync keeps on purpose: it is the
+// user's data and persists until [Once.Reset], or for the [Period] the Once
+// was given. A service that makes a Once per day, per job or per tenant
+// should give it a Period, or Redis keeps one small key per name forever.
+// Everything else a Once writes expires with the run lease.
+type Once struct {
+	c    *Client
+	cfg  config
+	name string
+	keys []string // run hash, done hash
+	err  error
+}
+
+// Once returns a handle on the Once called name. Options override the
+// Client's defaults for this handle; [TTL] sets the run lease and [Period]
+// how long the done mark lasts. An empty name or a bad option makes every
+// call on the handle fail with [ErrInvalid].
+//
+// A Once and a Mutex of the same name are independent: their keys differ.
+func (c *Client) Once(name string, opts ...Option) *Once {
+	o := &Once{c: c, name: name}
+	if c != nil {
+		o.cfg = c.cfg
+	} else {
+		o.cfg = defaultConfig()
+	}
+	o.cfg.err = nil
+	o.cfg.apply(opts)
+	o.err = o.cfg.err
+	if name == "" {
+		o.err = fmt.Errorf("%w: empty name", ErrInvalid)
+	}
+	k := o.cfg.keyOf(name) + ":once"
+	o.keys = []string{k, k + ":done"}
+	return o
+}
+
+// Period makes the done mark of a Once expire d after the run that set it
+// succeeded: from then on the next call runs f again, so f runs at most once
+// per period (a daily report, an hourly cleanup). d must be at least 1 ms.
+// The default is no expiry: the done mark stays until [Once.Reset]. Other
+// primitives ignore Period.
+//
+// The period starts when f returns, not on a clock boundary; for a job per
+// calendar day, name the Once after the day and give it a Period that
+// outlives the day, so the mark is not kept forever.
+func Period(d time.Duration) Option {
+	return func(cfg *config) {
+		if d < time.Millisecond {
+			cfg.fail("Period %v, want at least 1ms", d)
+			return
+		}
+		cfg.period = d
+	}
+}
+
+func (o *Once) check() error {
+	if o == nil {
+		return fmt.Errorf("%w: nil Once", ErrInvalid)
+	}
+	if err := o.c.check(); err != nil {
+		return err
+	}
+	return o.err
+}
+
+// Do calls f if and only if no call of Do (or [Once.DoValue]) for the same
+// name has succeeded yet, in this or any other process, and only one call
+// runs f at a time. It waits while another call runs f, until that run ends
+// or ctx is done.
+//
+// Do returns nil once the Once is done: f returned nil in this call, or in
+// another call that finished before Do returned. If f returns an error, Do
+// returns it to this caller only, and the Once stays not done: a waiting
+// call runs f next. If the run lease was lost while f ran, the error also
+// matches [ErrLeaseLost] (f's result, even nil, was not recorded if another
+// call took over). If ctx ends while waiting, Do returns an error for which
+// errors.Is(err, ctx.Err()) holds and leaves nothing behind, also when the
+// server gave this call the run lease but the reply was lost.
+//
+// The ctx passed to f is cancelled when ctx is done, when the run lease is
+// lost (its cause, [context.Cause], is then [ErrLeaseLost]) and when the
+// Client is closed (cause [ErrClosed]; the run lease is then not released
+// and waiters take over after the TTL, as if the process had died).
+//
+// If f panics, the run lease is released, so that a waiting call runs f
+// next, and the panic continues with the same value (from a deferred
+// function of Do, so the stack trace starts there). Like sync.Once, calling
+// Do on the same name from inside f waits for itself until ctx ends.
+func (o *Once) Do(ctx context.Context, f func(ctx context.Context) error) error {
+	if f == nil {
+		if err := o.check(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: nil function", ErrInvalid)
+	}
+	_, err := o.DoValue(ctx, func(ctx context.Context) ([]byte, error) {
+		return nil, f(ctx)
+	})
+	return err
+}
+
+// DoValue is [Once.Do] for a function with a result: the bytes f returns
+// when it succeeds are stored with the done mark, and every call returns
+// them — the one that ran f, those that waited, and those that come later
+// (in one round trip) until the mark expires or is reset. The value lives in
+// Redis, so keep it small; an empty value is returned as nil.
+//
+// A Once done by [Once.Do] has an empty value.
+func (o *Once) DoValue(ctx context.Context, f func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	if f == nil {
+		return nil, fmt.Errorf("%w: nil function", ErrInvalid)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// The call's token names its run and, sent with every attempt, is also
+	// the call's id: a repeat of an attempt changes nothing.
+	tok := newToken()
+	start := time.Now()
+	r, err := o.attempt(ctx, tok)
+	if err == nil && r.state == onceWait {
+		r, err = o.wait(ctx, tok, r.wait)
+	}
+	if err != nil {
+		o.abandon(ctx, tok)
+		return nil, err
+	}
+	if r.state == onceDone {
+		return r.value, nil
+	}
+	if err := ctx.Err(); err != nil {
+		// The lease came with the end of ctx: do not start f.
+		o.abandon(ctx, tok)
+		return nil, err
+	}
+	return o.run(ctx, tok, start, f)
+}
+
+// Done reports whether the Once is done: a run succeeded and its mark has
+// neither expired nor been reset. It changes nothing.
+func (o *Once) Done(ctx context.Context) (bool, error) {
+	if err := o.check(); err != nil {
+		return false, err
+	}
+	n, err := o.c.rdb.Exists(ctx, o.keys[1]).Result()
+	return n > 0, err
+}
+
+// Reset removes the done mark, with its value, so that the next call of Do
+// runs f again; it is for operators (a job to redo) and tests. A run in
+// progress is not stopped: when it succeeds it marks the Once done again.
+// Reset of a Once that is not done does nothing.
+func (o *Once) Reset(ctx context.Context) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	return o.c.rdb.Del(ctx, o.keys[1]).Err()
+}
+
+const (
+	onceWait = iota
+	onceDone
+	onceRun
+)
+
+type onceReply struct {
+	state int
+	value []byte        // onceDone
+	wait  time.Duration // onceWait
+}
+
+// attempt runs the do script once.
+func (o *Once) attempt(ctx context.Context, tok string) (onceReply, error) {
+	v, err := lua.OnceDo.Run(ctx, o.c.rdb, o.keys, tok, ms(o.cfg.ttl)).Slice()
+	if err != nil {
+		return onceReply{}, err
+	}
+	if len(v) == 0 {
+		return onceReply{}, fmt.Errorf("dsync: once: empty reply")
+	}
+	code, _ := v[0].(int64)
+	switch code {
+	case 1:
+		var val []byte
+		if len(v) > 1 {
+			if s, _ := v[1].(string); s != "" {
+				val = []byte(s)
+			}
+		}
+		return onceReply{state: onceDone, value: val}, nil
+	case 2:
+		return onceReply{state: onceRun}, nil
+	default:
+		var d int64 = 1
+		if len(v) > 1 {
+			d, _ = v[1].(int64)
+		}
+		return onceReply{state: onceWait, wait: time.Duration(max(d, 1)) * time.Millisecond}, nil
+	}
+}
+
+// wait retries after notifications until the Once is done, the call holds
+// the run lease, or ctx is done.
+func (o *Once) wait(ctx context.Context, tok string, d time.Duration) (onceReply, error) {
+	w := o.c.notify.watch(o.keys[0], tok)
+	defer o.c.notify.unwatch(w)
+	w.awaitReady(ctx, o.c.closed)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	retry := true // the subscription is new: the end of the run may have been missed
+	for {
+		if retry {
+			r, err := o.attempt(ctx, tok)
+			if err != nil || r.state != onceWait {
+				return r, err
+			}
+			d = r.wait
+			retry = false
+		}
+		// Sleep no longer than the runner's lease lasts: if its process
+		// died, the lease runs out unannounced.
+		t.Reset(max(d, time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return onceReply{}, ctx.Err()
+		case <-o.c.closed:
+			return onceReply{}, ErrClosed
+		case <-t.C:
+			retry = true
+		case <-w.sig:
+			retry = true
+		}
+	}
+}
+
+// abandon undoes whatever a failed call may have done on the server: a run
+// lease it was given whose reply was lost. It runs detached from ctx, which
+// may be done.
+func (o *Once) abandon(ctx context.Context, tok string) {
+	_, _ = o.release(ctx, tok, "abandon", nil)
+}
+
+// release runs the release script detached from ctx: 1 released, 0 the call
+// did not hold the run lease.
+func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int64, error) {
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	var period int64
+	if o.cfg.period > 0 {
+		period = ms(o.cfg.period)
+	}
+	return lua.OnceRelease.Run(dctx, o.c.rdb, o.keys, tok, mode, value, period, o.keys[0], ms(o.cfg.ttl)).Int64()
+}
+
+// run calls f while the Client renews the run lease, and ends the run.
+func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(context.Context) ([]byte, error)) (val []byte, err error) {
+	h := o.c.startHold(&o.cfg, renew.Spec{
+		Script: lua.OnceRenew,
+		Keys:   o.keys[:1],
+		Args:   []any{tok, ms(o.cfg.ttl)},
+	}, tok, 0, start)
+
+	// f's ctx ends with ctx or with the lease.
+	fctx, cancel := context.WithCancelCause(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-h.lease.Done():
+			if err := h.lease.Err(); err != nil {
+				cancel(err)
+			} else {
+				cancel(ErrClosed) // released only after f returned
+			}
+		case <-fctx.Done():
+		}
+	}()
+	stop := func() {
+		cancel(nil)
+		wg.Wait()
+	}
+
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		// f panicked (or called runtime.Goexit): free the run for the next
+		// call, then let the panic go on.
+		p := recover()
+		stop()
+		if !o.closed() {
+			_, _ = o.release(ctx, tok, "fail", nil)
+		}
+		h.release()
+		if p != nil {
+			panic(p)
+		}
+	}()
+	val, err = f(fctx)
+	returned = true
+	stop()
+
+	if o.closed() {
+		// As if the process had died: the lease runs out at its TTL.
+		h.release()
+		return nil, errors.Join(ErrClosed, err)
+	}
+	if err != nil {
+		_, rerr := o.release(ctx, tok, "fail", nil)
+		lost := h.lost()
+		h.release()
+		if lost {
+			return nil, fmt.Errorf("%w: %w", ErrLeaseLost, err)
+		}
+		if rerr != nil {
+			// The lease expires at its TTL.
+			return nil, errors.Join(err, rerr)
+		}
+		return nil, err
+	}
+	r, rerr := o.release(ctx, tok, "done", val)
+	if rerr != nil {
+		// The outcome is unknown: the done mark may be set, or the lease
+		// runs out at its TTL and another call runs f.
+		h.release()
+		return nil, rerr
+	}
+	if r == 0 {
+		h.lease.MarkLost()
+		return nil, fmt.Errorf("%w: another call took over the run", ErrLeaseLost)
+	}
+	h.release()
+	if len(val) == 0 {
+		val = nil
+	}
+	return val, nil
+}
+
+func (o *Once) closed() bool {
+	select {
+	case <-o.c.closed:
+		return true
+	default:
+		return false
+	}
+}

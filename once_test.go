@@ -1,0 +1,533 @@
+package dsync_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+func TestOnceRunsOnceAndWaitersReturnAfterF(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		const clients, callers = 4, 12
+		cs := make([]*dsync.Client, clients)
+		for i := range cs {
+			cs[i] = newClient(t, b)
+		}
+		var runs atomic.Int64
+		var finished atomic.Int64 // UnixNano when f returned
+		returned := make([]time.Time, callers)
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := cs[i%clients].Once(name).Do(ctx, func(ctx context.Context) error {
+					runs.Add(1)
+					time.Sleep(100 * time.Millisecond)
+					finished.Store(time.Now().UnixNano())
+					return nil
+				})
+				returned[i] = time.Now()
+				if err != nil {
+					t.Errorf("caller %d: Do = %v, want nil", i, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if got := runs.Load(); got != 1 {
+			t.Fatalf("f ran %d times, want 1", got)
+		}
+		end := time.Unix(0, finished.Load())
+		for i, r := range returned {
+			if r.Before(end) {
+				t.Errorf("caller %d returned %v before f finished", i, end.Sub(r))
+			}
+		}
+		// A later call does not run f either.
+		if err := newClient(t, b).Once(name).Do(ctx, func(context.Context) error {
+			t.Error("f ran after the Once was done")
+			return nil
+		}); err != nil {
+			t.Errorf("later Do = %v, want nil", err)
+		}
+		assertOnceRunKeyGone(t, b, name)
+	})
+}
+
+// assertOnceRunKeyGone checks that no run lease is left and that the done
+// mark persists.
+func assertOnceRunKeyGone(t *testing.T, b redistest.Backend, name string) {
+	t.Helper()
+	rdb := b.NewClient(t)
+	ctx := context.Background()
+	if n, _ := rdb.Exists(ctx, "dsync:{"+name+"}:once").Result(); n != 0 {
+		t.Errorf("run lease left after the run")
+	}
+	if ttl, _ := rdb.PTTL(ctx, "dsync:{"+name+"}:once:done").Result(); ttl != -1 {
+		t.Errorf("done mark PTTL = %v, want -1 (persists)", ttl)
+	}
+}
+
+func TestOnceValueIsTheSameForAll(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		const callers = 12
+		cs := []*dsync.Client{newClient(t, b), newClient(t, b), newClient(t, b)}
+		var runs atomic.Int64
+		got := make([][]byte, callers)
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				v, err := cs[i%len(cs)].Once(name).DoValue(ctx, func(ctx context.Context) ([]byte, error) {
+					runs.Add(1)
+					time.Sleep(50 * time.Millisecond)
+					return fmt.Appendf(nil, "drawn by caller %d", i), nil
+				})
+				if err != nil {
+					t.Errorf("caller %d: DoValue = %v", i, err)
+				}
+				got[i] = v
+			}()
+		}
+		wg.Wait()
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("f ran %d times, want 1", n)
+		}
+		for i, v := range got {
+			if len(v) == 0 || !bytes.Equal(v, got[0]) {
+				t.Errorf("caller %d got %q, caller 0 got %q", i, v, got[0])
+			}
+		}
+		later, err := newClient(t, b).Once(name).DoValue(ctx, func(context.Context) ([]byte, error) {
+			t.Error("f ran after the Once was done")
+			return nil, nil
+		})
+		if err != nil || !bytes.Equal(later, got[0]) {
+			t.Errorf("later DoValue = %q, %v; want %q", later, err, got[0])
+		}
+	})
+}
+
+func TestOnceFailureHandsOver(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		errBoom := errors.New("boom")
+		var runs, fails atomic.Int64
+		f := func(ctx context.Context) error {
+			runs.Add(1)
+			time.Sleep(30 * time.Millisecond)
+			if fails.Add(1) <= 2 {
+				return errBoom // the first two runs fail
+			}
+			return nil
+		}
+		const callers = 6
+		errs := make([]error, callers)
+		var wg sync.WaitGroup
+		for i := range callers {
+			c := newClient(t, b)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = c.Once(name).Do(ctx, f)
+			}()
+		}
+		wg.Wait()
+		var failed, ok int
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, errBoom):
+				failed++
+			default:
+				t.Errorf("caller %d: Do = %v, want nil or boom", i, err)
+			}
+		}
+		if runs.Load() != 3 || failed != 2 || ok != callers-2 {
+			t.Errorf("runs %d, failed %d, ok %d; want 3, 2, %d", runs.Load(), failed, ok, callers-2)
+		}
+		if done, err := newClient(t, b).Once(name).Done(ctx); !done || err != nil {
+			t.Errorf("Done = %v, %v; want true", done, err)
+		}
+	})
+}
+
+func TestOnceFailureWithoutWaitersLetsNextCallRun(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		o := newClient(t, b).Once(redistest.Key(t))
+		errBoom := errors.New("boom")
+		if err := o.Do(ctx, func(context.Context) error { return errBoom }); !errors.Is(err, errBoom) {
+			t.Fatalf("Do = %v, want boom", err)
+		}
+		ran := false
+		if err := o.Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+			t.Fatalf("second Do = %v, ran %v; want nil, true", err, ran)
+		}
+	})
+}
+
+func TestOnceKilledRunnerHandsOverAfterTTL(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		const ttl = 600 * time.Millisecond
+		dying := dsync.New(b.NewClient(t), dsync.TTL(ttl))
+		defer dying.Close()
+		other := newClient(t, b, dsync.TTL(ttl))
+
+		started := make(chan struct{})
+		dyingErr := make(chan error, 1)
+		go func() {
+			dyingErr <- dying.Once(name).Do(ctx, func(ctx context.Context) error {
+				close(started)
+				<-ctx.Done() // the process "dies": f is abandoned
+				return ctx.Err()
+			})
+		}()
+		<-started
+
+		var closedAt atomic.Int64
+		tookOver := make(chan time.Time, 1)
+		otherErr := make(chan error, 1)
+		go func() {
+			otherErr <- other.Once(name).Do(ctx, func(context.Context) error {
+				tookOver <- time.Now()
+				return nil
+			})
+		}()
+		time.Sleep(100 * time.Millisecond) // let it wait
+		closedAt.Store(time.Now().UnixNano())
+		dying.Close()
+		if err := <-dyingErr; !errors.Is(err, dsync.ErrClosed) {
+			t.Errorf("dying runner's Do = %v, want ErrClosed", err)
+		}
+		select {
+		case at := <-tookOver:
+			t.Fatalf("took over %v after the close, before the lease ran out", at.Sub(time.Unix(0, closedAt.Load())))
+		case <-time.After(ttl / 4):
+		}
+		advanced := time.Now()
+		b.Advance(ttl + 50*time.Millisecond) // on miniredis the lease runs out now
+		select {
+		case at := <-tookOver:
+			if b.Mini != nil && at.Before(advanced) {
+				t.Errorf("took over before the lease ran out")
+			}
+			if d := at.Sub(time.Unix(0, closedAt.Load())); d < ttl/2 {
+				t.Errorf("took over %v after the close, want about the TTL %v", d, ttl)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no waiter took over after the TTL")
+		}
+		if err := <-otherErr; err != nil {
+			t.Errorf("waiter's Do = %v, want nil", err)
+		}
+	})
+}
+
+func TestOnceLeaseLossCancelsF(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		c := newClient(t, b, dsync.TTL(300*time.Millisecond))
+		var cause error
+		err := c.Once(name).Do(ctx, func(fctx context.Context) error {
+			// Delete the run lease behind the runner's back.
+			if err := rdb.Del(ctx, "dsync:{"+name+"}:once").Err(); err != nil {
+				t.Error(err)
+			}
+			select {
+			case <-fctx.Done():
+				cause = context.Cause(fctx)
+				return fctx.Err()
+			case <-time.After(10 * time.Second):
+				return errors.New("f's ctx not cancelled after the lease was lost")
+			}
+		})
+		if !errors.Is(cause, dsync.ErrLeaseLost) {
+			t.Errorf("cause of f's ctx = %v, want ErrLeaseLost", cause)
+		}
+		if !errors.Is(err, dsync.ErrLeaseLost) || !errors.Is(err, context.Canceled) {
+			t.Errorf("Do = %v, want ErrLeaseLost and context.Canceled", err)
+		}
+		if done, _ := c.Once(name).Done(ctx); done {
+			t.Error("Once done after a failed run")
+		}
+	})
+}
+
+func TestOnceCallerCtxCancelsF(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		name := redistest.Key(t)
+		c := newClient(t, b)
+		ctx, cancel := context.WithCancel(ctxT(t))
+		err := c.Once(name).Do(ctx, func(fctx context.Context) error {
+			cancel()
+			select {
+			case <-fctx.Done():
+				return fctx.Err()
+			case <-time.After(10 * time.Second):
+				return errors.New("f's ctx not cancelled")
+			}
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Do = %v, want context.Canceled", err)
+		}
+		// The run lease was released: the next call runs at once.
+		ran := false
+		if err := c.Once(name).Do(ctxT(t), func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+			t.Errorf("next Do = %v, ran %v; want nil, true", err, ran)
+		}
+	})
+}
+
+func TestOncePanicReleasesTheRun(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		c := newClient(t, b)
+		func() {
+			defer func() {
+				if p := recover(); p != "oops" {
+					t.Errorf("recovered %v, want the panic of f", p)
+				}
+			}()
+			_ = c.Once(name).Do(ctx, func(context.Context) error { panic("oops") })
+		}()
+		ran := false
+		if err := newClient(t, b).Once(name).Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+			t.Errorf("Do after a panic = %v, ran %v; want nil, true", err, ran)
+		}
+	})
+}
+
+func TestOnceDoneAndReset(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		o := newClient(t, b).Once(redistest.Key(t))
+		if done, err := o.Done(ctx); done || err != nil {
+			t.Fatalf("Done before Do = %v, %v; want false", done, err)
+		}
+		var runs int
+		f := func(context.Context) ([]byte, error) {
+			runs++
+			return fmt.Appendf(nil, "run %d", runs), nil
+		}
+		if v, err := o.DoValue(ctx, f); err != nil || string(v) != "run 1" {
+			t.Fatalf("DoValue = %q, %v", v, err)
+		}
+		if done, err := o.Done(ctx); !done || err != nil {
+			t.Fatalf("Done after Do = %v, %v; want true", done, err)
+		}
+		if err := o.Reset(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if done, _ := o.Done(ctx); done {
+			t.Fatal("Done after Reset = true")
+		}
+		if v, err := o.DoValue(ctx, f); err != nil || string(v) != "run 2" {
+			t.Fatalf("DoValue after Reset = %q, %v; want run 2", v, err)
+		}
+		if err := o.Reset(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Reset(ctx); err != nil {
+			t.Fatalf("Reset of a Once not done = %v", err)
+		}
+	})
+}
+
+func TestOncePeriod(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		const period = 500 * time.Millisecond
+		o := newClient(t, b).Once(redistest.Key(t), dsync.Period(period))
+		runs := 0
+		f := func(context.Context) error { runs++; return nil }
+		for range 3 {
+			if err := o.Do(ctx, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if runs != 1 {
+			t.Fatalf("runs within one period = %d, want 1", runs)
+		}
+		b.Advance(period + 100*time.Millisecond)
+		if done, _ := o.Done(ctx); done {
+			t.Fatal("still done after the period")
+		}
+		if err := o.Do(ctx, f); err != nil || runs != 2 {
+			t.Fatalf("Do after the period = %v, runs %d; want nil, 2", err, runs)
+		}
+	})
+}
+
+func TestOnceDoneCheckIsOneRoundTrip(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		if err := newClient(t, b).Once(name).Do(ctx, func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		rdb := b.NewClient(t)
+		counter := &redistest.Counter{}
+		rdb.AddHook(counter)
+		c := dsync.New(rdb)
+		defer c.Close()
+		if err := c.Once(name).Do(ctx, func(context.Context) error {
+			t.Error("f ran")
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if n := counter.RoundTrips(); n != 1 {
+			t.Errorf("Do of a done Once took %d round trips, want 1", n)
+		}
+	})
+}
+
+func TestOnceCancelWhileWaitingLeavesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		release := make(chan struct{})
+		started := make(chan struct{})
+		runner := make(chan error, 1)
+		go func() {
+			runner <- newClient(t, b).Once(name).Do(ctx, func(context.Context) error {
+				close(started)
+				<-release
+				return errors.New("failed")
+			})
+		}()
+		<-started
+		c := newClient(t, b)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				wctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+				defer cancel()
+				err := c.Once(name).Do(wctx, func(context.Context) error {
+					t.Error("f ran in a call that gave up")
+					return nil
+				})
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("Do = %v, want DeadlineExceeded", err)
+				}
+			}()
+		}
+		wg.Wait()
+		close(release)
+		if err := <-runner; err == nil {
+			t.Fatal("runner's Do = nil, want its error")
+		}
+		ran := false
+		if err := c.Once(name).Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+			t.Fatalf("Do after the failed run = %v, ran %v; want nil, true", err, ran)
+		}
+	})
+}
+
+func TestOnceLostReplyIsReleased(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		faults := &redistest.Faults{}
+		rdb.AddHook(faults)
+		c := dsync.New(rdb)
+		defer c.Close()
+		// The server gives the call the run lease, the reply is lost.
+		faults.DropReplyNext(1, context.DeadlineExceeded)
+		err := c.Once(name).Do(ctx, func(context.Context) error {
+			t.Error("f ran after a lost reply")
+			return nil
+		})
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Do = %v, want the injected error", err)
+		}
+		// Without the release the next call would wait for the TTL (30 s).
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		ran := false
+		if err := newClient(t, b).Once(name).Do(qctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+			t.Fatalf("run lease leaked after a lost reply: Do = %v, ran %v", err, ran)
+		}
+	})
+}
+
+func TestOnceBadInput(t *testing.T) {
+	b := redistest.Miniredis(t)
+	rdb := b.NewClient(t)
+	counter := &redistest.Counter{}
+	rdb.AddHook(counter)
+	ctx := context.Background()
+	c := dsync.New(rdb)
+	defer c.Close()
+	nilc, badc := dsync.New(nil), dsync.New(rdb, dsync.Period(0))
+	defer nilc.Close()
+	defer badc.Close()
+	f := func(context.Context) error { t.Error("f ran"); return nil }
+	fv := func(context.Context) ([]byte, error) { t.Error("f ran"); return nil, nil }
+	cases := map[string]*dsync.Once{
+		"empty name":        c.Once(""),
+		"zero period":       c.Once("x", dsync.Period(0)),
+		"negative period":   c.Once("x", dsync.Period(-time.Second)),
+		"zero TTL":          c.Once("x", dsync.TTL(0)),
+		"nil client":        nilc.Once("x"),
+		"bad client option": badc.Once("x"),
+		"nil Once":          nil,
+	}
+	for name, o := range cases {
+		if err := o.Do(ctx, f); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: Do = %v, want ErrInvalid", name, err)
+		}
+		if _, err := o.DoValue(ctx, fv); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: DoValue = %v, want ErrInvalid", name, err)
+		}
+		if _, err := o.Done(ctx); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: Done = %v, want ErrInvalid", name, err)
+		}
+		if err := o.Reset(ctx); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: Reset = %v, want ErrInvalid", name, err)
+		}
+	}
+	if err := c.Once("x").Do(ctx, nil); !errors.Is(err, dsync.ErrInvalid) {
+		t.Errorf("nil f: Do = %v, want ErrInvalid", err)
+	}
+	if _, err := c.Once("x").DoValue(ctx, nil); !errors.Is(err, dsync.ErrInvalid) {
+		t.Errorf("nil f: DoValue = %v, want ErrInvalid", err)
+	}
+	if n := counter.RoundTrips(); n != 0 {
+		t.Errorf("bad input sent %d commands, want 0", n)
+	}
+}
+
+func TestOnceClosedClient(t *testing.T) {
+	b := redistest.Miniredis(t)
+	c := dsync.New(b.NewClient(t))
+	o := c.Once("x")
+	c.Close()
+	if err := o.Do(context.Background(), func(context.Context) error { return nil }); !errors.Is(err, dsync.ErrClosed) {
+		t.Fatalf("Do after Close = %v, want ErrClosed", err)
+	}
+}
