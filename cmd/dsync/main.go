@@ -69,8 +69,14 @@ Run "dsync COMMAND -h" for a command's flags and exit codes.
 `
 
 func main() {
+	// go-redis logs dial failures on its own; dsync reports errors once.
+	redis.SetLogger(quietLogger{})
 	os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
 }
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // Main runs the command line args and returns the exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
