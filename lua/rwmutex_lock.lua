@@ -1,0 +1,175 @@
+-- rwmutex_lock: take or re-enter an RWMutex for reading or for writing, or
+-- report how long to wait.
+--
+-- KEYS[1] writer hash: <owner token> -> reentry count, ':f' fencing token of
+--         the write hold, ':c' id of the last call applied to it
+-- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token
+-- KEYS[3] readers zset: reader token -> lease deadline (server ms)
+-- KEYS[4] readers hash: reader token -> "<reentry count> <id of the last call applied>"
+-- KEYS[5] waiting writers zset: writer token -> place deadline (ms)
+-- KEYS[6] waiting readers hash: reader token -> "<place deadline ms> <ttl ms> <call id>"
+-- KEYS[7] finished calls zset: call id -> when it may be forgotten (ms); holds
+--         the ids of full releases (a repeat answers as before) and of
+--         abandoned calls (a late arrival must not take effect)
+-- ARGV[1] 'r' to read, 'w' to write
+-- ARGV[2] owner token
+-- ARGV[3] lease TTL (ms)
+-- ARGV[4] call id (the same for every attempt of one lock call)
+-- ARGV[5] '1' when the caller waits if refused (it takes a place), '0' for a try
+-- ARGV[6] idle expiry of the fence hash (ms)
+-- Reply: > 0 held: the fencing token for a write hold, 1 for a read hold;
+--        0 write refused because the owner holds a read lock (an upgrade);
+--        < 0 refused: minus the number of ms after which to try again.
+
+local mode, tok, ttl, id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local wait = ARGV[5] == '1'
+local W, F, R, RC, WW, RQ, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
+
+-- Big numbers go to Redis as plain integers, never in Lua's %.14g form.
+local function num(x)
+  return string.format('%.0f', x)
+end
+
+-- Leases and places end by server time: drop every expired reader (each
+-- reader's share expires alone), lapsed writer places and old call ids.
+local gone = redis.call('ZRANGEBYSCORE', R, '-inf', num(now))
+for _, r in ipairs(gone) do
+  redis.call('HDEL', RC, r)
+end
+if #gone > 0 then
+  redis.call('ZREMRANGEBYSCORE', R, '-inf', num(now))
+end
+redis.call('ZREMRANGEBYSCORE', WW, '-inf', num(now))
+redis.call('ZREMRANGEBYSCORE', X, '-inf', num(now))
+
+-- A zset (and its companion hash) expires with its furthest deadline, so no
+-- key outlives the leases or places it records.
+local function fit(z, h)
+  local top = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if top[2] then
+    local d = num(math.max(tonumber(top[2]) - now, 1))
+    redis.call('PEXPIRE', z, d)
+    if h then
+      redis.call('PEXPIRE', h, d)
+    end
+  elseif h then
+    redis.call('DEL', h)
+  end
+end
+
+local function retry_at(deadline)
+  return -math.max(deadline - now, 1)
+end
+
+-- A call its caller abandoned must not take effect when it arrives late.
+if redis.call('ZSCORE', X, id) then
+  return -1
+end
+
+if mode == 'r' then
+  local rec = redis.call('HGET', RC, tok)
+  if rec then
+    -- Re-entry (never blocked by a waiting writer: the owner would wait for
+    -- itself), or a repeat of this very call (a retry after a lost reply, or
+    -- a hold granted to this waiter by a writer's unlock): a repeat changes
+    -- nothing.
+    local cnt, last = string.match(rec, '^(%d+) (%S+)$')
+    if last ~= id then
+      redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) + 1, id))
+      local s = tonumber(redis.call('ZSCORE', R, tok))
+      if now + ttl > s then
+        redis.call('ZADD', R, num(now + ttl), tok)
+        fit(R, RC)
+      end
+    end
+    return 1
+  end
+  local held = redis.call('EXISTS', W) == 1
+  local mine = held and redis.call('HEXISTS', W, tok) == 1
+  local writers = redis.call('ZCARD', WW)
+  if redis.call('ZSCORE', WW, tok) then
+    writers = writers - 1
+  end
+  -- The write holder may read (a downgrade); anyone else waits for the
+  -- writer, and for waiting writers too (writer preference).
+  if not mine and (held or writers > 0) then
+    if wait then
+      redis.call('HSET', RQ, tok, string.format('%s %d %s', num(now + ttl), ttl, id))
+      if redis.call('PTTL', RQ) < ttl then
+        redis.call('PEXPIRE', RQ, ttl)
+      end
+    end
+    if held then
+      return retry_at(now + redis.call('PTTL', W))
+    end
+    -- The earliest writer place: if its writer died, the place lapses then.
+    local first = redis.call('ZRANGE', WW, 0, 0, 'WITHSCORES')
+    return retry_at(tonumber(first[2]))
+  end
+  redis.call('HSET', RC, tok, '1 ' .. id)
+  redis.call('ZADD', R, num(now + ttl), tok)
+  redis.call('HDEL', RQ, tok)
+  fit(R, RC)
+  return 1
+end
+
+-- Write.
+local cnt = redis.call('HGET', W, tok)
+if cnt then
+  -- Re-entry, or a repeat of this very call: a repeat changes nothing.
+  if redis.call('HGET', W, ':c') ~= id then
+    redis.call('HINCRBY', W, tok, 1)
+    redis.call('HSET', W, ':c', id)
+    redis.call('PEXPIRE', W, ttl)
+  end
+  return tonumber(redis.call('HGET', W, ':f'))
+end
+
+if redis.call('HEXISTS', RC, tok) == 1 then
+  -- The owner reads: waiting for the write lock would wait for itself.
+  if redis.call('ZREM', WW, tok) == 1 then
+    fit(WW)
+  end
+  return 0
+end
+
+local function enqueue()
+  -- The place lasts one lease TTL and is refreshed by every attempt; while
+  -- it lives, new readers wait.
+  redis.call('ZADD', WW, num(now + ttl), tok)
+  fit(WW)
+end
+
+if redis.call('EXISTS', W) == 1 then
+  if wait then
+    enqueue()
+  end
+  return retry_at(now + redis.call('PTTL', W))
+end
+local first = redis.call('ZRANGE', R, 0, 0, 'WITHSCORES')
+if first[2] then
+  if wait then
+    enqueue()
+  end
+  -- Readers wake the writer when the last one leaves; one that dies
+  -- without leaving is gone at its deadline.
+  return retry_at(tonumber(first[2]))
+end
+
+-- Fresh write hold: next fencing token = max(last + 1, server time in µs),
+-- so tokens keep rising even after the fence hash expired.
+local f = redis.call('HINCRBY', F, 'n', 1)
+if f < now_us then
+  redis.call('HSET', F, 'n', now_us)
+  f = now_us
+end
+redis.call('PEXPIRE', F, ARGV[6])
+redis.call('HSET', W, tok, 1, ':f', f, ':c', id)
+redis.call('PEXPIRE', W, ttl)
+if redis.call('ZREM', WW, tok) == 1 then
+  fit(WW)
+end
+return f

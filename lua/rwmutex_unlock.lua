@@ -1,0 +1,156 @@
+-- rwmutex_unlock: release one level of an RWMutex read or write hold, or
+-- clean up after a lock call its caller abandoned. A writer's full release
+-- makes every waiting reader a holder at once, as sync.RWMutex's Unlock does.
+--
+-- KEYS[1..7] as in rwmutex_lock.lua (writer hash, fence hash, readers zset,
+--         readers hash, waiting writers zset, waiting readers hash, finished
+--         calls zset)
+-- ARGV[1] 'r' for a read hold, 'w' for a write hold
+-- ARGV[2] owner token
+-- ARGV[3] call id of this unlock
+-- ARGV[4] notification channel
+-- ARGV[5] how long finished call ids are remembered (ms)
+-- ARGV[6] '' for an unlock. For a lock call its caller abandoned (ctx done,
+--         reply lost), that call's id: the call is marked finished so it
+--         cannot take effect later, its waiting place is dropped, and one
+--         level of the hold is released only if that call was the last to
+--         take or re-enter it.
+-- Reply: 1 released, 2 still held by the owner (its count went down),
+--        0 the owner does not hold it.
+
+local mode, tok, id, ch, keep, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+local W, R, RC, WW, RQ, X = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local t = redis.call('TIME')
+local now = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+
+local function num(x)
+  return string.format('%.0f', x)
+end
+
+local gone = redis.call('ZRANGEBYSCORE', R, '-inf', num(now))
+for _, r in ipairs(gone) do
+  redis.call('HDEL', RC, r)
+end
+if #gone > 0 then
+  redis.call('ZREMRANGEBYSCORE', R, '-inf', num(now))
+end
+redis.call('ZREMRANGEBYSCORE', WW, '-inf', num(now))
+redis.call('ZREMRANGEBYSCORE', X, '-inf', num(now))
+
+local function fit(z, h)
+  local top = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if top[2] then
+    local d = num(math.max(tonumber(top[2]) - now, 1))
+    redis.call('PEXPIRE', z, d)
+    if h then
+      redis.call('PEXPIRE', h, d)
+    end
+  elseif h then
+    redis.call('DEL', h)
+  end
+end
+
+local function finish(cid)
+  redis.call('ZADD', X, num(now + keep), cid)
+  redis.call('PEXPIRE', X, keep)
+end
+
+-- A repeat of an unlock that released answers as before.
+if redis.call('ZSCORE', X, id) then
+  return 1
+end
+
+if guard ~= '' then
+  finish(guard)
+  if mode == 'w' then
+    if redis.call('ZREM', WW, tok) == 1 then
+      fit(WW)
+      -- Readers held back by this writer's place may go on at once.
+      if redis.call('EXISTS', WW) == 0 and redis.call('EXISTS', W) == 0
+          and redis.call('EXISTS', RQ) == 1 then
+        redis.call('PUBLISH', ch, '')
+      end
+    end
+    if redis.call('HGET', W, ':c') ~= guard then
+      return 0
+    end
+  else
+    local d = redis.call('HGET', RQ, tok)
+    if d and string.match(d, '(%S+)$') == guard then
+      redis.call('HDEL', RQ, tok)
+    end
+    local rec = redis.call('HGET', RC, tok)
+    if not rec or string.match(rec, '(%S+)$') ~= guard then
+      return 0
+    end
+  end
+end
+
+if mode == 'r' then
+  local rec = redis.call('HGET', RC, tok)
+  if not rec then
+    return 0
+  end
+  local cnt, last = string.match(rec, '^(%d+) (%S+)$')
+  if last == id then
+    -- A repeat of an unlock that only lowered the count.
+    return 2
+  end
+  if tonumber(cnt) > 1 then
+    redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) - 1, id))
+    return 2
+  end
+  redis.call('HDEL', RC, tok)
+  redis.call('ZREM', R, tok)
+  finish(id)
+  fit(R, RC)
+  -- The last reader out wakes the waiting writers.
+  if redis.call('EXISTS', R) == 0 and redis.call('EXISTS', WW) == 1 then
+    redis.call('PUBLISH', ch, '')
+  end
+  return 1
+end
+
+local cnt = redis.call('HGET', W, tok)
+if not cnt then
+  return 0
+end
+if redis.call('HGET', W, ':c') == id then
+  return 2
+end
+if tonumber(cnt) > 1 then
+  redis.call('HINCRBY', W, tok, -1)
+  redis.call('HSET', W, ':c', id)
+  return 2
+end
+redis.call('DEL', W)
+finish(id)
+
+-- Every reader that waited for this writer holds the lock now, with its own
+-- lease and its lock call's id, so that call's next attempt finds the hold
+-- and changes nothing; writers that wait wait for these readers.
+local q = redis.call('HGETALL', RQ)
+for i = 1, #q, 2 do
+  local rt = q[i]
+  local dl, rttl, cid = string.match(q[i + 1], '^(%d+) (%d+) (%S+)$')
+  if dl and tonumber(dl) > now and not redis.call('ZSCORE', X, cid) then
+    local c = 0
+    local rec = redis.call('HGET', RC, rt)
+    if rec then
+      c = tonumber(string.match(rec, '^(%d+)'))
+    end
+    redis.call('HSET', RC, rt, string.format('%d %s', c + 1, cid))
+    local s = tonumber(redis.call('ZSCORE', R, rt) or 0)
+    if now + tonumber(rttl) > s then
+      redis.call('ZADD', R, num(now + tonumber(rttl)), rt)
+    end
+  end
+end
+if #q > 0 then
+  redis.call('DEL', RQ)
+  fit(R, RC)
+end
+if #q > 0 or redis.call('EXISTS', WW) == 1 then
+  redis.call('PUBLISH', ch, '')
+end
+return 1

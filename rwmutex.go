@@ -1,0 +1,436 @@
+package dsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dsync-go/dsync/lua"
+	"github.com/dsync-go/dsync/renew"
+)
+
+// finishedKeep is how long an RWMutex remembers the id of a call that
+// finished (a full release, an abandoned lock call), so that a retry of it
+// after a lost reply, or its late arrival, changes nothing. It bounds how
+// long one go-redis call, with its retries, may take.
+const finishedKeep = 2 * releaseTimeout
+
+// Lock modes, as the scripts spell them.
+const (
+	modeRead  = "r"
+	modeWrite = "w"
+)
+
+// An RWMutex is a reader/writer mutual exclusion lock shared by every
+// process that names it, the distributed twin of [sync.RWMutex]: any number
+// of readers or one writer hold it. Get one with [Client.RWMutex]; an
+// RWMutex handle is safe for concurrent use and cheap, so make one where
+// needed.
+//
+// Without an owner in ctx a handle behaves like sync.RWMutex: it is not
+// reentrant, it remembers the holds it took (its write hold and each of its
+// read holds), and any goroutine using the handle may unlock them; RUnlock
+// releases the handle's most recent read hold. With an owner (see
+// [WithOwner]) both modes are reentrant per owner (each lock needs one
+// unlock), and only the owner may unlock. An owner that holds the write lock
+// may also RLock and then Unlock, keeping a read hold (a downgrade); an owner
+// that holds a read lock and asks for the write lock gets [ErrUpgrade] at
+// once, where sync.RWMutex would deadlock.
+//
+// Unlike sync.RWMutex, every hold has a lease (see [TTL]), renewed by the
+// Client while the hold lives. Each reader has its own: a reader that dies
+// frees its share when its lease runs out, whatever the other readers do.
+// Each fresh write acquisition gets a fencing token larger than every
+// earlier one of the name ([Lease.Token]); read holds carry none.
+//
+// Writers are preferred, as in sync.RWMutex: once a writer waits, new
+// readers wait too (an owner re-entering its read hold does not), so a
+// stream of readers cannot starve a writer; and a writer's Unlock makes
+// every reader that waited for it a holder at once, so a stream of writers
+// cannot starve readers. Writers are not ordered among themselves. Waiters
+// are woken by notifications, not by polling.
+type RWMutex struct {
+	c    *Client
+	cfg  config
+	name string
+	// writer hash, fence hash, readers zset, readers hash, waiting writers
+	// zset, waiting readers hash, finished calls zset
+	keys []string
+	err  error
+
+	mu    sync.Mutex
+	w     *hold   // the handle's write hold, without an owner in ctx
+	reads []*hold // the handle's read holds, without an owner, latest last
+}
+
+// RWMutex returns a handle on the RWMutex called name. Options override the
+// Client's defaults for this handle. An empty name or a bad option makes
+// every call on the handle fail with [ErrInvalid]. An RWMutex and a [Mutex]
+// of the same name are distinct locks.
+func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
+	rw := &RWMutex{c: c, name: name}
+	if c != nil {
+		rw.cfg = c.cfg
+	} else {
+		rw.cfg = defaultConfig()
+	}
+	rw.cfg.err = nil
+	rw.cfg.apply(opts)
+	rw.err = rw.cfg.err
+	if name == "" {
+		rw.err = fmt.Errorf("%w: empty name", ErrInvalid)
+	}
+	k := rw.cfg.keyOf(name) + ":rw"
+	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x"}
+	return rw
+}
+
+func (rw *RWMutex) check() error {
+	if rw == nil {
+		return fmt.Errorf("%w: nil RWMutex", ErrInvalid)
+	}
+	if err := rw.c.check(); err != nil {
+		return err
+	}
+	return rw.err
+}
+
+// RLock locks rw for reading, waiting while a writer holds it or waits for
+// it, until ctx is done. On success the read hold lasts until RUnlock,
+// renewed by the Client; with an owner in ctx that already reads (or writes)
+// rw, RLock takes (another level of) a read hold at once. On failure it
+// returns an error for which errors.Is(err, ctx.Err()) holds (or a Redis or
+// [ErrClosed] error) and leaves no hold behind, also when the server granted
+// the hold but the reply was lost.
+func (rw *RWMutex) RLock(ctx context.Context) error {
+	_, err := rw.lock(ctx, modeRead, true)
+	return err
+}
+
+// TryRLock tries to lock rw for reading once, without waiting, and reports
+// whether it succeeded. It fails while a writer holds rw or waits for it,
+// unless ctx's owner already reads or writes rw. An error means the attempt
+// could not be made or its outcome is unknown; then no hold is left behind.
+func (rw *RWMutex) TryRLock(ctx context.Context) (bool, error) {
+	return rw.lock(ctx, modeRead, false)
+}
+
+// Lock locks rw for writing, waiting until no reader and no other writer
+// holds it, or until ctx is done. While it waits, new readers wait too. On
+// success the hold lasts until Unlock, renewed by the Client; with an owner
+// in ctx that already writes rw, Lock re-enters at once. If ctx's owner
+// holds a read lock on rw (and not the write lock), Lock returns
+// [ErrUpgrade] at once. On failure it returns an error for which
+// errors.Is(err, ctx.Err()) holds (or a Redis or [ErrClosed] error) and
+// leaves no hold behind, also when the server took the lock but the reply
+// was lost; readers that waited behind it go on at once.
+func (rw *RWMutex) Lock(ctx context.Context) error {
+	_, err := rw.lock(ctx, modeWrite, true)
+	return err
+}
+
+// TryLock tries to lock rw for writing once, without waiting, and reports
+// whether it succeeded. It fails while anyone else reads or writes rw, and
+// returns [ErrUpgrade] if ctx's owner reads it. An error means the attempt
+// could not be made or its outcome is unknown; then no hold is left behind.
+func (rw *RWMutex) TryLock(ctx context.Context) (bool, error) {
+	return rw.lock(ctx, modeWrite, false)
+}
+
+func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, error) {
+	if err := rw.check(); err != nil {
+		return false, err
+	}
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if !owned {
+		tok = newToken()
+	}
+	id := newCallID()
+	start := time.Now()
+	v, err := rw.attempt(ctx, mode, tok, id, wait)
+	if err == nil && v < 0 && wait {
+		v, err = rw.wait(ctx, mode, tok, id, v)
+	}
+	if err != nil {
+		rw.abandon(ctx, mode, tok, id)
+		return false, err
+	}
+	switch {
+	case v == 0:
+		// The script dropped the caller's place, if it had one.
+		return false, ErrUpgrade
+	case v < 0:
+		return false, nil
+	}
+	fence := uint64(v)
+	if mode == modeRead {
+		fence = 0
+	}
+	rw.held(mode, tok, owned, fence, start)
+	return true, nil
+}
+
+// attempt runs the lock script once: > 0 held (the fencing token of a write
+// hold), 0 an upgrade refused, < 0 minus the ms to wait at most.
+func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id string, wait bool) (int64, error) {
+	w := "0"
+	if wait {
+		w = "1"
+	}
+	return lua.RWMutexLock.Run(ctx, rw.c.rdb, rw.keys, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle)).Int64()
+}
+
+// wait retries after notifications until the lock is held, refused as an
+// upgrade, or ctx is done.
+func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, v int64) (int64, error) {
+	w := rw.c.notify.watch(rw.keys[0], tok)
+	defer rw.c.notify.unwatch(w)
+	w.awaitReady(ctx, rw.c.closed)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	retry := true // the subscription is new: a release may have been missed
+	for {
+		if retry {
+			var err error
+			v, err = rw.attempt(ctx, mode, tok, id, true)
+			if err != nil || v >= 0 {
+				return v, err
+			}
+		}
+		// Sleep no longer than the blocking hold (or writer's place) can
+		// last, and refresh the caller's own place within its TTL.
+		d := min(time.Duration(-v)*time.Millisecond, rw.cfg.ttl/2)
+		t.Reset(max(d, time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-rw.c.closed:
+			return 0, ErrClosed
+		case <-t.C:
+		case <-w.sig:
+		}
+		retry = true
+	}
+}
+
+// abandon undoes whatever a failed lock call may have done on the server: a
+// hold it took (or was granted) whose reply was lost, a re-entry, its
+// waiting place. It runs detached from ctx, which may be done.
+func (rw *RWMutex) abandon(ctx context.Context, mode, tok, id string) {
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	_ = lua.RWMutexUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id).Err()
+}
+
+func (rw *RWMutex) holdKey(mode, tok string) holdKey {
+	if mode == modeRead {
+		return holdKey{rw.keys[2], tok}
+	}
+	return holdKey{rw.keys[0], tok}
+}
+
+// held records a hold taken (or re-entered) by tok.
+func (rw *RWMutex) held(mode, tok string, owned bool, fence uint64, start time.Time) {
+	spec := renew.Spec{Script: lua.RWMutexRenew, Keys: rw.keys[:1], Args: []any{tok, ms(rw.cfg.ttl)}}
+	if mode == modeRead {
+		spec = renew.Spec{Script: lua.RWMutexRRenew, Keys: rw.keys[2:4], Args: []any{tok, ms(rw.cfg.ttl)}}
+	}
+	newHold := func() *hold { return rw.c.startHold(&rw.cfg, spec, tok, fence, start) }
+	if owned {
+		rw.c.ownerHold(rw.holdKey(mode, tok), fence, newHold)
+		return
+	}
+	h := newHold()
+	rw.mu.Lock()
+	if mode == modeRead {
+		rw.reads = append(rw.reads, h)
+		rw.mu.Unlock()
+		return
+	}
+	old := rw.w
+	rw.w = h
+	rw.mu.Unlock()
+	if old != nil {
+		// The previous write hold of this handle is gone, or Lock would
+		// have waited.
+		old.release()
+	}
+}
+
+// take removes the handle's hold in mode (the latest read hold) so that no
+// other unlock releases it too.
+func (rw *RWMutex) take(mode string) *hold {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if mode == modeWrite {
+		h := rw.w
+		rw.w = nil
+		return h
+	}
+	n := len(rw.reads)
+	if n == 0 {
+		return nil
+	}
+	h := rw.reads[n-1]
+	rw.reads[n-1] = nil
+	rw.reads = rw.reads[:n-1]
+	return h
+}
+
+// restore gives back a hold taken by take whose unlock had an unknown outcome.
+func (rw *RWMutex) restore(mode string, h *hold) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if mode == modeRead {
+		rw.reads = append(rw.reads, h)
+	} else if rw.w == nil {
+		rw.w = h
+	}
+}
+
+// RUnlock releases one read hold: one level of an owner's re-entry, or the
+// handle's most recent read hold. It does not affect other readers. It runs
+// even if ctx is already done, detached with its own deadline. It returns
+// [ErrNotHeld] if the caller holds no read lock on rw and [ErrLeaseLost] if
+// the hold was lost before RUnlock; in both cases nothing is changed.
+func (rw *RWMutex) RUnlock(ctx context.Context) error {
+	return rw.unlock(ctx, modeRead)
+}
+
+// Unlock releases the write lock: one level of an owner's re-entry, or the
+// handle's write hold. A read hold the owner took while writing (a
+// downgrade) stays. On the last level every reader that waited for the
+// writer becomes a holder. It runs even if ctx is already done, detached
+// with its own deadline. It returns [ErrNotHeld] if the caller does not hold
+// the write lock and [ErrLeaseLost] if the hold was lost before Unlock; in
+// both cases nothing is changed.
+func (rw *RWMutex) Unlock(ctx context.Context) error {
+	return rw.unlock(ctx, modeWrite)
+}
+
+func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
+	if err := rw.check(); err != nil && !errors.Is(err, ErrClosed) {
+		return err
+	}
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return err
+	}
+	var h *hold
+	if owned {
+		h = rw.c.lookupHold(rw.holdKey(mode, tok))
+	} else {
+		if h = rw.take(mode); h == nil {
+			return ErrNotHeld
+		}
+		tok = h.tok
+	}
+	id := newCallID()
+	if h != nil {
+		rw.mu.Lock()
+		if h.unlockID != "" {
+			id = h.unlockID
+		}
+		h.unlockID = id
+		rw.mu.Unlock()
+	}
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	r, err := lua.RWMutexUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, id, rw.keys[0], ms(finishedKeep), "").Int64()
+	if err != nil {
+		// The outcome is unknown: keep the hold, and let a retry reuse id.
+		if !owned {
+			rw.restore(mode, h)
+		}
+		return err
+	}
+	if h != nil {
+		rw.mu.Lock()
+		h.unlockID = ""
+		rw.mu.Unlock()
+	}
+	switch {
+	case r == 1 || (r == 0 && h != nil):
+		if h != nil {
+			if owned {
+				rw.c.dropHold(rw.holdKey(mode, tok), h)
+			}
+			if r == 0 {
+				h.lease.MarkLost()
+				return ErrLeaseLost
+			}
+			h.release()
+		}
+		return nil
+	case r == 2:
+		if !owned {
+			// A handle's holds have a count of one; still held.
+			rw.restore(mode, h)
+			return nil
+		}
+		if h != nil {
+			rw.c.mu.Lock()
+			h.count--
+			last := h.count <= 0
+			rw.c.mu.Unlock()
+			if last {
+				// Another process re-entered with this owner and renews
+				// the rest of the hold.
+				rw.c.dropHold(rw.holdKey(mode, tok), h)
+				h.release()
+			}
+		}
+		return nil
+	default:
+		return ErrNotHeld
+	}
+}
+
+// Lease returns the lease of the write hold of ctx's owner on rw or,
+// without an owner in ctx, of the handle's write hold. It returns
+// [ErrNotHeld] if there is none. It sends nothing to Redis.
+func (rw *RWMutex) Lease(ctx context.Context) (*Lease, error) {
+	return rw.lease(ctx, modeWrite)
+}
+
+// RLease returns the lease of the read hold of ctx's owner on rw or,
+// without an owner in ctx, of the handle's most recent read hold. It returns
+// [ErrNotHeld] if there is none. Its Token is 0: read holds carry no fencing
+// token. It sends nothing to Redis.
+func (rw *RWMutex) RLease(ctx context.Context) (*Lease, error) {
+	return rw.lease(ctx, modeRead)
+}
+
+func (rw *RWMutex) lease(ctx context.Context, mode string) (*Lease, error) {
+	if err := rw.check(); err != nil {
+		return nil, err
+	}
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var h *hold
+	if owned {
+		h = rw.c.lookupHold(rw.holdKey(mode, tok))
+	} else {
+		rw.mu.Lock()
+		if mode == modeWrite {
+			h = rw.w
+		} else if n := len(rw.reads); n > 0 {
+			h = rw.reads[n-1]
+		}
+		rw.mu.Unlock()
+	}
+	if h == nil {
+		return nil, ErrNotHeld
+	}
+	return h.leaseView(), nil
+}
