@@ -155,9 +155,10 @@ func FixedLease() Option {
 	return func(cfg *config) { cfg.interval = -1 }
 }
 
-// MaxHold bounds how long renewal may keep one hold alive: a live but stuck
-// holder loses the hold at most d plus one TTL after taking it. The default,
-// 0, is no bound.
+// MaxHold bounds how long renewal may keep one hold alive: no renewal
+// extends a hold past d after it was taken, so a live but stuck holder
+// loses it (its [Lease] reports [ErrLeaseLost]) within d. The default, 0, is
+// no bound.
 func MaxHold(d time.Duration) Option {
 	return func(cfg *config) {
 		if d < 0 {
@@ -203,4 +204,19 @@ func newCallID() string {
 // detached returns a context for cleanup that must run although ctx ended.
 func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+}
+
+// releaseContext returns a context for a release: ctx itself if it can
+// never be cancelled, otherwise one that a cancellation of ctx cannot cut
+// short, bounded by its own deadline when ctx is already done.
+func releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	switch {
+	case ctx.Done() == nil:
+		return ctx, func() {}
+	case ctx.Err() != nil:
+		return detached(ctx)
+	default:
+		// Bounded by the Redis client's own read and write timeouts.
+		return context.WithoutCancel(ctx), func() {}
+	}
 }

@@ -38,9 +38,24 @@ type Mutex struct {
 	keys []string // lock hash, fence hash, queue, queue data
 	err  error
 
+	// Script arguments boxed once per handle.
+	kargs   []any // key count and keys
+	ttlArg  any
+	chanArg any
+
 	mu  sync.Mutex
 	cur *hold // the handle's own hold, without an owner in ctx
 }
+
+var (
+	mutexLock   = newScript(lua.MutexLock)
+	mutexUnlock = newScript(lua.MutexUnlock)
+
+	fenceIdleArg any = ms(fenceIdle)
+	argNo        any = "0"
+	argYes       any = "1"
+	argNone      any = ""
+)
 
 // Mutex returns a handle on the Mutex called name. Options override the
 // Client's defaults for this handle. An empty name or a bad option makes
@@ -60,6 +75,9 @@ func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	}
 	k := m.cfg.keyOf(name)
 	m.keys = []string{k, k + ":f", k + ":q", k + ":qd"}
+	m.kargs = boxKeys(m.keys)
+	m.ttlArg = ms(m.cfg.ttl)
+	m.chanArg = k
 	return m
 }
 
@@ -103,10 +121,14 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	if !owned {
+	var id string
+	if owned {
+		id = newCallID()
+	} else {
+		// A fresh token per call is also a fine call id.
 		tok = newToken()
+		id = tok
 	}
-	id := newCallID()
 	start := time.Now()
 	v, err := m.attempt(ctx, tok, id, false)
 	if err != nil {
@@ -130,11 +152,11 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 // attempt runs the lock script once: > 0 is the fencing token of a hold,
 // ≤ 0 minus the ms to wait at most.
 func (m *Mutex) attempt(ctx context.Context, tok, id string, starving bool) (int64, error) {
-	s := "0"
+	s := argNo
 	if starving {
-		s = "1"
+		s = argYes
 	}
-	return lua.MutexLock.Run(ctx, m.c.rdb, m.keys, tok, ms(m.cfg.ttl), id, s, ms(fenceIdle)).Int64()
+	return m.c.eval(ctx, mutexLock, m.kargs, tok, m.ttlArg, id, s, fenceIdleArg).Int64()
 }
 
 // wait retries after notifications until the lock is held or ctx is done.
@@ -181,7 +203,7 @@ func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int
 func (m *Mutex) abandon(ctx context.Context, tok, id string) {
 	dctx, cancel := detached(ctx)
 	defer cancel()
-	_ = lua.MutexUnlock.Run(dctx, m.c.rdb, m.keys, tok, newCallID(), m.keys[0], ms(fenceIdle), id).Err()
+	_ = m.c.eval(dctx, mutexUnlock, m.kargs, tok, newCallID(), m.chanArg, fenceIdleArg, id).Err()
 }
 
 // held records a hold taken (or re-entered) by tok.
@@ -190,7 +212,7 @@ func (m *Mutex) held(tok string, owned bool, fence uint64, start time.Time) {
 		return m.c.startHold(&m.cfg, renew.Spec{
 			Script: lua.MutexRenew,
 			Keys:   m.keys[:1],
-			Args:   []any{tok, ms(m.cfg.ttl)},
+			Args:   []any{tok, m.ttlArg},
 		}, tok, fence, start)
 	}
 	if owned {
@@ -242,9 +264,9 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		h.unlockID = id
 		m.mu.Unlock()
 	}
-	dctx, cancel := detached(ctx)
+	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	r, err := lua.MutexUnlock.Run(dctx, m.c.rdb, m.keys, tok, id, m.keys[0], ms(fenceIdle), "").Int64()
+	r, err := m.c.eval(dctx, mutexUnlock, m.kargs, tok, id, m.chanArg, fenceIdleArg, argNone).Int64()
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		return err

@@ -15,26 +15,27 @@
 --        minus the number of ms after which to try again (< 0).
 
 local tok, ttl, id = ARGV[1], ARGV[2], ARGV[3]
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
 
 -- A call its caller abandoned must not take effect when it arrives late.
 if redis.call('HGET', KEYS[2], 'x') == id then
   return -1
 end
 
-local cnt = redis.call('HGET', KEYS[1], tok)
-if cnt then
+local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f')
+if cur[1] then
   -- Re-entry, or a repeat of this very call (a retry after a lost reply,
   -- or a hold handed to this waiter): a repeat changes nothing.
-  if redis.call('HGET', KEYS[1], ':c') ~= id then
+  if cur[2] ~= id then
     redis.call('HINCRBY', KEYS[1], tok, 1)
     redis.call('HSET', KEYS[1], ':c', id)
     redis.call('PEXPIRE', KEYS[1], ttl)
   end
-  return tonumber(redis.call('HGET', KEYS[1], ':f'))
+  return tonumber(cur[3])
 end
+
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
 
 -- The queue head whose place has not lapsed; lapsed places are dropped.
 local function head()
@@ -67,7 +68,8 @@ local function enqueue()
   end
 end
 
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if cur[3] then
+  -- Held by another owner (every hold has a fencing token).
   redis.call('HSET', KEYS[1], ':w', 1)
   if ARGV[4] == '1' or redis.call('EXISTS', KEYS[3]) == 1 then
     enqueue()
@@ -99,9 +101,11 @@ if f < now_us then
   f = now_us
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
-redis.call('HSET', KEYS[1], tok, 1, ':f', f, ':c', id)
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HSET', KEYS[1], ':w', 1)
+if h then
+  -- Others may still be queued behind: make the release notify them.
+  redis.call('HSET', KEYS[1], tok, 1, ':f', f, ':c', id, ':w', 1)
+else
+  redis.call('HSET', KEYS[1], tok, 1, ':f', f, ':c', id)
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return f

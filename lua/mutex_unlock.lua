@@ -14,9 +14,12 @@
 --        went down), 0 the owner does not hold it.
 
 local tok, id, ch, idle, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
+local now_us, now_ms
+local function clock()
+  local t = redis.call('TIME')
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now_ms = math.floor(now_us / 1000)
+end
 
 -- A repeat of an unlock that released answers as before.
 if redis.call('HGET', KEYS[2], 'r') == id then
@@ -24,6 +27,10 @@ if redis.call('HGET', KEYS[2], 'r') == id then
 end
 
 local function head()
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    return nil
+  end
+  clock()
   for _ = 1, 1000 do
     local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not h then
@@ -56,11 +63,12 @@ if guard ~= '' then
   end
 end
 
-local cnt = redis.call('HGET', KEYS[1], tok)
+local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':w')
+local cnt = cur[1]
 if not cnt then
   return 0
 end
-if redis.call('HGET', KEYS[1], ':c') == id then
+if cur[2] == id then
   -- A repeat of an unlock that only lowered the count.
   return 2
 end
@@ -72,7 +80,7 @@ end
 
 redis.call('HSET', KEYS[2], 'r', id)
 redis.call('PEXPIRE', KEYS[2], idle)
-local waited = redis.call('HEXISTS', KEYS[1], ':w') == 1
+local waited = cur[3]
 redis.call('DEL', KEYS[1])
 
 local h, d = head()

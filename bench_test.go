@@ -1,0 +1,93 @@
+package dsync_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// benchClient returns a Client on the real server with a round-trip counter,
+// or skips: timings on miniredis say nothing about round trips.
+func benchClient(b *testing.B, opts ...dsync.Option) (*dsync.Client, *redistest.Counter) {
+	b.Helper()
+	be, ok := redistest.Real(b)
+	if !ok {
+		b.Skip("benchmarks need redis-server on PATH")
+	}
+	rdb := be.NewClient(b)
+	counter := &redistest.Counter{}
+	rdb.AddHook(counter)
+	c := dsync.New(rdb, opts...)
+	b.Cleanup(func() { c.Close() })
+	return c, counter
+}
+
+// reportRoundTrips warms up, runs op b.N times and reports round trips per op.
+func reportRoundTrips(b *testing.B, counter *redistest.Counter, op func()) {
+	b.Helper()
+	op() // warm up: connections, script cache
+	counter.Reset()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		op()
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(counter.RoundTrips())/float64(b.N), "roundtrips/op")
+}
+
+// BenchmarkMutex is one uncontended Lock+Unlock: two round trips.
+func BenchmarkMutex(b *testing.B) {
+	c, counter := benchClient(b)
+	m := c.Mutex(redistest.Key(b))
+	ctx := context.Background()
+	reportRoundTrips(b, counter, func() {
+		if err := m.Lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
+
+// BenchmarkRawFloor is the floor for a correct lock: SET NX PX and a
+// compare-and-delete script, two round trips.
+func BenchmarkRawFloor(b *testing.B) {
+	be, ok := redistest.Real(b)
+	if !ok {
+		b.Skip("benchmarks need redis-server on PATH")
+	}
+	rdb := be.NewClient(b)
+	counter := &redistest.Counter{}
+	rdb.AddHook(counter)
+	key := redistest.Key(b)
+	del := redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+	ctx := context.Background()
+	reportRoundTrips(b, counter, func() {
+		if ok, err := rdb.SetNX(ctx, key, "token", 30e9).Result(); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+		if err := del.Run(ctx, rdb, []string{key}, "token").Err(); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
+
+func BenchmarkMutexFixed(b *testing.B) {
+	c, counter := benchClient(b, dsync.FixedLease())
+	m := c.Mutex(redistest.Key(b))
+	ctx := context.Background()
+	reportRoundTrips(b, counter, func() {
+		if err := m.Lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	})
+}

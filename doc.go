@@ -1,0 +1,35 @@
+// Package dsync gives a fleet of processes what package [sync] gives
+// goroutines, shared through Redis, with every call taking a
+// [context.Context]:
+//
+//   - [Mutex] is a distributed [sync.Mutex]: one holder at a time.
+//   - [RWMutex] is a distributed [sync.RWMutex]: many readers or one writer,
+//     with writer preference.
+//   - [Once] is a distributed [sync.Once] whose function may fail: the name is
+//     done only when the function returns nil.
+//   - [Semaphore] is a distributed [golang.org/x/sync/semaphore.Weighted].
+//
+// A [Client], made by [New] over a go-redis client (single node, cluster or
+// sentinel), hands out the primitives by name: every process that uses the
+// same name and key prefix shares the same primitive.
+//
+// Rules that hold everywhere:
+//
+//   - Handles are safe for concurrent use. Without an owner in ctx a handle
+//     behaves like its sync twin; with [WithOwner] the owner carried in ctx
+//     holds, may re-enter, and alone may release. [WithOwnerToken] and
+//     [OwnerToken] carry an owner across processes.
+//   - Every hold is bounded by a lease (see [TTL]) that the Client renews
+//     while the hold lives; a holder that dies frees what it held when the
+//     lease runs out. A primitive's Lease method gives the hold's [Lease]:
+//     Done and Err tell the holder if the hold was lost, Token gives its
+//     fencing token.
+//   - Waiting is event-driven (Redis pub/sub, one connection per Client) and
+//     fair: long waiters queue in Redis and newcomers wait behind them.
+//   - A call whose ctx ends returns an error matching ctx.Err() and leaves
+//     nothing held; releases run even with a done ctx.
+//   - Every state change is one Lua script, and scripts are idempotent
+//     under go-redis's automatic retries.
+//   - Bad input is an error wrapping [ErrInvalid], returned before anything
+//     is sent; remote state never causes a panic.
+package dsync

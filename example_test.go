@@ -1,0 +1,89 @@
+package dsync_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+)
+
+func ExampleMutex_Lock() {
+	srv, _ := miniredis.Run() // any Redis: single node, cluster or sentinel
+	defer srv.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+
+	c := dsync.New(rdb)
+	defer c.Close()
+	ctx := context.Background()
+
+	m := c.Mutex("orders:42")
+	if err := m.Lock(ctx); err != nil {
+		fmt.Println("lock:", err)
+		return
+	}
+	// Only one process at a time gets here.
+	fmt.Println("writing order 42")
+	if err := m.Unlock(ctx); err != nil {
+		fmt.Println("unlock:", err)
+	}
+	// Output: writing order 42
+}
+
+func ExampleWithOwner() {
+	srv, _ := miniredis.Run()
+	defer srv.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	c := dsync.New(rdb)
+	defer c.Close()
+
+	ctx := dsync.WithOwner(context.Background()) // this ctx is one owner
+	m := c.Mutex("orders:42")
+	_ = m.Lock(ctx)
+	_ = m.Lock(ctx) // the same owner re-enters
+
+	other := dsync.WithOwner(context.Background())
+	ok, _ := m.TryLock(other)
+	fmt.Println("another owner gets it:", ok)
+
+	_ = m.Unlock(ctx)
+	_ = m.Unlock(ctx) // released on the last Unlock
+	ok, _ = m.TryLock(other)
+	fmt.Println("after two unlocks:", ok)
+	_ = m.Unlock(other)
+	// Output:
+	// another owner gets it: false
+	// after two unlocks: true
+}
+
+func ExampleMutex_Lease() {
+	srv, _ := miniredis.Run()
+	defer srv.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	c := dsync.New(rdb)
+	defer c.Close()
+	ctx := context.Background()
+
+	m := c.Mutex("report")
+	_ = m.Lock(ctx)
+	lease, _ := m.Lease(ctx)
+	// Hand lease.Token() to storage that rejects stale writers, and stop
+	// working when lease.Done() closes.
+	select {
+	case <-lease.Done():
+		fmt.Println("lost:", lease.Err())
+	default:
+		fmt.Println("held, token > 0:", lease.Token() > 0)
+	}
+	_ = m.Unlock(ctx)
+	<-lease.Done()
+	fmt.Println("after Unlock:", lease.Err())
+	// Output:
+	// held, token > 0: true
+	// after Unlock: <nil>
+}

@@ -1,0 +1,377 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/faults"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// realOnly returns the real server backend or skips: these tests need TTLs
+// that run down by themselves (miniredis TTLs move only when told).
+func realOnly(t *testing.T) redistest.Backend {
+	t.Helper()
+	b, ok := redistest.Real(t)
+	if !ok {
+		t.Skip("needs redis-server")
+	}
+	return b
+}
+
+func waitDone(t *testing.T, l *dsync.Lease, within time.Duration) time.Time {
+	t.Helper()
+	select {
+	case <-l.Done():
+		return time.Now()
+	case <-time.After(within):
+		t.Fatalf("lease not done within %v", within)
+		return time.Time{}
+	}
+}
+
+func TestLeaseRenewalKeepsHold(t *testing.T) {
+	b := realOnly(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	m := newClient(t, b, dsync.TTL(time.Second)).Mutex(name)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.Lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newClient(t, b).Mutex(name)
+	for i := 0; i < 7; i++ { // 3.5 s, three and a half TTLs
+		time.Sleep(500 * time.Millisecond)
+		if ok, _ := other.TryLock(ctx); ok {
+			t.Fatalf("lock taken by another after %v: renewal failed", time.Duration(i+1)*500*time.Millisecond)
+		}
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease Err = %v while held", err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, l, time.Second)
+	if err := l.Err(); err != nil {
+		t.Errorf("Err after Unlock = %v, want nil", err)
+	}
+	if ok, _ := other.TryLock(ctx); !ok {
+		t.Fatal("lock not free after Unlock")
+	}
+}
+
+// TestLeaseLossReported deletes the hold behind the holder's back in several
+// ways; each time the holder must learn it within about one renewal interval,
+// and Unlock must say so.
+func TestLeaseLossReported(t *testing.T) {
+	faults := map[string]func(ctx context.Context, b redistest.Backend, name string) error{
+		"key deleted": func(ctx context.Context, b redistest.Backend, name string) error {
+			return b.NewClient(t).Del(ctx, "dsync:{"+name+"}").Err()
+		},
+		"flushall": func(ctx context.Context, b redistest.Backend, name string) error {
+			return b.NewClient(t).FlushAll(ctx).Err()
+		},
+		"taken over": func(ctx context.Context, b redistest.Backend, name string) error {
+			rdb := b.NewClient(t)
+			k := "dsync:{" + name + "}"
+			if err := rdb.Del(ctx, k).Err(); err != nil {
+				return err
+			}
+			return rdb.HSet(ctx, k, "someone-else", 1).Err()
+		},
+	}
+	for fault, do := range faults {
+		t.Run(fault, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, b redistest.Backend) {
+				if fault == "flushall" && b.Mini == nil {
+					// FLUSHALL on the shared server would disturb other tests.
+					t.Skip("flushall only on miniredis")
+				}
+				ctx := ctxT(t)
+				name := redistest.Key(t)
+				const ttl = 900 * time.Millisecond
+				m := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
+				if err := m.Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				l, _ := m.Lease(ctx)
+				if err := do(ctx, b, name); err != nil {
+					t.Fatal(err)
+				}
+				at := time.Now()
+				waitDone(t, l, 3*ttl) // one interval is ttl/3; generous bound
+				t.Logf("loss reported after %v", time.Since(at))
+				if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+					t.Errorf("Err = %v, want ErrLeaseLost", l.Err())
+				}
+				if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
+					t.Errorf("Unlock = %v, want ErrLeaseLost", err)
+				}
+			})
+		})
+	}
+}
+
+func TestLeaseLostOnServerRestart(t *testing.T) {
+	srv := redistest.StartStandalone(t)
+	ctx := ctxT(t)
+	c := dsync.New(srv.Client(t), dsync.TTL(900*time.Millisecond))
+	defer c.Close()
+	m := c.Mutex("restart")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := m.Lease(ctx)
+	srv.Restart() // no persistence: the hold is gone
+	waitDone(t, l, 5*time.Second)
+	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
+		t.Errorf("Unlock = %v, want ErrLeaseLost", err)
+	}
+	// The lock works again, with a larger fencing token than before.
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2, _ := m.Lease(ctx)
+	if l2.Token() <= l.Token() {
+		t.Errorf("token after restart %d, want > %d", l2.Token(), l.Token())
+	}
+	_ = m.Unlock(ctx)
+}
+
+func TestLeaseSurvivesConnectionsCut(t *testing.T) {
+	srv := redistest.StartStandalone(t)
+	ctx := ctxT(t)
+	const ttl = 900 * time.Millisecond
+	c1 := dsync.New(srv.Client(t), dsync.TTL(ttl))
+	defer c1.Close()
+	c2 := dsync.New(srv.Client(t), dsync.TTL(ttl))
+	defer c2.Close()
+	m1, m2 := c1.Mutex("cut"), c2.Mutex("cut")
+	if err := m1.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := m1.Lease(ctx)
+	got := make(chan error, 1)
+	go func() { got <- m2.Lock(ctx) }()
+	time.Sleep(50 * time.Millisecond)
+	// Cut every client connection, the waiter's pub/sub included.
+	admin := srv.Client(t)
+	if err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "normal").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_ = admin.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err()
+	time.Sleep(2 * ttl) // renewal must reconnect
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease lost after a connection cut: %v", err)
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("waiter got the lock while it was held (err %v)", err)
+	default:
+	}
+	released := time.Now()
+	if err := m1.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("waiter woke %v after the release", time.Since(released))
+	case <-time.After(2 * ttl):
+		t.Fatal("waiter not woken after the release")
+	}
+	_ = m2.Unlock(ctx)
+}
+
+func TestLeaseStalledRenewerReportsLossBeforeExpiry(t *testing.T) {
+	b := realOnly(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	const ttl = 600 * time.Millisecond
+	m := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
+	release := make(chan struct{})
+	stall := func() { <-release }
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := m.Lease(ctx)
+	faults.RenewStall.Store(&stall)
+	defer faults.RenewStall.Store(nil)
+	defer close(release)
+	// Another process waits; it may take the lock only once the server
+	// expired the hold, and the holder must have been told by then.
+	other := newClient(t, b).Mutex(name)
+	if err := other.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	acquired := time.Now()
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("another process holds the lock, and the stalled holder was not told")
+	}
+	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+	t.Logf("other acquired %v after the hold began", acquired.Sub(time.Now().Add(-time.Since(acquired))))
+	_ = other.Unlock(ctx)
+}
+
+func TestFencingTokensIncrease(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		var last uint64
+		check := func(m *dsync.Mutex, what string) {
+			t.Helper()
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			l, err := m.Lease(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Token() <= last {
+				t.Fatalf("%s: token %d, want > %d", what, l.Token(), last)
+			}
+			last = l.Token()
+			if err := m.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c := newClient(t, b)
+		m := c.Mutex(name)
+		for i := 0; i < 5; i++ {
+			check(m, "same handle")
+			check(c.Mutex(name), "new handle")
+			check(newClient(t, b).Mutex(name), "new client")
+		}
+		// A fresh Client (a restarted process) continues the sequence.
+		c.Close()
+		check(newClient(t, b).Mutex(name), "restarted client")
+		// Even when the bookkeeping expired (or was deleted), tokens rise.
+		if err := b.NewClient(t).Del(ctx, "dsync:{"+name+"}:f").Err(); err != nil {
+			t.Fatal(err)
+		}
+		check(m2(newClient(t, b), name), "after the fence hash expired")
+		// Re-entry keeps the token.
+		octx := dsync.WithOwner(ctx)
+		mm := newClient(t, b).Mutex(name)
+		_ = mm.Lock(octx)
+		l1, _ := mm.Lease(octx)
+		_ = mm.Lock(octx)
+		l2, _ := mm.Lease(octx)
+		if l1.Token() != l2.Token() || l1.Token() <= last {
+			t.Errorf("re-entry tokens %d, %d; want equal and > %d", l1.Token(), l2.Token(), last)
+		}
+		_ = mm.Unlock(octx)
+		_ = mm.Unlock(octx)
+	})
+}
+
+func m2(c *dsync.Client, name string) *dsync.Mutex { return c.Mutex(name) }
+
+func TestDeadHolderFreesAtTTL(t *testing.T) {
+	b := realOnly(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	const ttl = time.Second
+	dead := dsync.New(b.NewClient(t), dsync.TTL(ttl))
+	if err := dead.Mutex(name).Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	dead.Close() // the process dies: nobody renews or releases
+	if err := newClient(t, b).Mutex(name).Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waited := time.Since(start)
+	t.Logf("waiter acquired %v after the holder died (TTL %v)", waited, ttl)
+	if waited > ttl+500*time.Millisecond {
+		t.Errorf("waited %v, want about the TTL %v (waiters sleep on the TTL, not a poll interval)", waited, ttl)
+	}
+}
+
+func TestDeadHolderOnMiniredis(t *testing.T) {
+	b := redistest.Miniredis(t)
+	ctx := ctxT(t)
+	dead := dsync.New(b.NewClient(t), dsync.TTL(time.Second))
+	if err := dead.Mutex("x").Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dead.Close()
+	m := newClient(t, b).Mutex("x")
+	if ok, _ := m.TryLock(ctx); ok {
+		t.Fatal("lock free before its TTL")
+	}
+	b.Advance(1100 * time.Millisecond)
+	if ok, err := m.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock after the TTL = %v, %v; want true", ok, err)
+	}
+}
+
+func TestFixedLeaseRunsOut(t *testing.T) {
+	b := realOnly(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	counter := &redistest.Counter{}
+	rdb := b.NewClient(t)
+	rdb.AddHook(counter)
+	c := dsync.New(rdb, dsync.TTL(500*time.Millisecond), dsync.FixedLease())
+	defer c.Close()
+	m := c.Mutex(name)
+	start := time.Now()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := m.Lease(ctx)
+	counter.Reset()
+	at := waitDone(t, l, 2*time.Second)
+	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+	if n := counter.RoundTrips(); n != 0 {
+		t.Errorf("a fixed lease sent %d commands while held, want 0", n)
+	}
+	// Reported no later than the server's expiry.
+	if held := at.Sub(start); held > 500*time.Millisecond {
+		t.Errorf("loss reported %v after Lock, after the TTL", held)
+	}
+	time.Sleep(300 * time.Millisecond) // now the server has expired it too
+	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
+		t.Errorf("Unlock = %v, want ErrLeaseLost", err)
+	}
+}
+
+func TestMaxHoldBoundsRenewal(t *testing.T) {
+	b := realOnly(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	m := newClient(t, b, dsync.TTL(300*time.Millisecond), dsync.MaxHold(600*time.Millisecond)).Mutex(name)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := m.Lease(ctx)
+	start := time.Now()
+	waitDone(t, l, 3*time.Second)
+	// Renewal stops short of MaxHold: the hold ends after MaxHold less
+	// at most one TTL, and never after MaxHold.
+	if held := time.Since(start); held < 300*time.Millisecond || held > 700*time.Millisecond {
+		t.Errorf("hold lasted %v, want within (MaxHold - TTL, MaxHold] = (0.3 s, 0.6 s] plus slack", held)
+	}
+	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
+	}
+}
