@@ -1,0 +1,551 @@
+package renew_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync/internal/faults"
+	"github.com/dsync-go/dsync/renew"
+)
+
+var errTestLost = errors.New("test: lease lost")
+
+var script = redis.NewScript(renewScript)
+
+var keySeq atomic.Int64
+
+// acquire sets a fresh key owned by a fresh owner for ttl and returns the
+// Spec that renews it.
+func acquire(t *testing.T, b *backend, ttl time.Duration) renew.Spec {
+	t.Helper()
+	n := keySeq.Add(1)
+	key := fmt.Sprintf("renew-test:{%s-%d}", t.Name(), n)
+	owner := fmt.Sprintf("owner-%d", n)
+	start := time.Now()
+	if err := b.probe.Set(context.Background(), key, owner, ttl).Err(); err != nil {
+		t.Fatalf("SET %s: %v", key, err)
+	}
+	return renew.Spec{
+		Script: script,
+		Keys:   []string{key},
+		Args:   []any{owner, ttl.Milliseconds()},
+		TTL:    ttl,
+		Start:  start,
+	}
+}
+
+func newRenewer(t *testing.T, b *backend, opts ...renew.Option) *renew.Renewer {
+	r := renew.New(b.rdb, append([]renew.Option{renew.LostError(errTestLost)}, opts...)...)
+	t.Cleanup(r.Close)
+	return r
+}
+
+func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
+
+// waitDone waits up to limit for h to end and returns when it did.
+func waitDone(t *testing.T, h *renew.Hold, limit time.Duration) time.Time {
+	t.Helper()
+	select {
+	case <-h.Done():
+		return time.Now()
+	case <-time.After(limit):
+		t.Fatalf("hold did not end within %v", limit)
+		return time.Time{}
+	}
+}
+
+func exists(t *testing.T, b *backend, key string) bool {
+	t.Helper()
+	n, err := b.probe.Exists(context.Background(), key).Result()
+	if err != nil {
+		t.Fatalf("EXISTS %s: %v", key, err)
+	}
+	return n == 1
+}
+
+func assertLive(t *testing.T, h *renew.Hold) {
+	t.Helper()
+	select {
+	case <-h.Done():
+		t.Fatalf("hold ended early: Err() = %v", h.Err())
+	default:
+	}
+	if err := h.Err(); err != nil {
+		t.Fatalf("live hold: Err() = %v, want nil", err)
+	}
+}
+
+func TestRenewalKeepsKeyAlivePastTTL(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		const ttl = time.Second
+		r := newRenewer(t, b)
+		s := acquire(t, b, ttl)
+		h := r.Add(s)
+		if got, want := h.Deadline(), s.Start.Add(ttl-drift(ttl)); !got.Equal(want) {
+			t.Errorf("initial Deadline() = %v, want Start+TTL-drift = %v", got, want)
+		}
+		end := s.Start.Add(3*ttl + 300*time.Millisecond)
+		for i := 0; i < 100 && time.Now().Before(end); i++ {
+			time.Sleep(100 * time.Millisecond)
+			if !exists(t, b, s.Keys[0]) {
+				t.Fatalf("key expired after %v despite renewal", time.Since(s.Start))
+			}
+			assertLive(t, h)
+		}
+		pttl, err := b.probe.PTTL(context.Background(), s.Keys[0]).Result()
+		if err != nil || pttl <= 0 || pttl > ttl {
+			t.Fatalf("PTTL = %v, %v; want in (0, %v]", pttl, err, ttl)
+		}
+		if dl := h.Deadline(); !dl.After(s.Start.Add(3 * ttl)) {
+			t.Errorf("Deadline() = %v after 3 TTLs, want it to have moved past Start+3TTL", dl.Sub(s.Start))
+		}
+		if got := b.cnt.evals.Load(); got < 6 {
+			t.Errorf("renewals sent = %d, want at least 6 in 3.3 TTLs at TTL/3", got)
+		}
+		if got := r.Len(); got != 1 {
+			t.Errorf("Len() = %d, want 1", got)
+		}
+	})
+}
+
+func TestReleaseStopsRenewal(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		const ttl = time.Second
+		r := newRenewer(t, b)
+		s := acquire(t, b, ttl)
+		h := r.Add(s)
+		time.Sleep(1200 * time.Millisecond)
+		assertLive(t, h)
+		h.Release()
+		waitDone(t, h, time.Second)
+		if err := h.Err(); err != nil {
+			t.Fatalf("Err() after Release = %v, want nil", err)
+		}
+		h.Release()  // idempotent
+		h.MarkLost() // no effect after Release
+		if err := h.Err(); err != nil {
+			t.Fatalf("Err() after Release then MarkLost = %v, want nil", err)
+		}
+		if got := r.Len(); got != 0 {
+			t.Errorf("Len() = %d after Release, want 0", got)
+		}
+		// A renewal already in flight may land; nothing after that.
+		time.Sleep(50 * time.Millisecond)
+		sent := b.cnt.evals.Load()
+		deadline := time.Now().Add(ttl + 2*time.Second)
+		for exists(t, b, s.Keys[0]) {
+			if time.Now().After(deadline) {
+				t.Fatalf("key still exists %v after Release", ttl+2*time.Second)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if got := b.cnt.evals.Load(); got != sent {
+			t.Errorf("renewals sent after Release = %d, want 0", got-sent)
+		}
+	})
+}
+
+func TestKeyDeletedIsLost(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		const ttl = time.Second
+		r := newRenewer(t, b)
+		s := acquire(t, b, ttl)
+		h := r.Add(s)
+		time.Sleep(400 * time.Millisecond)
+		assertLive(t, h)
+		b.probe.Del(context.Background(), s.Keys[0])
+		deleted := time.Now()
+		at := waitDone(t, h, ttl/3+time.Second)
+		if err := h.Err(); !errors.Is(err, errTestLost) {
+			t.Fatalf("Err() = %v, want %v", err, errTestLost)
+		}
+		if d := at.Sub(deleted); d > ttl/3+500*time.Millisecond {
+			t.Errorf("loss reported %v after the delete, want within about one interval (%v)", d, ttl/3)
+		}
+		if got := r.Len(); got != 0 {
+			t.Errorf("Len() = %d after loss, want 0", got)
+		}
+	})
+}
+
+func TestOwnerChangedIsLost(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		const ttl = time.Second
+		r := newRenewer(t, b)
+		s := acquire(t, b, ttl)
+		h := r.Add(s)
+		time.Sleep(400 * time.Millisecond)
+		assertLive(t, h)
+		b.probe.Set(context.Background(), s.Keys[0], "someone-else", ttl)
+		waitDone(t, h, ttl/3+time.Second)
+		if err := h.Err(); !errors.Is(err, errTestLost) {
+			t.Fatalf("Err() = %v, want %v", err, errTestLost)
+		}
+		h.Release() // safe after loss, changes nothing
+		if err := h.Err(); !errors.Is(err, errTestLost) {
+			t.Fatalf("Err() after Release of a lost hold = %v, want %v", err, errTestLost)
+		}
+	})
+}
+
+func TestMarkLostEndsHold(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		const ttl = time.Second
+		r := newRenewer(t, b)
+		s := acquire(t, b, ttl)
+		h := r.Add(s)
+		other := r.Add(acquire(t, b, ttl))
+		h.MarkLost()
+		waitDone(t, h, time.Second)
+		if err := h.Err(); !errors.Is(err, errTestLost) {
+			t.Fatalf("Err() = %v, want %v", err, errTestLost)
+		}
+		if got := r.Len(); got != 1 {
+			t.Fatalf("Len() = %d, want 1", got)
+		}
+		time.Sleep(ttl / 2)
+		assertLive(t, other) // the other hold is unaffected
+		if got := b.cnt.evals.Load(); got != 1 {
+			t.Errorf("renewals sent = %d, want 1 (only the other hold's)", got)
+		}
+	})
+}
+
+func TestUnreachableRedisIsLostBeforeServerExpiry(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		const ttl = 2 * time.Second
+		r := newRenewer(t, b)
+		s := acquire(t, b, ttl)
+		h := r.Add(s)
+		time.Sleep(1200 * time.Millisecond) // at least one renewal
+		assertLive(t, h)
+		b.stop()
+		stopped := time.Now()
+		at := waitDone(t, h, ttl+2*time.Second)
+		if err := h.Err(); !errors.Is(err, errTestLost) {
+			t.Fatalf("Err() = %v, want %v", err, errTestLost)
+		}
+		lastOK := b.cnt.lastOK.Load()
+		if lastOK == nil {
+			t.Fatalf("no renewal succeeded before the server stopped")
+		}
+		// The server's expiry is at least the last successful send + TTL:
+		// loss must be reported before it, never after.
+		if expiry := lastOK.Add(ttl); at.After(expiry) {
+			t.Errorf("loss reported %v after the earliest server expiry", at.Sub(expiry))
+		}
+		if dl := h.Deadline(); at.Before(dl) {
+			t.Errorf("loss reported %v before the conservative deadline", dl.Sub(at))
+		}
+		if !at.After(stopped) {
+			t.Errorf("loss reported before the server stopped")
+		}
+		t.Logf("lost %v after stop; deadline %v before earliest server expiry",
+			at.Sub(stopped), lastOK.Add(ttl).Sub(h.Deadline()))
+	})
+}
+
+func TestFixedLeaseRunsOutWithoutCommands(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		const ttl = 500 * time.Millisecond
+		r := newRenewer(t, b)
+		s := acquire(t, b, ttl)
+		s.Interval = -1
+		before := b.cnt.total()
+		h := r.Add(s)
+		at := waitDone(t, h, ttl+2*time.Second)
+		if err := h.Err(); !errors.Is(err, errTestLost) {
+			t.Fatalf("Err() = %v, want %v", err, errTestLost)
+		}
+		dl := h.Deadline()
+		if want := s.Start.Add(ttl - drift(ttl)); !dl.Equal(want) {
+			t.Errorf("Deadline() = %v, want Start+TTL-drift", dl.Sub(s.Start))
+		}
+		if at.Before(dl) {
+			t.Errorf("fixed lease ended %v before its deadline", dl.Sub(at))
+		}
+		if late := at.Sub(s.Start.Add(ttl)); late > 200*time.Millisecond {
+			t.Errorf("fixed lease ended %v after Start+TTL", late)
+		}
+		if got := b.cnt.total() - before; got != 0 {
+			t.Errorf("commands sent for a fixed lease = %d, want 0", got)
+		}
+	})
+}
+
+func TestMaxHoldBoundsRenewal(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		const (
+			ttl      = 600 * time.Millisecond
+			interval = 200 * time.Millisecond
+			maxHold  = 1100 * time.Millisecond
+		)
+		r := newRenewer(t, b)
+		s := acquire(t, b, ttl)
+		s.Interval = interval
+		s.MaxHold = maxHold
+		h := r.Add(s)
+		at := waitDone(t, h, maxHold+2*time.Second)
+		if err := h.Err(); !errors.Is(err, errTestLost) {
+			t.Fatalf("Err() = %v, want %v", err, errTestLost)
+		}
+		if got := b.cnt.evals.Load(); got < 1 {
+			t.Errorf("renewals sent = %d, want at least 1 before MaxHold", got)
+		}
+		limit := s.Start.Add(maxHold)
+		if end := h.Deadline().Add(drift(ttl)); end.After(limit) {
+			t.Errorf("hold extended %v past Start+MaxHold", end.Sub(limit))
+		}
+		if end := h.Deadline(); end.Before(s.Start.Add(ttl)) {
+			t.Errorf("Deadline() = Start+%v, want renewals past Start+TTL", end.Sub(s.Start))
+		}
+		if at.Before(h.Deadline()) {
+			t.Errorf("ended %v before its deadline", h.Deadline().Sub(at))
+		}
+		if late := at.Sub(limit); late > 200*time.Millisecond {
+			t.Errorf("ended %v after Start+MaxHold", late)
+		}
+		// The server lets the key go by itself, around Start+MaxHold.
+		for i := 0; exists(t, b, s.Keys[0]); i++ {
+			if i > 100 {
+				t.Fatalf("key still exists %v after Start", time.Since(s.Start))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if gone := time.Since(limit); gone > 500*time.Millisecond {
+			t.Errorf("key expired %v after Start+MaxHold", gone)
+		}
+	})
+}
+
+func TestNoScriptIsReloaded(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		const ttl = time.Second
+		r := newRenewer(t, b)
+		s := acquire(t, b, ttl)
+		h := r.Add(s)
+		time.Sleep(1200 * time.Millisecond)
+		assertLive(t, h)
+		if got := b.cnt.loads.Load(); got != 1 {
+			t.Errorf("SCRIPT LOADs before the flush = %d, want 1", got)
+		}
+		if err := b.probe.ScriptFlush(context.Background()).Err(); err != nil {
+			t.Fatalf("SCRIPT FLUSH: %v", err)
+		}
+		end := time.Now().Add(2 * ttl)
+		for i := 0; i < 100 && time.Now().Before(end); i++ {
+			time.Sleep(100 * time.Millisecond)
+			if !exists(t, b, s.Keys[0]) {
+				t.Fatalf("key expired after SCRIPT FLUSH")
+			}
+			assertLive(t, h)
+		}
+		if got := b.cnt.loads.Load(); got != 2 {
+			t.Errorf("SCRIPT LOADs = %d, want 2 (one reload after the flush)", got)
+		}
+	})
+}
+
+func TestCoalescedBatches(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		const (
+			ttl    = 3 * time.Second
+			holds  = 250
+			batch  = 100
+			spread = 20 * time.Millisecond // within the coalescing window
+		)
+		r := newRenewer(t, b, renew.BatchSize(batch))
+		specs := make([]renew.Spec, holds)
+		pipe := b.probe.Pipeline()
+		start := time.Now()
+		for i := range specs {
+			key := fmt.Sprintf("renew-test:{batch-%s-%d}", b.name, i)
+			specs[i] = renew.Spec{Script: script, Keys: []string{key},
+				Args: []any{"me", ttl.Milliseconds()}, TTL: ttl,
+				Start: start.Add(time.Duration(i) * spread / holds)}
+			pipe.Set(context.Background(), key, "me", ttl)
+		}
+		if _, err := pipe.Exec(context.Background()); err != nil {
+			t.Fatalf("SET: %v", err)
+		}
+		for _, s := range specs {
+			r.Add(s)
+		}
+		// Wait for the first tick (due at Start+TTL/3) to be done.
+		deadline := time.Now().Add(ttl)
+		for b.cnt.evals.Load() < holds && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if got := b.cnt.evals.Load(); got != holds {
+			t.Fatalf("renewals in the first tick = %d, want %d", got, holds)
+		}
+		if got, want := b.cnt.pipes.Load(), int64((holds+batch-1)/batch); got != want {
+			t.Errorf("round trips for the first tick = %d, want %d", got, want)
+		}
+		for _, i := range []int{0, holds - 1} {
+			pttl, err := b.probe.PTTL(context.Background(), specs[i].Keys[0]).Result()
+			if err != nil || pttl < ttl-ttl/3 {
+				t.Errorf("hold %d: PTTL after renewal = %v, %v; want about %v", i, pttl, err, ttl)
+			}
+		}
+		if got := r.Len(); got != holds {
+			t.Errorf("Len() = %d, want %d", got, holds)
+		}
+	})
+}
+
+// TestStalledRenewerReportsLoss stalls the renewer past the TTL and checks
+// that on resuming it reports the loss instead of renewing. Not parallel: the
+// stall hook is global.
+func TestStalledRenewerReportsLoss(t *testing.T) {
+	eachBackend(t, false, func(t *testing.T, b *backend) {
+		const (
+			ttl      = 600 * time.Millisecond
+			interval = 200 * time.Millisecond
+		)
+		var stall atomic.Bool
+		entered := make(chan struct{}, 1)
+		resume := make(chan struct{})
+		hook := func() {
+			if stall.Load() {
+				select {
+				case entered <- struct{}{}:
+				default:
+				}
+				<-resume
+			}
+		}
+		faults.RenewStall.Store(&hook)
+		t.Cleanup(func() { faults.RenewStall.Store(nil) })
+
+		r := newRenewer(t, b)
+		s1, s2 := acquire(t, b, ttl), acquire(t, b, ttl)
+		s1.Interval, s2.Interval = interval, interval
+		h1, h2 := r.Add(s1), r.Add(s2)
+		time.Sleep(interval + interval/2)
+		assertLive(t, h1)
+		stall.Store(true)
+		select {
+		case <-entered:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("renewer never reached the stall hook")
+		}
+		time.Sleep(ttl + ttl/2) // past the TTL
+		h2.Release()            // released while its renewal is stalled
+		sent := b.cnt.evals.Load()
+		stall.Store(false)
+		close(resume)
+		waitDone(t, h1, time.Second)
+		if err := h1.Err(); !errors.Is(err, errTestLost) {
+			t.Fatalf("stalled hold: Err() = %v, want %v", err, errTestLost)
+		}
+		if err := h2.Err(); err != nil {
+			t.Fatalf("hold released during the stall: Err() = %v, want nil", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		if got := b.cnt.evals.Load(); got != sent {
+			t.Errorf("renewals sent after the stall = %d, want 0", got-sent)
+		}
+	})
+}
+
+// TestCloseEndsHoldsAndGoroutine is not parallel: it counts goroutines.
+func TestCloseEndsHoldsAndGoroutine(t *testing.T) {
+	eachBackend(t, false, func(t *testing.T, b *backend) {
+		const ttl = time.Second
+		specs := make([]renew.Spec, 50)
+		for i := range specs {
+			specs[i] = acquire(t, b, ttl)
+		}
+		base := clientGoroutines()
+
+		r := renew.New(b.rdb, renew.LostError(errTestLost))
+		holds := make([]*renew.Hold, len(specs))
+		for i, s := range specs {
+			holds[i] = r.Add(s)
+		}
+		time.Sleep(ttl/3 + 100*time.Millisecond) // one tick
+		dones := make([]<-chan struct{}, len(holds))
+		for i, h := range holds[:25] {
+			dones[i] = h.Done() // half of them ask for Done before Close
+		}
+		r.Close()
+		r.Close() // idempotent
+		for i, h := range holds {
+			if dones[i] == nil {
+				dones[i] = h.Done()
+			}
+			select {
+			case <-dones[i]:
+			default:
+				t.Fatalf("hold %d: Done not closed after Close", i)
+			}
+			if err := h.Err(); err != nil {
+				t.Fatalf("hold %d: Err() after Close = %v, want nil", i, err)
+			}
+		}
+		if got := r.Len(); got != 0 {
+			t.Errorf("Len() after Close = %d, want 0", got)
+		}
+		late := r.Add(acquire(t, b, ttl))
+		select {
+		case <-late.Done():
+		default:
+			t.Fatalf("Add after Close: Done not closed")
+		}
+		if err := late.Err(); err != nil {
+			t.Errorf("Add after Close: Err() = %v, want nil", err)
+		}
+
+		n := clientGoroutines()
+		for i := 0; i < 200 && n > base; i++ {
+			time.Sleep(10 * time.Millisecond)
+			n = clientGoroutines()
+		}
+		if n > base {
+			t.Errorf("goroutines after Close = %d, want at most %d\n%s", n, base, stacks())
+		}
+	})
+}
+
+// clientGoroutines is runtime.NumGoroutine less the goroutines of an
+// in-process miniredis, which come and go with its connections.
+func clientGoroutines() int {
+	n := runtime.NumGoroutine()
+	for _, g := range strings.Split(stacks(), "\n\n") {
+		if strings.Contains(g, "alicebob/miniredis") {
+			n--
+		}
+	}
+	return n
+}
+
+func stacks() string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return string(buf[:n])
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
