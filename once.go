@@ -18,7 +18,9 @@ import (
 //
 // One call at a time runs f, holding a run lease that the Client renews
 // while f runs. The other calls wait, woken by the end of the run rather
-// than by polling, and return only after f has returned.
+// than by polling, and return only after f has returned. When a run fails,
+// the waiting call whose retry reaches Redis first runs f next; there is no
+// queue. An owner in ctx (see [WithOwner]) plays no part in a Once.
 //
 // Unlike sync.Once, a Once is done only when f returns nil. If f returns an
 // error or panics, the next waiting call (or the next call to come) runs f.
