@@ -157,7 +157,7 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	start := time.Now()
 	v, err := rw.attempt(ctx, mode, tok, id, wait)
 	if err == nil && v < 0 && wait {
-		v, err = rw.wait(ctx, mode, tok, id, v)
+		v, start, err = rw.wait(ctx, mode, tok, id, v, start)
 	}
 	if err != nil {
 		rw.abandon(ctx, mode, tok, id)
@@ -189,8 +189,11 @@ func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id string, wait bool)
 }
 
 // wait retries after notifications until the lock is held, refused as an
-// upgrade, or ctx is done.
-func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, v int64) (int64, error) {
+// upgrade, or ctx is done. sent is when the attempt that returned v was
+// sent. With a hold, wait also returns a time no later than the start of its
+// lease: the send time of the attempt before the one that found it, since a
+// writer's Unlock may have granted it in between.
+func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, v int64, sent time.Time) (int64, time.Time, error) {
 	w := rw.c.notify.watch(rw.keys[0], tok)
 	defer rw.c.notify.unwatch(w)
 	w.awaitReady(ctx, rw.c.closed)
@@ -199,11 +202,13 @@ func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, v int64) (int
 	retry := true // the subscription is new: a release may have been missed
 	for {
 		if retry {
+			now := time.Now()
 			var err error
 			v, err = rw.attempt(ctx, mode, tok, id, true)
 			if err != nil || v >= 0 {
-				return v, err
+				return v, sent, err
 			}
+			sent = now
 		}
 		// Sleep no longer than the blocking hold (or writer's place) can
 		// last, and refresh the caller's own place within its TTL.
@@ -211,9 +216,9 @@ func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, v int64) (int
 		t.Reset(max(d, time.Millisecond))
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, sent, ctx.Err()
 		case <-rw.c.closed:
-			return 0, ErrClosed
+			return 0, sent, ErrClosed
 		case <-t.C:
 		case <-w.sig:
 		}

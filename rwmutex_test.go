@@ -1017,3 +1017,47 @@ func TestRWMutexUncontendedRoundTrips(t *testing.T) {
 		}
 	})
 }
+
+func TestRWMutexLongWaitKeepsLease(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		const ttl = 150 * time.Millisecond
+		writer := newClient(t, b).RWMutex(name)
+		if err := writer.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Readers and a writer that wait much longer than their TTL.
+		reader := newClient(t, b).RWMutex(name, dsync.TTL(ttl))
+		w2 := newClient(t, b).RWMutex(name, dsync.TTL(ttl))
+		rgot := make(chan error, 1)
+		go func() { rgot <- reader.RLock(ctx) }()
+		time.Sleep(4 * ttl)
+		if err := writer.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-rgot; err != nil {
+			t.Fatal(err)
+		}
+		wgot := make(chan error, 1)
+		go func() { wgot <- w2.Lock(ctx) }()
+		time.Sleep(4 * ttl)
+		l, err := reader.RLease(ctx)
+		if err != nil || l.Err() != nil {
+			t.Fatalf("admitted reader's lease after %v = %v, %v; want live", 4*ttl, l, err)
+		}
+		if err := reader.RUnlock(ctx); err != nil {
+			t.Fatalf("RUnlock = %v", err)
+		}
+		if err := <-wgot; err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * ttl)
+		if l, err := w2.Lease(ctx); err != nil || l.Err() != nil {
+			t.Fatalf("writer's lease after a long wait = %v, %v; want live", l, err)
+		}
+		if err := w2.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock = %v", err)
+		}
+	})
+}

@@ -79,7 +79,7 @@ if mode == 'r' then
     local cnt, last = string.match(rec, '^(%d+) (%S+)$')
     if last ~= id then
       redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) + 1, id))
-      local s = tonumber(redis.call('ZSCORE', R, tok))
+      local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
       if now + ttl > s then
         redis.call('ZADD', R, num(now + ttl), tok)
         fit(R, RC)
