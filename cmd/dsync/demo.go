@@ -37,11 +37,11 @@ Shows dsync at work, on an embedded Redis unless -redis or $REDIS_URL names
 one (the demo's keys are fresh names that expire within an hour).
 
 1. The noon lottery: -replicas goroutines, each with its own Redis
-   connection and dsync.Client as if it were a separate process, race for
-   the Mutex "lottery:<run>". The first to get it draws 10 winning tickets
-   with its own seeded random source and stores them; every other replica
-   finds them stored. All print the same winners, which shows that exactly
-   one replica drew.
+   connection and dsync.Client as if it were a separate process, call
+   DoValue on the Once "lottery:<run>" at the same moment. One of them runs
+   the draw of 10 winning tickets, with a random source seeded differently
+   in each replica; the others wait and receive the stored winners. All
+   print the same winners, which shows that exactly one replica drew.
 
 2. Contention: the same clients lock and unlock the Mutex "contention:<run>"
    as fast as they can for -for, with a live line on stderr (acquisitions
@@ -183,10 +183,7 @@ type ticketResult struct {
 // lottery races the replicas for the draw.
 func (d *demo) lottery(ctx context.Context, seed uint64) error {
 	name := "lottery:" + d.run
-	// The winners live next to the lock (same hash tag, so the same cluster
-	// slot) and expire; the demo never leaves keys behind for good.
-	key := d.prefix + "-demo:{" + name + "}:winners"
-	fmt.Fprintf(d.stdout, "The noon lottery: %d replicas race for the Mutex %q; the first draws %d winners, the others read them.\n",
+	fmt.Fprintf(d.stdout, "The noon lottery: %d replicas call Once(%q).DoValue; one draws %d winners, all get them.\n",
 		len(d.clients), name, winnersDrawn)
 
 	ctx, cancel := context.WithTimeout(ctx, demoSlack)
@@ -199,7 +196,7 @@ func (d *demo) lottery(ctx context.Context, seed uint64) error {
 		go func() {
 			defer wg.Done()
 			<-start
-			res[i] = d.replica(ctx, i, name, key, seed)
+			res[i] = d.replica(ctx, i, name, seed)
 		}()
 	}
 	close(start)
@@ -210,12 +207,12 @@ func (d *demo) lottery(ctx context.Context, seed uint64) error {
 		if r.err != nil {
 			return fmt.Errorf("replica %d: %w", i+1, r.err)
 		}
-		how := "read "
+		how := "got "
 		if r.drew {
-			how = "DREW "
+			how = "DREW"
 			drew++
 		}
-		fmt.Fprintf(d.stdout, "  replica %d  locked after %-6v  %s winners: %s\n",
+		fmt.Fprintf(d.stdout, "  replica %d  after %-6v  %s winners: %s\n",
 			i+1, r.waited.Round(time.Millisecond), how, formatTickets(r.winners))
 	}
 	for _, r := range res[1:] {
@@ -230,31 +227,24 @@ func (d *demo) lottery(ctx context.Context, seed uint64) error {
 	return nil
 }
 
-// replica is one replica's part of the lottery: lock, draw unless drawn,
-// unlock. Each replica seeds its own source differently, so a second draw
-// would show as different winners.
-func (d *demo) replica(ctx context.Context, i int, name, key string, seed uint64) ticketResult {
-	m := d.clients[i].Mutex(name)
-	rdb := d.rdbs[i]
+// replica is one replica's part of the lottery. Each replica would seed its
+// source differently, so a second draw would show as different winners.
+func (d *demo) replica(ctx context.Context, i int, name string, seed uint64) ticketResult {
+	// The done mark (with the winners) expires: the demo leaves nothing
+	// behind for good.
+	once := d.clients[i].Once(name, dsync.Period(demoKeyLife))
 	t0 := time.Now()
-	if err := m.Lock(ctx); err != nil {
-		return ticketResult{err: err}
-	}
-	r := ticketResult{waited: time.Since(t0)}
-	s, err := rdb.Get(ctx, key).Result()
-	switch {
-	case errors.Is(err, redis.Nil):
-		r.winners = draw(rand.New(rand.NewPCG(seed, uint64(i))), winnersDrawn)
+	var r ticketResult
+	v, err := once.DoValue(ctx, func(ctx context.Context) ([]byte, error) {
 		r.drew = true
-		r.err = rdb.Set(ctx, key, formatTickets(r.winners), demoKeyLife).Err()
-	case err != nil:
+		return []byte(formatTickets(draw(rand.New(rand.NewPCG(seed, uint64(i))), winnersDrawn))), nil
+	})
+	r.waited = time.Since(t0)
+	if err != nil {
 		r.err = err
-	default:
-		r.winners, r.err = parseTickets(s)
+		return r
 	}
-	if err := m.Unlock(ctx); err != nil && r.err == nil {
-		r.err = err
-	}
+	r.winners, r.err = parseTickets(string(v))
 	return r
 }
 

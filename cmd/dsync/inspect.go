@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,59 +20,101 @@ import (
 // Everything this command knows about how a primitive stores its state is in
 // this file: the names of its keys (all of them begin with the base key
 // "<prefix>:{<name>}", so they share one cluster slot) and what their fields
-// mean. To support another primitive, add a layout to layouts.
+// mean. One name may carry several primitives at once (a Mutex and a Once
+// called "x" are independent). To support another layout, add it to layouts.
 //
-// Mutex (see lua/mutex_lock.lua):
+// Mutex (lua/mutex_lock.lua):
 //
-//	<base>      hash  <owner token> -> reentry count; ':f' fencing token of the
-//	                  hold, ':c' last call id, ':w' set once someone waited;
-//	                  its PTTL is the lease left
-//	<base>:f    hash  'n' last fencing token given out under the name (idle expiry)
-//	<base>:q    zset  waiter token -> arrival time (server µs)
-//	<base>:qd   hash  waiter token -> "<place deadline ms> <ttl ms> <call id>"
+//	<base>           hash  <owner> -> reentry count; ':f' fencing token of the hold,
+//	                       ':c' last call id, ':w' set once someone waited; PTTL = lease
+//	<base>:f         hash  'n' last fencing token of the name (shared with Semaphore)
+//	<base>:q         zset  waiter token -> arrival (server µs)
+//	<base>:qd        hash  waiter token -> "<place deadline ms> <ttl ms> <call id>"
+//
+// RWMutex (lua/rwmutex_lock.lua):
+//
+//	<base>:rw        hash  writer <owner> -> reentry count; ':f' fencing token; PTTL = lease
+//	<base>:rw:f      hash  'n' last fencing token
+//	<base>:rw:r      zset  reader token -> lease deadline (server ms)
+//	<base>:rw:rc     hash  reader token -> "<reentry count> <call id>"
+//	<base>:rw:ww     zset  waiting writer token -> place deadline (ms)
+//	<base>:rw:rq     hash  waiting reader token -> "<place deadline ms> <ttl ms> <call id>"
+//	<base>:rw:x      zset  finished call ids
+//
+// Semaphore (lua/semaphore_lib.lua):
+//
+//	<base>:s         hash  ':size', ':used', <holder> -> permits, ':f:'<holder> -> fencing token
+//	<base>:sh        zset  holder token -> lease deadline (server ms)
+//	<base>:sq        zset  call id -> arrival (server µs)
+//	<base>:sqd       hash  call id -> "<place deadline ms> <ttl ms> <n> <token>"
+//
+// Once (lua/once_do.lua):
+//
+//	<base>:once      hash  't' token of the running call; PTTL = run lease
+//	<base>:once:done hash  'v' the value, 't' the token of the run that succeeded;
+//	                       PTTL = period left (none: kept until reset)
 
 const (
-	maxWaitersShown = 100    // waiters read per lock
-	scanCount       = 1000   // COUNT hint of each SCAN call
-	maxScanCalls    = 10_000 // SCAN calls per node before list gives up
-	defaultLimit    = 1000   // locks list shows at most, by default
+	maxShown     = 100    // holders and waiters read per primitive
+	scanCount    = 1000   // COUNT hint of each SCAN call
+	maxScanCalls = 10_000 // SCAN calls per node before list gives up
+	defaultLimit = 1000   // names list shows at most, by default
 )
 
-// lockState is what inspect and list report about one name.
+// lockState is what inspect and list report about one primitive.
 type lockState struct {
 	Name string `json:"name"`
-	Key  string `json:"key"`
-	// Mode is the primitive found under the name ("mutex"), "" when no key
-	// of the name exists, or "unknown" for keys this command cannot read.
+	Key  string `json:"key"` // the primitive's main key
+	// Mode is the primitive: "mutex", "rwmutex", "semaphore" or "once";
+	// "" when only a fencing counter is left, or no key exists at all.
 	Mode string `json:"mode"`
-	// State is "held", "free" (nothing held, maybe a fencing counter left)
-	// or "absent" (no key at all).
+	// State is "held" (mutex, rwmutex, semaphore), "running", "done" or
+	// "idle" (once), "free" (nothing held; a fencing counter may be left) or
+	// "absent" (no key of the name exists).
 	State   string   `json:"state"`
 	Holders []holder `json:"holders"`
-	// TTLMillis is the lease left of the current hold, -1 when none.
+	// TTLMillis is the lease left of the current hold (a Mutex, the writer
+	// of an RWMutex, the run of a Once), -1 when none.
 	TTLMillis int64 `json:"ttl_ms"`
 	// Fence is the fencing token of the current hold; LastFence the last
 	// token given out under the name (it survives the hold).
 	Fence     uint64 `json:"fence,omitempty"`
 	LastFence uint64 `json:"last_fence,omitempty"`
-	// Contended reports that someone waited during the current hold.
-	Contended bool     `json:"contended"`
-	Waiters   []waiter `json:"waiters"`
-	// WaitersTotal counts every queued waiter; Waiters lists the first
-	// maxWaitersShown. Waiters that have not yet waited past the starvation
-	// threshold are not queued and not counted.
-	WaitersTotal int64  `json:"waiters_total"`
-	Detail       string `json:"detail,omitempty"`
+	// Contended reports that someone waited during the current Mutex hold.
+	Contended bool `json:"contended,omitempty"`
+	// Size and Used: a Semaphore's size and permits held in all.
+	Size int64 `json:"size,omitempty"`
+	Used int64 `json:"used,omitempty"`
+	// Done, ValueBytes and DoneTTLMillis: a Once's done mark, the size of
+	// its value and how long the mark lasts (-1: until reset).
+	Done          bool  `json:"done,omitempty"`
+	ValueBytes    int   `json:"value_bytes,omitempty"`
+	DoneTTLMillis int64 `json:"done_ttl_ms,omitempty"`
+	// Waiters lists the first waiters; WaitersTotal counts all of them.
+	// Mutex waiters appear once they waited past the starvation threshold
+	// (1 ms) and joined the queue; Once waiters are not recorded.
+	Waiters      []waiter `json:"waiters"`
+	WaitersTotal int64    `json:"waiters_total"`
 }
 
 type holder struct {
 	Owner string `json:"owner"`
-	Count int64  `json:"count"`
+	// Count is the owner's reentry count, or a Semaphore holder's permits.
+	Count int64 `json:"count"`
+	// Kind is "read" or "write" for an RWMutex.
+	Kind string `json:"kind,omitempty"`
+	// TTLMillis is the holder's own lease left, where each holder has one
+	// (RWMutex readers, Semaphore holders).
+	TTLMillis int64  `json:"ttl_ms,omitempty"`
+	Fence     uint64 `json:"fence,omitempty"`
 }
 
 type waiter struct {
 	Owner string `json:"owner"`
-	// WaitedMillis is how long the waiter has been queued (server time).
+	Kind  string `json:"kind,omitempty"` // "read" or "write" for an RWMutex
+	N     int64  `json:"n,omitempty"`    // permits asked of a Semaphore
+	// WaitedMillis is how long the waiter has been queued (server time),
+	// -1 when the layout does not record it.
 	WaitedMillis int64 `json:"waited_ms"`
 	// PlaceMillis is how long its place lasts unless it retries.
 	PlaceMillis int64 `json:"place_ttl_ms"`
@@ -79,31 +122,30 @@ type waiter struct {
 
 // A layout reads the state of one primitive's keys.
 type layout struct {
-	mode     string
-	suffixes []string // keys besides the base key
-	// match reports whether the keys present (base key type, suffix keys
-	// that exist) are this layout's.
-	match func(baseType string, present map[string]bool) bool
-	read  func(ctx context.Context, rdb redis.UniversalClient, base string, st *lockState) error
+	mode string
+	// keys are the suffixes of the primitive's keys after the base key; a
+	// name carries the primitive when one of the first primary exists.
+	keys    []string
+	primary int
+	read    func(ctx context.Context, rdb redis.UniversalClient, base string, st *lockState) error
 }
 
-var layouts = []layout{mutexLayout}
-
-var mutexLayout = layout{
-	mode:     "mutex",
-	suffixes: []string{":f", ":q", ":qd"},
-	match: func(baseType string, present map[string]bool) bool {
-		return baseType == "hash" || baseType == "none"
-	},
-	read: readMutex,
+var layouts = []layout{
+	{mode: "mutex", keys: []string{"", ":q", ":qd", ":f"}, primary: 2, read: readMutex},
+	{mode: "rwmutex", keys: []string{":rw", ":rw:r", ":rw:ww", ":rw:rq", ":rw:rc", ":rw:f", ":rw:x"}, primary: 4, read: readRWMutex},
+	{mode: "semaphore", keys: []string{":s", ":sh", ":sq", ":sqd", ":f"}, primary: 3, read: readSemaphore},
+	{mode: "once", keys: []string{":once", ":once:done"}, primary: 2, read: readOnce},
 }
 
-// allSuffixes is every suffix key of every layout.
+// fenceKeys hold a name's last fencing token when nothing else is left.
+var fenceKeys = []string{":f", ":rw:f"}
+
+// allSuffixes is every key suffix of every layout, each once.
 func allSuffixes() []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, l := range layouts {
-		for _, s := range l.suffixes {
+		for _, s := range l.keys {
 			if !seen[s] {
 				seen[s] = true
 				out = append(out, s)
@@ -124,29 +166,19 @@ func nameOf(prefix, k string) (string, bool) {
 		return "", false
 	}
 	i := strings.LastIndex(rest, "}")
-	if i < 0 {
+	if i < 0 || !slices.Contains(allSuffixes(), rest[i+1:]) {
 		return "", false
-	}
-	suffix := rest[i+1:]
-	if suffix != "" {
-		known := false
-		for _, s := range allSuffixes() {
-			known = known || s == suffix
-		}
-		if !known {
-			return "", false
-		}
 	}
 	return rest[:i], true
 }
 
-// inspect reads the state of name. It changes nothing.
-func inspect(ctx context.Context, rdb redis.UniversalClient, prefix, name string) (*lockState, error) {
+// inspect reads the state of every primitive under name; with none, one
+// state says "free" (a fencing counter is left) or "absent". It changes
+// nothing.
+func inspect(ctx context.Context, rdb redis.UniversalClient, prefix, name string) ([]*lockState, error) {
 	base := baseKey(prefix, name)
-	st := &lockState{Name: name, Key: base, TTLMillis: -1, Holders: []holder{}, Waiters: []waiter{}}
 	suffixes := allSuffixes()
 	pipe := rdb.Pipeline()
-	typ := pipe.Type(ctx, base)
 	exists := make([]*redis.IntCmd, len(suffixes))
 	for i, s := range suffixes {
 		exists[i] = pipe.Exists(ctx, base+s)
@@ -155,64 +187,100 @@ func inspect(ctx context.Context, rdb redis.UniversalClient, prefix, name string
 		return nil, err
 	}
 	present := map[string]bool{}
-	found := typ.Val() != "none"
 	for i, s := range suffixes {
-		if exists[i].Val() > 0 {
-			present[s] = true
-			found = true
-		}
+		present[s] = exists[i].Val() > 0
 	}
-	if !found {
-		st.State = "absent"
-		return st, nil
+	newState := func(mode, key string) *lockState {
+		return &lockState{Name: name, Key: key, Mode: mode, State: "free", TTLMillis: -1,
+			Holders: []holder{}, Waiters: []waiter{}}
 	}
+	var out []*lockState
 	for _, l := range layouts {
-		if l.match(typ.Val(), present) {
-			st.Mode = l.mode
-			if err := l.read(ctx, rdb, base, st); err != nil {
+		in := false
+		for _, s := range l.keys[:l.primary] {
+			in = in || present[s]
+		}
+		if !in {
+			continue
+		}
+		st := newState(l.mode, base+l.keys[0])
+		if err := l.read(ctx, rdb, base, st); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", l.mode, name, err)
+		}
+		out = append(out, st)
+	}
+	if len(out) > 0 {
+		return out, nil
+	}
+	st := newState("", base)
+	st.State = "absent"
+	for _, s := range fenceKeys {
+		if present[s] {
+			st.State = "free"
+			n, err := rdb.HGet(ctx, base+s, "n").Uint64()
+			if err != nil && !errors.Is(err, redis.Nil) {
 				return nil, err
 			}
-			return st, nil
+			st.LastFence = max(st.LastFence, n)
 		}
 	}
-	st.Mode, st.State = "unknown", "unknown"
-	st.Detail = fmt.Sprintf("key %s is a %s", base, typ.Val())
-	return st, nil
+	return []*lockState{st}, nil
+}
+
+// pttl converts a PTTL reply: -1 for none.
+func pttl(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	return d.Milliseconds()
+}
+
+// placeLeft returns how long a place with the queue data d ("<deadline ms>
+// ...") lasts at server time nowMS, or -1.
+func placeLeft(d string, nowMS int64) int64 {
+	f := strings.Fields(d)
+	if len(f) == 0 {
+		return -1
+	}
+	dl, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return -1
+	}
+	return max(dl-nowMS, 0)
+}
+
+// ownerCounts turns a lock hash into holders, skipping the ':' fields.
+func ownerCounts(fields map[string]string, kind string) []holder {
+	var hs []holder
+	for f, v := range fields {
+		if strings.HasPrefix(f, ":") {
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		hs = append(hs, holder{Owner: f, Count: n, Kind: kind})
+	}
+	sort.Slice(hs, func(i, j int) bool { return hs[i].Owner < hs[j].Owner })
+	return hs
 }
 
 // readMutex reads a Mutex: two round trips, the second only for waiters.
 func readMutex(ctx context.Context, rdb redis.UniversalClient, base string, st *lockState) error {
 	pipe := rdb.Pipeline()
 	fields := pipe.HGetAll(ctx, base)
-	pttl := pipe.PTTL(ctx, base)
+	ttl := pipe.PTTL(ctx, base)
 	last := pipe.HGet(ctx, base+":f", "n")
 	total := pipe.ZCard(ctx, base+":q")
-	queue := pipe.ZRangeWithScores(ctx, base+":q", 0, maxWaitersShown-1)
+	queue := pipe.ZRangeWithScores(ctx, base+":q", 0, maxShown-1)
 	now := pipe.Time(ctx)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return err
 	}
-	for f, v := range fields.Val() {
-		switch {
-		case f == ":f":
-			st.Fence, _ = strconv.ParseUint(v, 10, 64)
-		case f == ":w":
-			st.Contended = true
-		case strings.HasPrefix(f, ":"):
-			// bookkeeping (the last call id)
-		default:
-			n, _ := strconv.ParseInt(v, 10, 64)
-			st.Holders = append(st.Holders, holder{Owner: f, Count: n})
-		}
-	}
-	sort.Slice(st.Holders, func(i, j int) bool { return st.Holders[i].Owner < st.Holders[j].Owner })
-	st.State = "free"
+	st.Holders = append(st.Holders, ownerCounts(fields.Val(), "")...)
+	st.Fence, _ = strconv.ParseUint(fields.Val()[":f"], 10, 64)
+	_, st.Contended = fields.Val()[":w"]
 	if len(st.Holders) > 0 {
 		st.State = "held"
-		st.TTLMillis = pttl.Val().Milliseconds()
-		if pttl.Val() < 0 {
-			st.TTLMillis = -1
-		}
+		st.TTLMillis = pttl(ttl.Val())
 	}
 	st.LastFence, _ = strconv.ParseUint(last.Val(), 10, 64)
 	st.WaitersTotal = total.Val()
@@ -232,11 +300,166 @@ func readMutex(ctx context.Context, rdb redis.UniversalClient, base string, st *
 	for i, z := range zs {
 		w := waiter{Owner: toks[i], WaitedMillis: (nowUS - int64(z.Score)) / 1000, PlaceMillis: -1}
 		if s, ok := data[i].(string); ok {
-			if dl, err := strconv.ParseInt(strings.Fields(s)[0], 10, 64); err == nil {
-				w.PlaceMillis = max(dl-nowUS/1000, 0)
+			w.PlaceMillis = placeLeft(s, nowUS/1000)
+		}
+		st.Waiters = append(st.Waiters, w)
+	}
+	return nil
+}
+
+// readRWMutex reads an RWMutex: two round trips, the second only for readers.
+func readRWMutex(ctx context.Context, rdb redis.UniversalClient, base string, st *lockState) error {
+	k := base + ":rw"
+	pipe := rdb.Pipeline()
+	fields := pipe.HGetAll(ctx, k)
+	ttl := pipe.PTTL(ctx, k)
+	last := pipe.HGet(ctx, k+":f", "n")
+	readers := pipe.ZRangeWithScores(ctx, k+":r", 0, maxShown-1)
+	writers := pipe.ZRangeWithScores(ctx, k+":ww", 0, maxShown-1)
+	nWriters := pipe.ZCard(ctx, k+":ww")
+	nReaders := pipe.HLen(ctx, k+":rq")
+	waitingReaders := pipe.HScan(ctx, k+":rq", 0, "", maxShown)
+	now := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	nowMS := now.Val().UnixMilli()
+	st.Holders = append(st.Holders, ownerCounts(fields.Val(), "write")...)
+	if len(st.Holders) > 0 {
+		st.TTLMillis = pttl(ttl.Val())
+		st.Fence, _ = strconv.ParseUint(fields.Val()[":f"], 10, 64)
+	}
+	st.LastFence, _ = strconv.ParseUint(last.Val(), 10, 64)
+	if zs := readers.Val(); len(zs) > 0 {
+		toks := make([]string, len(zs))
+		for i, z := range zs {
+			toks[i], _ = z.Member.(string)
+		}
+		counts, err := rdb.HMGet(ctx, k+":rc", toks...).Result()
+		if err != nil {
+			return err
+		}
+		for i, z := range zs {
+			h := holder{Owner: toks[i], Count: 1, Kind: "read", TTLMillis: max(int64(z.Score)-nowMS, 0)}
+			if s, ok := counts[i].(string); ok {
+				if f := strings.Fields(s); len(f) > 0 {
+					h.Count, _ = strconv.ParseInt(f[0], 10, 64)
+				}
+			}
+			st.Holders = append(st.Holders, h)
+		}
+	}
+	if len(st.Holders) > 0 {
+		st.State = "held"
+	}
+	for _, z := range writers.Val() {
+		tok, _ := z.Member.(string)
+		st.Waiters = append(st.Waiters, waiter{Owner: tok, Kind: "write", WaitedMillis: -1, PlaceMillis: max(int64(z.Score)-nowMS, 0)})
+	}
+	kv, _ := waitingReaders.Val()
+	for i := 0; i+1 < len(kv) && len(st.Waiters) < 2*maxShown; i += 2 {
+		st.Waiters = append(st.Waiters, waiter{Owner: kv[i], Kind: "read", WaitedMillis: -1, PlaceMillis: placeLeft(kv[i+1], nowMS)})
+	}
+	st.WaitersTotal = nWriters.Val() + nReaders.Val()
+	return nil
+}
+
+// readSemaphore reads a Semaphore: two round trips, the second only for
+// waiters.
+func readSemaphore(ctx context.Context, rdb redis.UniversalClient, base string, st *lockState) error {
+	pipe := rdb.Pipeline()
+	holders := pipe.ZRangeWithScores(ctx, base+":sh", 0, maxShown-1)
+	size := pipe.HGet(ctx, base+":s", ":size")
+	used := pipe.HGet(ctx, base+":s", ":used")
+	last := pipe.HGet(ctx, base+":f", "n")
+	total := pipe.ZCard(ctx, base+":sq")
+	queue := pipe.ZRangeWithScores(ctx, base+":sq", 0, maxShown-1)
+	now := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	nowUS := now.Val().UnixMicro()
+	nowMS := nowUS / 1000
+	st.Key = base + ":s"
+	st.Size, _ = strconv.ParseInt(size.Val(), 10, 64)
+	st.Used, _ = strconv.ParseInt(used.Val(), 10, 64)
+	st.LastFence, _ = strconv.ParseUint(last.Val(), 10, 64)
+	st.WaitersTotal = total.Val()
+	hs := holders.Val()
+	var fields []string
+	for _, z := range hs {
+		tok, _ := z.Member.(string)
+		fields = append(fields, tok, ":f:"+tok)
+	}
+	qs := queue.Val()
+	ids := make([]string, len(qs))
+	for i, z := range qs {
+		ids[i], _ = z.Member.(string)
+	}
+	pipe = rdb.Pipeline()
+	var vals *redis.SliceCmd
+	var data *redis.SliceCmd
+	if len(fields) > 0 {
+		vals = pipe.HMGet(ctx, base+":s", fields...)
+	}
+	if len(ids) > 0 {
+		data = pipe.HMGet(ctx, base+":sqd", ids...)
+	}
+	if len(fields)+len(ids) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+	}
+	for i, z := range hs {
+		h := holder{Owner: fields[2*i], TTLMillis: max(int64(z.Score)-nowMS, 0)}
+		v := vals.Val()
+		if s, ok := v[2*i].(string); ok {
+			h.Count, _ = strconv.ParseInt(s, 10, 64)
+		}
+		if s, ok := v[2*i+1].(string); ok {
+			h.Fence, _ = strconv.ParseUint(s, 10, 64)
+		}
+		st.Holders = append(st.Holders, h)
+	}
+	if len(st.Holders) > 0 {
+		st.State = "held"
+	}
+	for i, z := range qs {
+		w := waiter{Owner: ids[i], WaitedMillis: (nowUS - int64(z.Score)) / 1000, PlaceMillis: -1}
+		if s, ok := data.Val()[i].(string); ok {
+			w.PlaceMillis = placeLeft(s, nowMS)
+			// "<place deadline ms> <ttl ms> <n> <token>"
+			if f := strings.Fields(s); len(f) == 4 {
+				w.N, _ = strconv.ParseInt(f[2], 10, 64)
+				w.Owner = f[3]
 			}
 		}
 		st.Waiters = append(st.Waiters, w)
+	}
+	return nil
+}
+
+// readOnce reads a Once: one round trip.
+func readOnce(ctx context.Context, rdb redis.UniversalClient, base string, st *lockState) error {
+	k := base + ":once"
+	pipe := rdb.Pipeline()
+	runner := pipe.HGet(ctx, k, "t")
+	ttl := pipe.PTTL(ctx, k)
+	value := pipe.HGet(ctx, k+":done", "v")
+	doneTTL := pipe.PTTL(ctx, k+":done")
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	st.State = "idle"
+	if value.Err() == nil {
+		st.State, st.Done = "done", true
+		st.ValueBytes = len(value.Val())
+		st.DoneTTLMillis = pttl(doneTTL.Val())
+	}
+	if runner.Err() == nil && runner.Val() != "" {
+		st.State = "running"
+		st.Holders = append(st.Holders, holder{Owner: runner.Val(), Count: 1})
+		st.TTLMillis = pttl(ttl.Val())
 	}
 	return nil
 }
@@ -330,7 +553,7 @@ func fmtFence(f uint64) string {
 	return strconv.FormatUint(f, 10)
 }
 
-// writeState prints one lock in full.
+// writeState prints one primitive in full.
 func writeState(w io.Writer, st *lockState) {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	mode := st.Mode
@@ -341,20 +564,52 @@ func writeState(w io.Writer, st *lockState) {
 	fmt.Fprintf(tw, "key\t%s\n", st.Key)
 	fmt.Fprintf(tw, "mode\t%s\n", mode)
 	fmt.Fprintf(tw, "state\t%s\n", st.State)
-	if st.Detail != "" {
-		fmt.Fprintf(tw, "detail\t%s\n", st.Detail)
+	if st.Size > 0 {
+		fmt.Fprintf(tw, "permits\t%d of %d used\n", st.Used, st.Size)
 	}
 	for _, h := range st.Holders {
-		fmt.Fprintf(tw, "holder\t%s (count %d)\n", h.Owner, h.Count)
+		what := fmt.Sprintf("count %d", h.Count)
+		if st.Mode == "semaphore" {
+			what = fmt.Sprintf("%d permits", h.Count)
+		}
+		if h.Kind != "" {
+			what = h.Kind + ", " + what
+		}
+		if h.TTLMillis > 0 {
+			what += ", lease " + fmtMillis(h.TTLMillis)
+		}
+		if h.Fence > 0 {
+			what += ", fence " + fmtFence(h.Fence)
+		}
+		fmt.Fprintf(tw, "holder\t%s (%s)\n", h.Owner, what)
 	}
-	if st.State == "held" {
+	if st.TTLMillis >= 0 {
 		fmt.Fprintf(tw, "ttl\t%s\n", fmtMillis(st.TTLMillis))
+	}
+	if st.Fence > 0 {
 		fmt.Fprintf(tw, "fence\t%s\n", fmtFence(st.Fence))
 	}
-	fmt.Fprintf(tw, "last fence\t%s\n", fmtFence(st.LastFence))
-	fmt.Fprintf(tw, "waiters\t%d queued\n", st.WaitersTotal)
+	if st.Mode != "once" {
+		fmt.Fprintf(tw, "last fence\t%s\n", fmtFence(st.LastFence))
+	}
+	if st.Done {
+		fmt.Fprintf(tw, "done\tvalue of %d bytes, mark lasts %s\n", st.ValueBytes, fmtMillis(st.DoneTTLMillis))
+	}
+	if st.Mode != "" && st.Mode != "once" {
+		fmt.Fprintf(tw, "waiters\t%d queued\n", st.WaitersTotal)
+	}
 	for i, q := range st.Waiters {
-		fmt.Fprintf(tw, "  %d.\t%s (waited %s, place lasts %s)\n", i+1, q.Owner, fmtMillis(q.WaitedMillis), fmtMillis(q.PlaceMillis))
+		what := ""
+		if q.Kind != "" {
+			what = q.Kind + ", "
+		}
+		if q.N > 0 {
+			what += fmt.Sprintf("%d permits, ", q.N)
+		}
+		if q.WaitedMillis >= 0 {
+			what += "waited " + fmtMillis(q.WaitedMillis) + ", "
+		}
+		fmt.Fprintf(tw, "  %d.\t%s (%splace lasts %s)\n", i+1, q.Owner, what, fmtMillis(q.PlaceMillis))
 	}
 	if n := st.WaitersTotal - int64(len(st.Waiters)); n > 0 {
 		fmt.Fprintf(tw, "  ...\t%d more\n", n)
@@ -362,7 +617,7 @@ func writeState(w io.Writer, st *lockState) {
 	tw.Flush()
 }
 
-// writeTable prints one line per lock.
+// writeTable prints one line per primitive.
 func writeTable(w io.Writer, sts []*lockState) {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tMODE\tSTATE\tHOLDER\tCOUNT\tTTL\tFENCE\tWAITERS")
@@ -380,11 +635,15 @@ func writeTable(w io.Writer, sts []*lockState) {
 			mode = "-"
 		}
 		fence := st.Fence
-		if st.State != "held" {
+		if fence == 0 {
 			fence = st.LastFence
 		}
+		ttl := st.TTLMillis
+		if ttl < 0 && len(st.Holders) > 0 {
+			ttl = st.Holders[0].TTLMillis
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", st.Name, mode, st.State, owner, count,
-			fmtMillis(st.TTLMillis), fmtFence(fence), st.WaitersTotal)
+			fmtMillis(ttl), fmtFence(fence), st.WaitersTotal)
 	}
 	tw.Flush()
 }
@@ -393,20 +652,28 @@ func writeTable(w io.Writer, sts []*lockState) {
 
 const inspectHead = `Usage: dsync inspect [flags] NAME
 
-Shows the state of the lock NAME without changing it: mode (mutex), state
-(held, free, absent), holders (owner token and reentry count), lease TTL
-left, fencing token of the hold and the last one given out, and the queued
-waiters (owner, time queued, how long the place lasts). Tokens of holders
-started by "dsync run" read HOST/PID/RANDOM.
+Shows, without changing anything, every primitive found under NAME (a
+Mutex, RWMutex, Semaphore and Once of one name are independent): its mode
+(mutex, rwmutex, semaphore, once), state (held; running, done or idle for a
+Once; free when only a fencing counter is left; absent), holders (owner
+token with reentry count, read/write kind, or permits), lease TTL left,
+fencing token of the hold and the last one given out, and waiters (owner,
+time queued, how long the place lasts). Tokens of holders started by
+"dsync run" read HOST/PID/RANDOM.
 
-Waiters appear once they have waited past the starvation threshold (1 ms)
-and joined the lock's queue.
+Mutex waiters appear once they have waited past the starvation threshold
+(1 ms) and joined the lock's queue; waiters of a Once are not recorded.
 `
 
-const inspectTail = `Exit status: 0 (also for a lock that is free or absent), 1 on an error,
-2 on bad usage. -json prints one object with the fields name, key, mode,
-state, holders [{owner, count}], ttl_ms (-1: none), fence, last_fence,
-contended, waiters [{owner, waited_ms, place_ttl_ms}], waiters_total.
+const inspectTail = `Exit status: 0 (also for a name that is free or absent), 1 on an error,
+2 on bad usage.
+
+-json prints an array with one object per primitive (one object with mode ""
+when there is none): name, key, mode, state, holders [{owner, count, kind,
+ttl_ms, fence}], ttl_ms (-1: none), fence, last_fence, contended, size, used,
+done, value_bytes, done_ttl_ms, waiters [{owner, kind, n, waited_ms (-1:
+unknown), place_ttl_ms}], waiters_total. Fields that do not apply are left
+out.
 `
 
 func cmdInspect(args []string, stdout, stderr io.Writer) int {
@@ -430,27 +697,33 @@ func cmdInspect(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, "inspect", exitError, err)
 	}
 	defer rdb.Close()
-	st, err := inspect(ctx, rdb, c.prefix, name)
+	sts, err := inspect(ctx, rdb, c.prefix, name)
 	if err != nil {
 		return fail(stderr, "inspect", exitError, err)
 	}
 	if *asJSON {
-		if err := writeJSON(stdout, st); err != nil {
+		if err := writeJSON(stdout, sts); err != nil {
 			return fail(stderr, "inspect", exitError, err)
 		}
 		return exitOK
 	}
-	writeState(stdout, st)
+	for i, st := range sts {
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		writeState(stdout, st)
+	}
 	return exitOK
 }
 
 const listHead = `Usage: dsync list [flags] [PATTERN]
 
-Lists the locks whose names match the glob PATTERN (default *, Redis MATCH
-syntax), one line each: name, mode, state, first holder, its reentry count,
-lease TTL left, fencing token (of the hold, else the last one given out) and
-queued waiters. Without -all only locks that are held or have waiters are
-listed; -all adds names that only keep their fencing counter.
+Lists the primitives whose names match the glob PATTERN (default *, Redis
+MATCH syntax), one line each: name, mode, state, first holder, its reentry
+count (permits for a semaphore), lease TTL left, fencing token (of the hold,
+else the last one given out) and waiters. Without -all only primitives in
+use are listed (held, running, waited for); -all adds idle ones: a Once that
+is done or idle, a name that only keeps its fencing counter.
 
 Keys are found with SCAN (on every master of a cluster), never KEYS: at most
 -limit names, and at most 10000 SCAN calls per node.
@@ -466,7 +739,7 @@ func cmdList(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("list", listHead, listTail, stdout)
 	c.register(fs, defaultURL)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	all := fs.Bool("all", false, "also list free locks that only keep a fencing counter")
+	all := fs.Bool("all", false, "also list idle primitives (free, done) and names that only keep a fencing counter")
 	limit := fs.Int("limit", defaultLimit, "list at most `n` names")
 	if code, done := parse(fs, args, stderr); done {
 		return code
@@ -493,14 +766,17 @@ func cmdList(args []string, stdout, stderr io.Writer) int {
 	}
 	sts := []*lockState{}
 	for _, n := range names {
-		st, err := inspect(ctx, rdb, c.prefix, n)
+		got, err := inspect(ctx, rdb, c.prefix, n)
 		if err != nil {
 			return fail(stderr, "list", exitError, fmt.Errorf("%s: %w", n, err))
 		}
-		if st.State == "absent" || (!*all && st.State == "free" && st.WaitersTotal == 0) {
-			continue
+		for _, st := range got {
+			busy := st.State == "held" || st.State == "running" || st.WaitersTotal > 0
+			if st.State == "absent" || (!*all && !busy) {
+				continue
+			}
+			sts = append(sts, st)
 		}
-		sts = append(sts, st)
 	}
 	if truncated {
 		fmt.Fprintf(stderr, "dsync list: stopped after %d names; narrow PATTERN or raise -limit\n", len(names))

@@ -306,17 +306,18 @@ func TestCommand(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("inspect -json: code %d, stderr %q", code, stderr)
 		}
-		var st lockState
-		if err := json.Unmarshal([]byte(stdout), &st); err != nil {
-			t.Fatalf("inspect -json: %v\n%s", err, stdout)
+		var sts []lockState
+		if err := json.Unmarshal([]byte(stdout), &sts); err != nil || len(sts) != 1 {
+			t.Fatalf("inspect -json: %v, %d objects, want 1\n%s", err, len(sts), stdout)
 		}
+		st := sts[0]
 		if st.Mode != "mutex" || st.State != "held" || len(st.Holders) != 1 || st.Holders[0].Count != 1 ||
 			st.Fence == 0 || st.TTLMillis <= 0 || st.TTLMillis > 30_000 {
 			t.Errorf("inspect -json = %+v; want a held mutex, one holder with count 1, a fence and a TTL", st)
 		}
 
 		stdout, _, code = runDsync(t, bin, "list", "-json", "-redis", url, name)
-		var sts []lockState
+		sts = nil
 		if err := json.Unmarshal([]byte(stdout), &sts); code != 0 || err != nil || len(sts) != 1 || sts[0].Name != name {
 			t.Errorf("list -json %s: code %d, %v, %q; want the one lock", name, code, err, stdout)
 		}
@@ -338,9 +339,9 @@ func TestCommand(t *testing.T) {
 			t.Errorf("run after SIGTERM: code %d, want %d; stderr %q", code, exitSignal+int(syscall.SIGTERM), holder.stderr)
 		}
 		stdout, _, _ = runDsync(t, bin, "inspect", "-json", "-redis", url, name)
-		st = lockState{}
-		if err := json.Unmarshal([]byte(stdout), &st); err != nil || st.State != "free" || len(st.Holders) != 0 {
-			t.Errorf("after the run ended: %+v (%v); want free", st, err)
+		sts = nil
+		if err := json.Unmarshal([]byte(stdout), &sts); err != nil || len(sts) != 1 || sts[0].State != "free" || len(sts[0].Holders) != 0 {
+			t.Errorf("after the run ended: %+v (%v); want one free mutex", sts, err)
 		}
 	})
 }

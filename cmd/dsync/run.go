@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -259,10 +260,15 @@ func (r *runner) acquire(ctx context.Context) (int, bool) {
 func (r *runner) holder(ctx context.Context) string {
 	ictx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
-	st, err := inspect(ictx, r.rdb, r.prefix, r.name)
-	if err != nil || len(st.Holders) == 0 {
+	sts, err := inspect(ictx, r.rdb, r.prefix, r.name)
+	if err != nil {
 		return ""
 	}
+	i := slices.IndexFunc(sts, func(st *lockState) bool { return st.Mode == "mutex" })
+	if i < 0 || len(sts[i].Holders) == 0 {
+		return ""
+	}
+	st := sts[i]
 	var owners []string
 	for _, h := range st.Holders {
 		owners = append(owners, h.Owner)
