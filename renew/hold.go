@@ -42,6 +42,7 @@ type Hold struct {
 	index    int32 // in r.holds, or -1 when out of the heap
 	state    uint8
 	fixed    bool // renewed no more: runs out at its deadline
+	inflight bool // queued or sent; keyed in the heap by its deadline
 }
 
 // Done returns a channel that is closed when the hold ends: released, lost,
@@ -107,10 +108,8 @@ func (h *Hold) endLocked(st uint8) {
 	}
 	h.state = st
 	if h.index >= 0 {
-		if h.index == 0 {
-			// The timer is set for this hold; let the goroutine re-aim it.
-			h.r.poke()
-		}
+		// If the timer was set for this hold it fires early, finds nothing
+		// due and is set again: cheaper than waking the scheduler now.
 		heap.Remove(&h.r.holds, int(h.index))
 	}
 	h.r.live--

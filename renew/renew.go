@@ -2,9 +2,9 @@
 // hold it is given, batching all holds that fall due into pipelined round
 // trips, and tells a holder when its hold is gone.
 //
-// A Renewer runs one goroutine for all its holds. The holds wait in a
-// min-heap ordered by the time they next need attention; a single timer wakes
-// the goroutine for the earliest. Holds that fall due within a short
+// A Renewer runs two goroutines for all its holds: a scheduler and a
+// sender. The holds wait in a min-heap ordered by the time they next need
+// attention; a single timer wakes the scheduler for the earliest. Holds that fall due within a short
 // coalescing window of each other are renewed together, in pipelines of at
 // most BatchSize commands, so N holds cost about N/BatchSize round trips per
 // interval rather than N.
@@ -24,10 +24,11 @@
 // of TTL/100 + 2ms for clock-rate differences between client and server.
 // Since the server started the lease no earlier than the local send time, the
 // server still holds the lease until at least that moment; loss is declared
-// there and not later. The goroutine does its I/O itself, so a hold whose
-// deadline falls while it waits on a round trip for other holds is reported
-// when that round trip ends; each round trip is bounded by 5s, by the
-// smallest interval in its batch and by the batch's earliest deadline.
+// there and not later. The scheduler does no I/O: a hold whose renewal is in
+// flight stays in the heap keyed by its conservative deadline, so it is
+// reported lost on time even while the sender waits on a slow round trip or
+// is stalled. Each round trip is bounded by 5s, by the smallest interval in
+// its batch and by the batch's earliest deadline.
 //
 // A hold is renewed at most once per interval, up to min(50ms, interval/10)
 // early so that it shares a round trip with holds due just before it. A
@@ -139,16 +140,28 @@ type Renewer struct {
 	wake   chan struct{}      // capacity 1: "the heap's head may have changed"
 	force  chan chan struct{} // renewAllNow requests
 	exited chan struct{}      // closed when run returns
+	work   chan struct{}      // capacity 1: "the queue has batches"
+	sent   chan struct{}      // closed when the sender returns
 
 	mu     sync.Mutex
-	holds  holdHeap // live holds not in flight, by when
-	live   int      // live holds, in the heap or in flight
+	holds  holdHeap // live holds, by when; in-flight ones by their deadline
+	live   int      // live holds
 	closed bool
+	armed  int64   // when the scheduler's timer fires (MaxInt64: not armed)
+	queue  []batch // batches for the sender
 
-	// Owned by the run goroutine.
-	loaded map[*redis.Script]bool // scripts loaded since the last NOSCRIPT
-	due    []*Hold                // reused between passes
+	// Owned by the scheduler.
 	parked []*Hold
+
+	// Owned by the sender.
+	loaded map[*redis.Script]bool // scripts loaded since the last NOSCRIPT
+}
+
+// A batch is the holds of one round trip, or a marker whose done channel
+// the sender closes when it reaches it.
+type batch struct {
+	hs   []*Hold
+	done chan struct{}
 }
 
 // New returns a Renewer that renews through c, and starts its goroutine.
@@ -168,14 +181,19 @@ func New(c Client, opts ...Option) *Renewer {
 		wake:   make(chan struct{}, 1),
 		force:  make(chan chan struct{}),
 		exited: make(chan struct{}),
+		work:   make(chan struct{}, 1),
+		sent:   make(chan struct{}),
 		loaded: make(map[*redis.Script]bool),
+		armed:  math.MaxInt64,
 	}
 	go r.run()
+	go r.sender()
 	return r
 }
 
 // Add starts keeping the hold described by s alive and returns it. Add does
-// no I/O and starts no goroutine. The first renewal is due at
+// no I/O, starts no goroutine, and wakes the scheduler only when the hold
+// needs attention before its timer fires. The first renewal is due at
 // s.Start+Interval; if that has already passed it is sent at once.
 //
 // A TTL <= 0 gives a hold that is lost at once. Add panics if s.Script is nil
@@ -218,9 +236,9 @@ func (r *Renewer) Add(s Spec) *Hold {
 	}
 	r.live++
 	heap.Push(&r.holds, h)
-	head := h.index == 0
+	early := h.when < r.armed
 	r.mu.Unlock()
-	if head {
+	if early {
 		r.poke()
 	}
 	return h
@@ -237,6 +255,7 @@ func (r *Renewer) Close() {
 	r.mu.Unlock()
 	r.cancel()
 	<-r.exited
+	<-r.sent
 }
 
 // Len returns the number of live holds.
@@ -275,11 +294,8 @@ func (r *Renewer) run() {
 	timer.Stop()
 	var forced chan struct{}
 	for {
-		r.pass()
-		if forced != nil {
-			close(forced)
-			forced = nil
-		}
+		r.pass(forced)
+		forced = nil
 		if r.ctx.Err() != nil {
 			break
 		}
@@ -288,11 +304,13 @@ func (r *Renewer) run() {
 			timer.Reset(time.Duration(wait))
 			tick = timer.C
 		}
+		// A hold added after untilNext with an earlier time pokes wake.
 		select {
 		case <-tick:
 		case <-r.wake:
 		case forced = <-r.force:
 			r.makeAllDue()
+			// The sender closes forced once it has sent this pass.
 		case <-r.ctx.Done():
 		}
 		timer.Stop()
@@ -306,8 +324,10 @@ func (r *Renewer) untilNext() (int64, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.holds) == 0 {
+		r.armed = math.MaxInt64
 		return 0, false
 	}
+	r.armed = r.holds[0].when
 	return max(r.holds[0].when-r.now(), 0), true
 }
 
@@ -316,7 +336,7 @@ func (r *Renewer) makeAllDue() {
 	defer r.mu.Unlock()
 	now := r.now()
 	for _, h := range r.holds {
-		if !h.fixed {
+		if !h.fixed && !h.inflight {
 			h.when = min(h.when, now)
 		}
 	}
@@ -333,12 +353,15 @@ func (r *Renewer) shutdown() {
 }
 
 // pass takes every hold that needs attention now — losing those whose
-// conservative deadline has passed, parking those that may not be renewed
-// until they run out — and renews the rest in batches.
-func (r *Renewer) pass() {
+// conservative deadline has passed (in flight or not), parking those that may
+// not be renewed until they run out — and queues the rest for the sender in
+// batches. Queued holds stay in the heap, keyed by their deadline.
+func (r *Renewer) pass(marker chan struct{}) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	now := r.now()
-	due, parked := r.due[:0], r.parked[:0]
+	parked := r.parked[:0]
+	var due []*Hold
 	for len(r.holds) > 0 {
 		h := r.holds[0]
 		if h.when > now+int64(maxCoalesce) {
@@ -348,6 +371,8 @@ func (r *Renewer) pass() {
 		switch {
 		case now >= h.lostAt():
 			h.endLocked(lost)
+		case h.inflight:
+			parked = append(parked, h) // its deadline is not here yet
 		case !h.mayRenew(now):
 			// Fixed, or bounded by MaxHold: it runs out at its deadline.
 			h.fixed = true
@@ -356,23 +381,68 @@ func (r *Renewer) pass() {
 		case h.when > now+h.window():
 			parked = append(parked, h) // not yet, not even coalesced
 		default:
+			h.inflight = true
+			h.when = h.lostAt()
+			parked = append(parked, h)
 			due = append(due, h)
 		}
 	}
 	for _, h := range parked {
 		heap.Push(&r.holds, h)
 	}
-	r.mu.Unlock()
-
-	for rest := due; len(rest) > 0; {
-		n := min(len(rest), r.cfg.batch)
-		r.send(rest[:n])
-		rest = rest[n:]
-	}
-	// Keep the slices for the next pass, without keeping ended holds alive.
-	clear(due)
 	clear(parked)
-	r.due, r.parked = due[:0], parked[:0]
+	r.parked = parked[:0]
+
+	for len(due) > 0 {
+		n := min(len(due), r.cfg.batch)
+		r.queue = append(r.queue, batch{hs: due[:n:n]})
+		due = due[n:]
+	}
+	if marker != nil {
+		r.queue = append(r.queue, batch{done: marker})
+	}
+	if len(r.queue) > 0 {
+		select {
+		case r.work <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// sender sends the queued batches, one round trip at a time, until Close.
+func (r *Renewer) sender() {
+	defer close(r.sent)
+	for {
+		select {
+		case <-r.work:
+		case <-r.ctx.Done():
+			r.mu.Lock()
+			for _, b := range r.queue {
+				if b.done != nil {
+					close(b.done)
+				}
+			}
+			r.queue = nil
+			r.mu.Unlock()
+			return
+		}
+		for {
+			r.mu.Lock()
+			if len(r.queue) == 0 {
+				r.mu.Unlock()
+				break
+			}
+			b := r.queue[0]
+			r.queue[0] = batch{}
+			r.queue = r.queue[1:]
+			r.mu.Unlock()
+			if b.done != nil {
+				close(b.done)
+				continue
+			}
+			r.send(b.hs)
+		}
+	}
 }
 
 // result is the outcome of one renewal command.
@@ -395,13 +465,8 @@ func (r *Renewer) send(hs []*Hold) {
 	r.mu.Lock()
 	now := r.now()
 	if r.ctx.Err() != nil {
-		for _, h := range hs {
-			if h.state == live {
-				heap.Push(&r.holds, h)
-			}
-		}
 		r.mu.Unlock()
-		return
+		return // the holds are in the heap; shutdown ends them
 	}
 	timeout := int64(maxRoundTrip)
 	keep := hs[:0]
@@ -411,10 +476,10 @@ func (r *Renewer) send(hs []*Hold) {
 		case now >= h.lostAt():
 			h.endLocked(lost)
 		case !h.mayRenew(now):
-			// MaxHold was reached while waiting: let it run out.
+			// MaxHold was reached while waiting: let it run out (it is in
+			// the heap already, keyed by its deadline).
 			h.fixed = true
-			h.when = h.lostAt()
-			heap.Push(&r.holds, h)
+			h.inflight = false
 		default:
 			// No reply after the conservative deadline can save the hold,
 			// so waiting longer than that for it is pointless.
@@ -464,9 +529,15 @@ func (r *Renewer) send(hs []*Hold) {
 	defer r.mu.Unlock()
 	now = r.now()
 	closing := r.ctx.Err() != nil
+	early := false
+	defer func() {
+		if early {
+			r.poke()
+		}
+	}()
 	for i, h := range hs {
 		if h.state != live {
-			continue // released or marked lost while in flight
+			continue // released, marked lost or run out while in flight
 		}
 		rs := res[i]
 		switch {
@@ -475,6 +546,7 @@ func (r *Renewer) send(hs []*Hold) {
 			continue
 		case closing:
 			// The failure is ours, not Redis's; shutdown ends the hold.
+			continue
 		case now >= h.lostAt():
 			// Whatever the reply, it came after the conservative deadline,
 			// when the holder may already have been given up on.
@@ -488,7 +560,9 @@ func (r *Renewer) send(hs []*Hold) {
 			// give: retry soon while the hold may still be alive.
 			h.when = min(now+max(h.interval/10, int64(minBackoff)), h.lostAt())
 		}
-		heap.Push(&r.holds, h)
+		h.inflight = false
+		heap.Fix(&r.holds, int(h.index))
+		early = early || h.when < r.armed
 	}
 }
 

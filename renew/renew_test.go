@@ -449,12 +449,17 @@ func TestStalledRenewerReportsLoss(t *testing.T) {
 		case <-time.After(2 * time.Second):
 			t.Fatalf("renewer never reached the stall hook")
 		}
+		h2.Release() // released while renewals are stalled, before its deadline
 		time.Sleep(ttl + ttl/2) // past the TTL
-		h2.Release()            // released while its renewal is stalled
+		// The loss is reported on time although the sender is stalled.
+		select {
+		case <-h1.Done():
+		default:
+			t.Fatalf("stalled hold not reported lost past its deadline")
+		}
 		sent := b.cnt.evals.Load()
 		stall.Store(false)
 		close(resume)
-		waitDone(t, h1, time.Second)
 		if err := h1.Err(); !errors.Is(err, errTestLost) {
 			t.Fatalf("stalled hold: Err() = %v, want %v", err, errTestLost)
 		}
