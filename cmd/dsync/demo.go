@@ -97,7 +97,7 @@ func cmdDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	d := &demo{stdout: stdout, stderr: stderr, prefix: c.prefix, run: uuid.NewString()[:8]}
 	defer d.close()
-	for i := range *replicas {
+	for range *replicas {
 		rdb, addr, err := c.dial(ctx, url)
 		if err != nil {
 			return fail(stderr, "demo", exitError, err)
@@ -107,7 +107,6 @@ func cmdDemo(args []string, stdout, stderr io.Writer) int {
 		}
 		d.rdbs = append(d.rdbs, rdb)
 		d.clients = append(d.clients, dsync.New(rdb, dsync.Prefix(c.prefix)))
-		_ = i
 	}
 	fmt.Fprintf(stdout, "dsync demo on %s\n\n", where)
 	if err := d.lottery(ctx, *seed); err != nil {
