@@ -1,0 +1,76 @@
+-- semaphore_acquire: take n permits of a Semaphore for a holder, or queue
+-- the call (Acquire) or give up (TryAcquire). Preceded by semaphore_lib.lua,
+-- which describes KEYS[1..5].
+--
+-- ARGV[1] holder token (owner token, or the handle's token)
+-- ARGV[2] n, 1 ≤ n ≤ size
+-- ARGV[3] size
+-- ARGV[4] lease TTL (ms); also how long a queue place lasts unrefreshed
+-- ARGV[5] call id (the same for every attempt of one Acquire call)
+-- ARGV[6] '1' to take a place in the queue when not served (Acquire),
+--         '0' to change nothing then (TryAcquire)
+-- ARGV[7] idle expiry of the fence hash (ms)
+-- ARGV[8] notification channel
+-- Reply: {1, fencing token} the holder holds the permits (now or already:
+--        a repeat of this call answers as before); {0, ms} not served,
+--        try again within ms (queued if ARGV[6] is '1'); {2, size in force}
+--        the size differs, nothing changed; {3, 0} the call was abandoned
+--        by its caller, nothing changed.
+
+local tok, n, size, ttl, id = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local queue, idle, ch = ARGV[6] == '1', ARGV[7], ARGV[8]
+
+-- An attempt that arrives after its caller gave up must not take effect.
+if find(redis.call('HGET', KEYS[2], 'sx'), id) then
+  return { 3, 0 }
+end
+
+prune()
+-- Earlier waiters first, this call among them if it was queued.
+local served = grant(ch, idle, id)
+if served then
+  return { 1, tonumber(served) }
+end
+
+-- A repeat of this call (a retry after a lost reply, or an attempt after
+-- the permits were handed to it) changes nothing.
+if redis.call('HEXISTS', KEYS[1], tok) == 1 and find(redis.call('HGET', KEYS[1], ':c:' .. tok), id) then
+  return { 1, tonumber(redis.call('HGET', KEYS[1], ':f:' .. tok)) }
+end
+
+tidy()
+local cur = redis.call('HGET', KEYS[1], ':size')
+if cur and tonumber(cur) ~= size then
+  return { 2, tonumber(cur) }
+end
+
+-- Fits and nobody waits: take the permits. (If anyone waits, the head did
+-- not fit, or grant would have served it: this call queues behind it.)
+if redis.call('EXISTS', KEYS[4]) == 0 and used() + n <= size then
+  redis.call('HSET', KEYS[1], ':size', size)
+  return { 1, tonumber(take(tok, n, ttl, id, idle)) }
+end
+
+if not queue then
+  return { 0, 0 }
+end
+
+-- Take (or refresh) a place: it lasts one TTL and every attempt renews it,
+-- so a dead waiter's place lapses alone. Arrival scores strictly increase.
+redis.call('HSETNX', KEYS[1], ':size', size)
+if not redis.call('ZSCORE', KEYS[4], id) then
+  local a = now_us
+  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+  if last and tonumber(last) >= a then
+    a = tonumber(last) + 1
+  end
+  redis.call('ZADD', KEYS[4], fmt(a), id)
+end
+redis.call('HSET', KEYS[5], id, string.format('%.0f %s %d %s', now_ms + tonumber(ttl), ttl, n, tok))
+-- The holders zset must outlive the state hash: prune reads the deadlines
+-- there, and permits counted in the hash without one would never return.
+for i = 3, 5 do
+  extend(KEYS[i], ttl)
+end
+extend(KEYS[1], ttl)
+return { 0, waitms(id, ttl) }

@@ -1,0 +1,409 @@
+package dsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dsync-go/dsync/lua"
+	"github.com/dsync-go/dsync/renew"
+)
+
+// A Semaphore is a weighted semaphore shared by every process that names it,
+// the distributed twin of [golang.org/x/sync/semaphore.Weighted]: at most
+// size permits are held at once, in all processes together. Get one with
+// [Client.Semaphore]; a Semaphore handle is safe for concurrent use and
+// cheap, so make one where needed.
+//
+// Without an owner in ctx the handle is the holder, like a Weighted value
+// shared by goroutines: every Acquire through the handle adds to one holding
+// and any goroutine may Release permits of it. With an owner (see
+// [WithOwner]) the owner is the holder, in any process: its Acquires add up,
+// and only it may release them.
+//
+// Unlike Weighted, every holding has a lease (see [TTL]): the Client renews
+// it while permits are held, and the permits of a holder that dies come back
+// when its lease runs out. Each fresh holding (from none to some permits)
+// gets a fencing token larger than every earlier one of the name
+// ([Lease.Token]); adding permits to a holding keeps its token.
+//
+// Waiters are served in arrival order across processes, as in Weighted: a
+// large request first in line is served before later small ones, even if
+// they would fit. Permits freed by a release are handed straight to the
+// waiters first in line that fit, which then hold them without another round
+// trip. Unlike Weighted, Acquire and TryAcquire reject n > size at once with
+// [ErrInvalid] (Weighted's Acquire would block until ctx is done), and all
+// handles of one name must agree on its size ([ErrSizeMismatch]).
+type Semaphore struct {
+	c    *Client
+	cfg  config
+	name string
+	size int64
+	keys []string // state hash, fence hash, holders, queue, queue data
+	err  error
+
+	mu   sync.Mutex
+	tok  string // the handle's holder token, made by its first Acquire
+	cur  *hold  // the handle's holding, without an owner in ctx
+	gone uint64 // fencing token of the handle's last holding known to have ended
+}
+
+// Replies of the acquire script.
+const (
+	semWait      = 0
+	semHeld      = 1
+	semSize      = 2
+	semAbandoned = 3
+)
+
+// Semaphore returns a handle on the semaphore called name, which allows size
+// permits at once. Options override the Client's defaults for this handle.
+// An empty name, a size ≤ 0 or a bad option makes every call on the handle
+// fail with [ErrInvalid].
+func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
+	s := &Semaphore{c: c, name: name, size: size}
+	if c != nil {
+		s.cfg = c.cfg
+	} else {
+		s.cfg = defaultConfig()
+	}
+	s.cfg.err = nil
+	s.cfg.apply(opts)
+	s.err = s.cfg.err
+	if name == "" {
+		s.err = fmt.Errorf("%w: empty name", ErrInvalid)
+	}
+	if size <= 0 {
+		s.err = fmt.Errorf("%w: semaphore size %d, want ≥ 1", ErrInvalid, size)
+	}
+	k := s.cfg.keyOf(name)
+	// Suffixes of their own: a Mutex of the same name uses the base key.
+	s.keys = []string{k + ":s", k + ":f", k + ":sh", k + ":sq", k + ":sqd"}
+	return s
+}
+
+func (s *Semaphore) check() error {
+	if s == nil {
+		return fmt.Errorf("%w: nil Semaphore", ErrInvalid)
+	}
+	if err := s.c.check(); err != nil {
+		return err
+	}
+	return s.err
+}
+
+func (s *Semaphore) checkN(n int64) error {
+	if n <= 0 || n > s.size {
+		return fmt.Errorf("%w: n = %d, want 1 to %d (the size)", ErrInvalid, n, s.size)
+	}
+	return nil
+}
+
+func (s *Semaphore) mismatch(inForce int64) error {
+	return fmt.Errorf("%w: %d, in force %d", ErrSizeMismatch, s.size, inForce)
+}
+
+// Acquire acquires n permits of s, blocking until they are available or ctx
+// is done. On success, returns nil; the permits are held until released,
+// their lease renewed by the Client. On failure, returns an error for which
+// errors.Is(err, ctx.Err()) holds (or a Redis, [ErrClosed] or
+// [ErrSizeMismatch] error) and leaves the semaphore unchanged, also when the
+// server granted the permits but the reply was lost. If ctx is already done,
+// Acquire returns its error without trying.
+//
+// Unlike Weighted.Acquire, n > size is an error at once ([ErrInvalid]), as
+// is n ≤ 0.
+func (s *Semaphore) Acquire(ctx context.Context, n int64) error {
+	_, err := s.acquire(ctx, n, true)
+	return err
+}
+
+// TryAcquire acquires n permits of s without blocking and reports whether it
+// succeeded. It fails, leaving the semaphore unchanged, if fewer than n
+// permits are free or waiters are queued. An error means the attempt could
+// not be made or its outcome is unknown; then nothing is left held.
+func (s *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
+	return s.acquire(ctx, n, false)
+}
+
+func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, error) {
+	if err := s.check(); err != nil {
+		return false, err
+	}
+	if err := s.checkN(n); err != nil {
+		return false, err
+	}
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if !owned {
+		tok = s.handleToken()
+	}
+	id := newCallID()
+	sent := time.Now()
+	st, v, err := s.attempt(ctx, tok, id, n, wait)
+	if err == nil && st == semWait && wait {
+		v, err = s.wait(ctx, tok, id, n, &sent)
+		st = semHeld
+	}
+	if err != nil {
+		s.abandon(ctx, tok, owned, id, n)
+		return false, err
+	}
+	switch st {
+	case semHeld:
+		s.held(tok, owned, uint64(v), sent)
+		return true, nil
+	case semSize:
+		return false, s.mismatch(v)
+	case semWait:
+		return false, nil
+	default:
+		return false, fmt.Errorf("dsync: semaphore acquire replied %d", st)
+	}
+}
+
+func (s *Semaphore) handleToken() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tok == "" {
+		s.tok = newToken()
+	}
+	return s.tok
+}
+
+// attempt runs the acquire script once.
+func (s *Semaphore) attempt(ctx context.Context, tok, id string, n int64, queue bool) (st, v int64, err error) {
+	q := "0"
+	if queue {
+		q = "1"
+	}
+	r, err := lua.SemaphoreAcquire.Run(ctx, s.c.rdb, s.keys, tok, n, s.size, ms(s.cfg.ttl), id, q, ms(fenceIdle), s.keys[0]).Int64Slice()
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(r) != 2 {
+		return 0, 0, fmt.Errorf("dsync: semaphore acquire replied %v", r)
+	}
+	return r[0], r[1], nil
+}
+
+// wait keeps the call's place in the queue until the permits are handed to
+// it or ctx is done, and returns the fencing token of the holding. *sent is
+// set to the time of the last attempt, which precedes any hand-over.
+func (s *Semaphore) wait(ctx context.Context, tok, id string, n int64, sent *time.Time) (int64, error) {
+	// Hand-overs name the call, not the holder: one holder may have several
+	// calls waiting.
+	w := s.c.notify.watch(s.keys[0], id)
+	defer s.c.notify.unwatch(w)
+	w.awaitReady(ctx, s.c.closed)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var v int64
+	retry := true // the subscription is new: a hand-over may have been missed
+	for {
+		if retry {
+			*sent = time.Now()
+			st, r, err := s.attempt(ctx, tok, id, n, true)
+			if err != nil {
+				return 0, err
+			}
+			switch st {
+			case semHeld:
+				return r, nil
+			case semSize:
+				// The place lapsed and another size took over meanwhile.
+				return 0, s.mismatch(r)
+			case semWait:
+				v = r
+			default:
+				return 0, fmt.Errorf("dsync: semaphore acquire replied %d", st)
+			}
+		}
+		// Sleep no longer than a lease (or the place ahead) can last, and
+		// refresh the place within its TTL.
+		d := min(time.Duration(v)*time.Millisecond, s.cfg.ttl/2)
+		t.Reset(max(d, time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-s.c.closed:
+			return 0, ErrClosed
+		case <-t.C:
+			retry = true
+		case <-w.sig:
+			if f, ok := w.handover(); ok {
+				return int64(f), nil
+			}
+			// A hand-over to another waiter, or a resubscription after
+			// which a hand-over may have been missed.
+			retry = true
+		}
+	}
+}
+
+// abandon undoes whatever a failed Acquire or TryAcquire call may have done
+// on the server: its place in the queue, permits it took or was handed whose
+// reply was lost. It runs detached from ctx, which may be done.
+func (s *Semaphore) abandon(ctx context.Context, tok string, owned bool, id string, n int64) {
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	r, err := lua.SemaphoreAbandon.Run(dctx, s.c.rdb, s.keys, tok, n, id, ms(fenceIdle), s.keys[0]).Int64Slice()
+	if err == nil && len(r) == 2 && r[0] == 0 && r[1] > 0 {
+		s.ended(owned, tok, uint64(r[1]))
+	}
+}
+
+// held records permits taken by tok in a holding with fencing token fence.
+func (s *Semaphore) held(tok string, owned bool, fence uint64, start time.Time) {
+	newHold := func() *hold {
+		return s.c.startHold(&s.cfg, renew.Spec{
+			Script: lua.SemaphoreRenew,
+			Keys:   []string{s.keys[0], s.keys[2]},
+			Args:   []any{tok, ms(s.cfg.ttl)},
+		}, tok, fence, start)
+	}
+	if owned {
+		s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHold)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if fence <= s.gone {
+		// The reply of a release that ended this holding came first.
+		return
+	}
+	if s.cur != nil && s.cur.fence == fence && !s.cur.lost() {
+		return // added to the holding
+	}
+	old := s.cur
+	s.cur = newHold()
+	if old != nil {
+		// The previous holding ended, or the permits would have been added.
+		old.release()
+	}
+}
+
+// ended forgets tok's holding with fencing token fence, which the server
+// ended.
+func (s *Semaphore) ended(owned bool, tok string, fence uint64) {
+	if owned {
+		k := holdKey{s.keys[0], tok}
+		if h := s.c.lookupHold(k); h != nil && h.fence == fence {
+			s.c.dropHold(k, h)
+			h.release()
+		}
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gone = max(s.gone, fence)
+	if s.cur != nil && s.cur.fence == fence {
+		s.cur.release()
+		s.cur = nil
+	}
+}
+
+// Release releases n permits held by ctx's owner or, without an owner in
+// ctx, by the handle; when none remain, the holding and its lease end.
+// Permits freed go to the waiters first in line that fit. Release runs even
+// if ctx is already done, detached with its own deadline. It returns
+// [ErrNotHeld] if the holder holds no permits of s, an error matching both
+// ErrNotHeld and [ErrInvalid] if it holds fewer than n (Weighted would
+// panic), and [ErrLeaseLost] if its holding was lost before Release; in
+// each case nothing is changed. After a Redis error the outcome is unknown.
+func (s *Semaphore) Release(ctx context.Context, n int64) error {
+	if err := s.check(); err != nil && !errors.Is(err, ErrClosed) {
+		return err
+	}
+	if err := s.checkN(n); err != nil {
+		return err
+	}
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return err
+	}
+	var h *hold
+	if owned {
+		h = s.c.lookupHold(holdKey{s.keys[0], tok})
+	} else {
+		s.mu.Lock()
+		tok, h = s.tok, s.cur
+		s.mu.Unlock()
+		if tok == "" {
+			return ErrNotHeld
+		}
+	}
+	dctx, cancel := detached(ctx)
+	defer cancel()
+	r, err := lua.SemaphoreRelease.Run(dctx, s.c.rdb, s.keys, tok, n, s.size, newCallID(), ms(fenceIdle), s.keys[0]).Int64Slice()
+	if err != nil {
+		return err
+	}
+	if len(r) != 3 {
+		return fmt.Errorf("dsync: semaphore release replied %v", r)
+	}
+	switch r[0] {
+	case 1:
+		if r[1] == 0 {
+			s.ended(owned, tok, uint64(r[2]))
+		}
+		return nil
+	case 0:
+		if h != nil {
+			s.forget(owned, tok, h)
+			h.lease.MarkLost()
+			return ErrLeaseLost
+		}
+		return ErrNotHeld
+	case 2:
+		return fmt.Errorf("%w: release of %d permits, %d held (%w)", ErrNotHeld, n, r[1], ErrInvalid)
+	case 3:
+		return s.mismatch(r[1])
+	default:
+		return fmt.Errorf("dsync: semaphore release replied %v", r)
+	}
+}
+
+func (s *Semaphore) forget(owned bool, tok string, h *hold) {
+	if owned {
+		s.c.dropHold(holdKey{s.keys[0], tok}, h)
+		return
+	}
+	s.mu.Lock()
+	if s.cur == h {
+		s.cur = nil
+	}
+	s.mu.Unlock()
+}
+
+// Lease returns the lease of the permits held by ctx's owner or, without
+// an owner in ctx, by the handle. It returns [ErrNotHeld] if there are none.
+// It sends nothing to Redis.
+func (s *Semaphore) Lease(ctx context.Context) (*Lease, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var h *hold
+	if owned {
+		h = s.c.lookupHold(holdKey{s.keys[0], tok})
+	} else {
+		s.mu.Lock()
+		h = s.cur
+		s.mu.Unlock()
+	}
+	if h == nil {
+		return nil, ErrNotHeld
+	}
+	return h.leaseView(), nil
+}

@@ -1,0 +1,762 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
+)
+
+// semKeys are the keys of the semaphore called name: state hash, fence
+// hash, holders, queue, queue data.
+func semKeys(name string) []string {
+	k := "dsync:{" + name + "}"
+	return []string{k + ":s", k + ":f", k + ":sh", k + ":sq", k + ":sqd"}
+}
+
+// assertNoSemKeys checks that a semaphore with nothing held or queued left
+// only its fence hash behind, with an expiry.
+func assertNoSemKeys(t *testing.T, b redistest.Backend, name string) {
+	t.Helper()
+	rdb := b.NewClient(t)
+	ctx := context.Background()
+	for i, k := range semKeys(name) {
+		n, err := rdb.Exists(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case i == 1 && n == 1:
+			if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
+				t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
+			}
+		case n > 0 && i != 1:
+			all, _ := rdb.Dump(ctx, k).Result()
+			t.Errorf("key %s left behind (%q)", k, all)
+		}
+	}
+}
+
+// waitQueued waits until the semaphore's queue holds want waiters.
+func waitQueued(t *testing.T, b redistest.Backend, name string, want int64) {
+	t.Helper()
+	rdb := b.NewClient(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := rdb.ZCard(context.Background(), semKeys(name)[3]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue length %d, want %d", n, want)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestSemaphorePeakEqualsSize(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		const size, clients, perClient, rounds = 4, 3, 3, 15
+		var inside, peak, total atomic.Int64
+		var wg sync.WaitGroup
+		for i := 0; i < clients; i++ {
+			c := newClient(t, b)
+			for j := 0; j < perClient; j++ {
+				s := c.Semaphore(name, size) // one handle per goroutine
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for k := 0; k < rounds; k++ {
+						n := int64(1 + rand.IntN(2))
+						if err := s.Acquire(ctx, n); err != nil {
+							t.Errorf("Acquire(%d): %v", n, err)
+							return
+						}
+						v := inside.Add(n)
+						for p := peak.Load(); v > p && !peak.CompareAndSwap(p, v); p = peak.Load() {
+						}
+						total.Add(1)
+						time.Sleep(time.Duration(500+rand.IntN(1500)) * time.Microsecond)
+						inside.Add(-n)
+						if err := s.Release(ctx, n); err != nil {
+							t.Errorf("Release(%d): %v", n, err)
+							return
+						}
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		if got := peak.Load(); got != size {
+			t.Errorf("peak permits held at once = %d, want %d", got, size)
+		}
+		if got, want := total.Load(), int64(clients*perClient*rounds); got != want {
+			t.Errorf("acquisitions = %d, want %d", got, want)
+		}
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+func TestSemaphoreWeighted(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		c := newClient(t, b)
+		x, y, z := c.Semaphore(name, 5), c.Semaphore(name, 5), newClient(t, b).Semaphore(name, 5)
+		try := func(s *dsync.Semaphore, n int64, want bool) {
+			t.Helper()
+			if ok, err := s.TryAcquire(ctx, n); ok != want || err != nil {
+				t.Fatalf("TryAcquire(%d) = %v, %v; want %v, nil", n, ok, err, want)
+			}
+		}
+		try(x, 3, true)
+		try(y, 3, false)
+		try(y, 2, true)
+		try(z, 1, false)
+		if err := x.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		try(z, 2, false)
+		try(z, 1, true)
+		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name)[0], ":used").Int(); n != 5 {
+			t.Errorf("permits used in Redis = %d, want 5", n)
+		}
+		for _, r := range []struct {
+			s *dsync.Semaphore
+			n int64
+		}{{x, 2}, {y, 2}, {z, 1}} {
+			if err := r.s.Release(ctx, r.n); err != nil {
+				t.Fatalf("Release(%d): %v", r.n, err)
+			}
+		}
+		try(z, 5, true)
+		if err := z.Release(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+func TestSemaphoreHandleIsOneHolder(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		s := newClient(t, b).Semaphore(name, 4)
+		if _, err := s.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("Lease before Acquire = %v, want ErrNotHeld", err)
+		}
+		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("Release before Acquire = %v, want ErrNotHeld", err)
+		}
+		// Goroutines sharing the handle add to one holding, as with a
+		// shared semaphore.Weighted, and any of them may release.
+		var wg sync.WaitGroup
+		for i := 0; i < 3; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.Acquire(ctx, 1); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		l, err := s.Lease(ctx)
+		if err != nil || l.Token() == 0 {
+			t.Fatalf("Lease = %v, %v; want a token", l, err)
+		}
+		holders, _ := b.NewClient(t).ZCard(ctx, semKeys(name)[2]).Result()
+		if holders != 1 {
+			t.Errorf("holders in Redis = %d, want 1", holders)
+		}
+		if err := s.Release(ctx, 4); !errors.Is(err, dsync.ErrNotHeld) || !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("Release(4) of 3 held = %v, want ErrNotHeld and ErrInvalid", err)
+		}
+		errc := make(chan error)
+		go func() { errc <- s.Release(context.Background(), 2) }()
+		if err := <-errc; err != nil {
+			t.Fatalf("Release from another goroutine: %v", err)
+		}
+		if l2, _ := s.Lease(ctx); l2 == nil || l2.Token() != l.Token() {
+			t.Errorf("Lease after a partial release = %v, want the same token %d", l2, l.Token())
+		}
+		if err := s.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-l.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("lease not done after the last permit was released")
+		}
+		if l.Err() != nil {
+			t.Errorf("Lease.Err after release = %v, want nil", l.Err())
+		}
+		if _, err := s.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Errorf("Lease after release = %v, want ErrNotHeld", err)
+		}
+		// A fresh holding gets a larger fencing token.
+		if err := s.Acquire(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if l3, _ := s.Lease(ctx); l3 == nil || l3.Token() <= l.Token() {
+			t.Errorf("fresh holding token %v, want > %d", l3, l.Token())
+		}
+		if err := s.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+func TestSemaphoreOwner(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		s := newClient(t, b).Semaphore(name, 4)
+		other := newClient(t, b).Semaphore(name, 4) // another process
+		for i := 0; i < 2; i++ {
+			if err := s.Acquire(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The owner crosses a process boundary and adds to its holding.
+		ctxB := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctx))
+		if ok, err := other.TryAcquire(ctxB, 1); !ok || err != nil {
+			t.Fatalf("TryAcquire by the same owner elsewhere = %v, %v", ok, err)
+		}
+		rdb := b.NewClient(t)
+		if n, _ := rdb.HGet(ctx, semKeys(name)[0], dsync.OwnerToken(ctx)).Int(); n != 3 {
+			t.Errorf("owner's permits in Redis = %d, want 3", n)
+		}
+		la, _ := s.Lease(ctx)
+		lb, err := other.Lease(ctxB)
+		if err != nil || la == nil || la.Token() != lb.Token() {
+			t.Fatalf("leases of one holding: %v, %v, %v", la, lb, err)
+		}
+		// Neither another owner nor the handle without owner may release.
+		if err := s.Release(dsync.WithOwner(ctx), 1); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Errorf("Release by another owner = %v, want ErrNotHeld", err)
+		}
+		if err := s.Release(context.Background(), 1); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Errorf("Release without owner = %v, want ErrNotHeld", err)
+		}
+		if ok, _ := other.TryAcquire(dsync.WithOwner(ctx), 2); ok {
+			t.Fatal("2 permits free with 3 of 4 held")
+		}
+		if err := other.Release(ctxB, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Release(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("Release after all = %v, want ErrNotHeld", err)
+		}
+		select {
+		case <-la.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("lease not done after release")
+		}
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+// TestSemaphoreFIFO: a large request first in line is served before later
+// small ones that would fit, and waiters are served in arrival order.
+func TestSemaphoreFIFO(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		holder := newClient(t, b).Semaphore(name, 4)
+		if err := holder.Acquire(ctx, 4); err != nil {
+			t.Fatal(err)
+		}
+		type served struct {
+			who   int
+			token uint64
+		}
+		got := make(chan served, 8)
+		want := []int64{3, 1, 1, 2} // the large one first
+		var wg sync.WaitGroup
+		handles := make([]*dsync.Semaphore, len(want))
+		for i, n := range want {
+			handles[i] = newClient(t, b).Semaphore(name, 4)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := handles[i].Acquire(ctx, n); err != nil {
+					t.Error(err)
+					return
+				}
+				l, err := handles[i].Lease(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got <- served{i, l.Token()}
+			}()
+			waitQueued(t, b, name, int64(i+1)) // arrival order is i
+		}
+		expect := func(whos ...int) {
+			t.Helper()
+			for _, w := range whos {
+				select {
+				case s := <-got:
+					if s.who != w {
+						t.Fatalf("served waiter %d, want %d", s.who, w)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("waiter %d not served", w)
+				}
+			}
+			select {
+			case s := <-got:
+				t.Fatalf("waiter %d served too early", s.who)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		// One permit free: the small waiters behind the large one fit but
+		// must not pass it.
+		if err := holder.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		expect()
+		if ok, _ := newClient(t, b).Semaphore(name, 4).TryAcquire(ctx, 1); ok {
+			t.Fatal("TryAcquire passed the queue")
+		}
+		if err := holder.Release(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		expect(0)
+		if err := holder.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		expect(1)
+		if err := handles[0].Release(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		// 3 free: waiter 2 (1 permit) and waiter 3 (2 permits) in one go.
+		var order []served
+		for range 2 {
+			select {
+			case s := <-got:
+				order = append(order, s)
+			case <-time.After(10 * time.Second):
+				t.Fatal("waiters 2 and 3 not served")
+			}
+		}
+		slices.SortFunc(order, func(a, b served) int { return int(a.who - b.who) })
+		if order[0].who != 2 || order[1].who != 3 || order[0].token >= order[1].token {
+			t.Errorf("served %v, want waiter 2 then 3 (increasing tokens)", order)
+		}
+		wg.Wait()
+		for i, n := range want[1:] {
+			if err := handles[i+1].Release(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+func TestSemaphoreDeadHolderPermitsReturn(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		const ttl = 400 * time.Millisecond
+		dead := dsync.New(b.NewClient(t), dsync.TTL(ttl))
+		if err := dead.Semaphore(name, 4).Acquire(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		dead.Close() // the process dies: nobody renews or releases
+		s := newClient(t, b).Semaphore(name, 4)
+		if ok, _ := s.TryAcquire(ctx, 2); ok {
+			t.Fatal("dead holder's permits free before its TTL")
+		}
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- s.Acquire(ctx, 4) }()
+		waitQueued(t, b, name, 1)
+		b.Advance(ttl + 50*time.Millisecond)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("dead holder's permits never came back")
+		}
+		t.Logf("served after %v", time.Since(start))
+		if err := s.Release(ctx, 4); err != nil {
+			t.Fatal(err)
+		}
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+func TestSemaphoreRenewalKeepsPermits(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		const ttl = 300 * time.Millisecond
+		s := newClient(t, b, dsync.TTL(ttl)).Semaphore(name, 2)
+		if err := s.Acquire(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * ttl) // several renewals; TIME follows the wall clock
+		if ok, _ := newClient(t, b).Semaphore(name, 2).TryAcquire(ctx, 1); ok {
+			t.Fatal("permits free while renewed")
+		}
+		l, _ := s.Lease(ctx)
+		if l == nil || l.Err() != nil {
+			t.Fatalf("lease %v lost", l)
+		}
+		if err := s.Release(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestSemaphoreWaiterGivingUpUnblocksOthers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		holder := newClient(t, b).Semaphore(name, 2)
+		if err := holder.Acquire(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		bigCtx, giveUp := context.WithCancel(ctx)
+		big := make(chan error, 1)
+		go func() { big <- newClient(t, b).Semaphore(name, 2).Acquire(bigCtx, 2) }()
+		waitQueued(t, b, name, 1)
+		small := newClient(t, b).Semaphore(name, 2)
+		done := make(chan error, 1)
+		go func() { done <- small.Acquire(ctx, 1) }()
+		waitQueued(t, b, name, 2)
+		select {
+		case <-done:
+			t.Fatal("small waiter passed the large one")
+		case <-time.After(50 * time.Millisecond):
+		}
+		giveUp()
+		if err := <-big; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire of the waiter that gave up = %v, want Canceled", err)
+		}
+		// The TTL is 30 s: only the cleanup's hand-over explains this.
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("waiter behind one that gave up not served")
+		}
+		if err := small.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := holder.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+func TestSemaphoreWokenByRelease(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		holder := newClient(t, b).Semaphore(name, 1)
+		waiter := newClient(t, b).Semaphore(name, 1)
+		var lat []time.Duration
+		for i := 0; i < 10; i++ {
+			if err := holder.Acquire(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan time.Time, 1)
+			go func() {
+				if err := waiter.Acquire(ctx, 1); err != nil {
+					t.Error(err)
+				}
+				got <- time.Now()
+			}()
+			waitQueued(t, b, name, 1)
+			released := time.Now()
+			if err := holder.Release(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			lat = append(lat, (<-got).Sub(released))
+			if err := waiter.Release(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		slices.Sort(lat)
+		t.Logf("hand-over latency: median %v, max %v", lat[len(lat)/2], lat[len(lat)-1])
+		if med := lat[len(lat)/2]; med > 50*time.Millisecond {
+			t.Errorf("median hand-over %v, want under 50ms", med)
+		}
+	})
+}
+
+func TestSemaphoreCancelLeavesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		holder := newClient(t, b).Semaphore(name, 3)
+		if err := holder.Acquire(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		c := newClient(t, b)
+		var wg sync.WaitGroup
+		for i := 0; i < 12; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				wctx, cancel := context.WithTimeout(ctx, time.Duration(1+rand.IntN(40))*time.Millisecond)
+				defer cancel()
+				if i%2 == 0 {
+					wctx = dsync.WithOwner(wctx)
+				}
+				s := c.Semaphore(name, 3)
+				n := int64(1 + i%3)
+				if err := s.Acquire(wctx, n); err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("Acquire = %v, want DeadlineExceeded", err)
+					}
+					return
+				}
+				// It won the race with its deadline: permits like any others.
+				if err := s.Release(wctx, n); err != nil {
+					t.Errorf("Release: %v", err)
+				}
+			}()
+		}
+		// Release while waiters give up: hand-overs race with cleanups.
+		time.Sleep(20 * time.Millisecond)
+		if err := holder.Release(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		s := newClient(t, b).Semaphore(name, 3)
+		if ok, err := s.TryAcquire(ctx, 3); !ok || err != nil {
+			t.Fatalf("TryAcquire(3) after every waiter left = %v, %v; want true", ok, err)
+		}
+		if err := s.Release(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+func TestSemaphoreLostReply(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		faults := &redistest.Faults{}
+		rdb.AddHook(faults)
+		c := dsync.New(rdb)
+		defer c.Close()
+		s := c.Semaphore(name, 2)
+		// The server grants the permits, the reply is lost: they are given
+		// back, not leaked until the TTL.
+		faults.DropReplyNext(1, context.DeadlineExceeded)
+		if err := s.Acquire(ctx, 2); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire = %v, want the injected error", err)
+		}
+		other := newClient(t, b).Semaphore(name, 2)
+		if ok, err := other.TryAcquire(ctx, 2); !ok || err != nil {
+			t.Fatalf("permits leaked after a lost reply: TryAcquire = %v, %v", ok, err)
+		}
+		// Queued, reply lost: the place is dropped.
+		faults.DropReplyNext(1, context.DeadlineExceeded)
+		if err := s.Acquire(ctx, 1); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("queued Acquire = %v, want the injected error", err)
+		}
+		if n, _ := b.NewClient(t).ZCard(ctx, semKeys(name)[3]).Result(); n != 0 {
+			t.Errorf("queue length %d after a lost reply, want 0", n)
+		}
+		// Release, reply lost: released once, the outcome reported unknown.
+		if err := other.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if ok, _ := s.TryAcquire(ctx, 1); !ok {
+			t.Fatal("TryAcquire(1) with 1 free failed")
+		}
+		faults.DropReplyNext(1, context.DeadlineExceeded)
+		if err := s.Release(ctx, 1); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Release = %v, want the injected error", err)
+		}
+		if err := other.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+// TestSemaphoreScriptsIdempotent runs the scripts twice with one call id,
+// as go-redis does when it retries after a read timeout.
+func TestSemaphoreScriptsIdempotent(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		keys := semKeys(name)
+		acquire := func(tok, id string, n int64) []int64 {
+			t.Helper()
+			r, err := lua.SemaphoreAcquire.Run(ctx, rdb, keys, tok, n, 4, 30000, id, "1", 86400000, keys[0]).Int64Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		release := func(tok, id string, n int64) []int64 {
+			t.Helper()
+			r, err := lua.SemaphoreRelease.Run(ctx, rdb, keys, tok, n, 4, id, 86400000, keys[0]).Int64Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		count := func(tok string) int {
+			n, _ := rdb.HGet(ctx, keys[0], tok).Int()
+			return n
+		}
+		a1 := acquire("a", "call1", 2)
+		a2 := acquire("a", "call1", 2)
+		if a1[0] != 1 || !slices.Equal(a1, a2) || count("a") != 2 {
+			t.Fatalf("acquire twice: %v then %v, count %d; want one grant of 2", a1, a2, count("a"))
+		}
+		acquire("a", "call2", 1)
+		r1 := release("a", "call3", 1)
+		r2 := release("a", "call3", 1)
+		if !slices.Equal(r1, r2) || r1[1] != 2 || count("a") != 2 {
+			t.Fatalf("release twice: %v then %v, count %d; want one release", r1, r2, count("a"))
+		}
+		e1 := release("a", "call4", 2)
+		e2 := release("a", "call4", 2)
+		if !slices.Equal(e1, e2) || e1[1] != 0 || e1[2] != a1[1] {
+			t.Fatalf("final release twice: %v then %v; want {1 0 %d} both times", e1, e2, a1[1])
+		}
+		// An abandoned call that arrives late changes nothing.
+		if _, err := lua.SemaphoreAbandon.Run(ctx, rdb, keys, "b", 1, "late", 86400000, keys[0]).Result(); err != nil {
+			t.Fatal(err)
+		}
+		if r := acquire("b", "late", 1); r[0] != 3 || count("b") != 0 {
+			t.Fatalf("late attempt of an abandoned call = %v, count %d; want {3 0}, 0", r, count("b"))
+		}
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+func TestSemaphoreSizeMismatch(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		four := newClient(t, b).Semaphore(name, 4)
+		five := newClient(t, b).Semaphore(name, 5)
+		if err := four.Acquire(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := five.Acquire(ctx, 1); !errors.Is(err, dsync.ErrSizeMismatch) {
+			t.Errorf("Acquire with another size = %v, want ErrSizeMismatch", err)
+		}
+		if _, err := five.TryAcquire(context.Background(), 1); !errors.Is(err, dsync.ErrSizeMismatch) {
+			t.Errorf("TryAcquire with another size = %v, want ErrSizeMismatch", err)
+		}
+		if err := five.Release(ctx, 1); !errors.Is(err, dsync.ErrSizeMismatch) {
+			t.Errorf("Release with another size = %v, want ErrSizeMismatch", err)
+		}
+		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name)[0], dsync.OwnerToken(ctx)).Int(); n != 1 {
+			t.Errorf("permits held after mismatches = %d, want 1", n)
+		}
+		if err := four.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		// Nothing in force any more: the new size takes over.
+		if ok, err := five.TryAcquire(ctx, 5); !ok || err != nil {
+			t.Fatalf("TryAcquire(5) once size 4 is gone = %v, %v", ok, err)
+		}
+		if err := five.Release(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestSemaphoreBadInput(t *testing.T) {
+	b := redistest.Miniredis(t)
+	rdb := b.NewClient(t)
+	counter := &redistest.Counter{}
+	rdb.AddHook(counter)
+	ctx := context.Background()
+	c := dsync.New(rdb)
+	defer c.Close()
+	nilc, badc := dsync.New(nil), dsync.New(rdb, dsync.TTL(0))
+	defer nilc.Close()
+	defer badc.Close()
+	type call struct {
+		s *dsync.Semaphore
+		n int64
+	}
+	cases := map[string]call{
+		"empty name":        {c.Semaphore("", 4), 1},
+		"zero size":         {c.Semaphore("x", 0), 1},
+		"negative size":     {c.Semaphore("x", -1), 1},
+		"zero n":            {c.Semaphore("x", 4), 0},
+		"negative n":        {c.Semaphore("x", 4), -2},
+		"n over size":       {c.Semaphore("x", 4), 5},
+		"zero TTL":          {c.Semaphore("x", 4, dsync.TTL(0)), 1},
+		"nil client":        {nilc.Semaphore("x", 4), 1},
+		"bad client option": {badc.Semaphore("x", 4), 1},
+	}
+	for name, k := range cases {
+		if err := k.s.Acquire(ctx, k.n); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: Acquire = %v, want ErrInvalid", name, err)
+		}
+		if _, err := k.s.TryAcquire(ctx, k.n); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: TryAcquire = %v, want ErrInvalid", name, err)
+		}
+		if err := k.s.Release(ctx, k.n); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: Release = %v, want ErrInvalid", name, err)
+		}
+		if _, err := k.s.Lease(ctx); k.n >= 1 && k.n <= 4 && !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: Lease = %v, want ErrInvalid", name, err)
+		}
+	}
+	var nils *dsync.Semaphore
+	if err := nils.Acquire(ctx, 1); !errors.Is(err, dsync.ErrInvalid) {
+		t.Errorf("nil Semaphore: Acquire = %v, want ErrInvalid", err)
+	}
+	bad := dsync.WithOwnerToken(ctx, ":x")
+	if err := c.Semaphore("x", 4).Acquire(bad, 1); !errors.Is(err, dsync.ErrInvalid) {
+		t.Errorf("bad owner token: Acquire = %v, want ErrInvalid", err)
+	}
+	if n := counter.RoundTrips(); n != 0 {
+		t.Errorf("bad input sent %d commands, want 0", n)
+	}
+}
+
+func TestSemaphoreClosedClient(t *testing.T) {
+	b := redistest.Miniredis(t)
+	c := dsync.New(b.NewClient(t))
+	s := c.Semaphore("x", 2)
+	c.Close()
+	if err := s.Acquire(context.Background(), 1); !errors.Is(err, dsync.ErrClosed) {
+		t.Fatalf("Acquire after Close = %v, want ErrClosed", err)
+	}
+	if _, err := s.TryAcquire(context.Background(), 1); !errors.Is(err, dsync.ErrClosed) {
+		t.Fatalf("TryAcquire after Close = %v, want ErrClosed", err)
+	}
+}
