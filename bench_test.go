@@ -91,3 +91,33 @@ func BenchmarkMutexFixed(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkMutexReentry is one re-entry (Lock+Unlock by an owner that
+// already holds the lock) in each reentrancy mode.
+func BenchmarkMutexReentry(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		opts []dsync.Option
+	}{
+		{"script", nil},
+		{"client", []dsync.Option{dsync.ClientReentrancy()}},
+	} {
+		b.Run("mode="+mode.name, func(b *testing.B) {
+			c, counter := benchClient(b, mode.opts...)
+			m := c.Mutex(redistest.Key(b))
+			ctx := dsync.WithOwner(context.Background())
+			if err := m.Lock(ctx); err != nil {
+				b.Fatal(err)
+			}
+			defer m.Unlock(ctx)
+			reportRoundTrips(b, counter, func() {
+				if err := m.Lock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
+}

@@ -114,6 +114,7 @@ type config struct {
 	maxHold  time.Duration
 	period   time.Duration // Once: life of the done mark; 0 forever
 	prefix   string
+	local    bool // client reentrancy: re-entries counted in the process
 	err      error
 }
 
@@ -167,6 +168,17 @@ func MaxHold(d time.Duration) Option {
 		}
 		cfg.maxHold = d
 	}
+}
+
+// ClientReentrancy makes an owner's re-entries count in this process rather
+// than in Redis: Redis sees only an owner's first Lock and last Unlock, so a
+// re-entry or an inner Unlock costs no round trip. The price: a token carried
+// to another process (see [WithOwnerToken]) does not re-enter there — it
+// waits like any other owner. The default is script reentrancy, where the
+// count lives in Redis and works across processes. It changes nothing for
+// calls without an owner in ctx, which never re-enter.
+func ClientReentrancy() Option {
+	return func(cfg *config) { cfg.local = true }
 }
 
 // Prefix sets the first part of every key and channel name (default

@@ -99,6 +99,33 @@ func (c *Client) ownerHold(k holdKey, fence uint64, newHold func() *hold) *hold 
 	return h
 }
 
+// reenter counts a re-entry of a live hold recorded under k in this
+// process (client reentrancy), and reports whether there was one.
+func (c *Client) reenter(k holdKey) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.holds[k]
+	if h == nil || h.lost() {
+		return false
+	}
+	h.count++
+	return true
+}
+
+// leave counts an inner unlock of a hold recorded under k (client
+// reentrancy) and reports whether it was one: false means the next unlock
+// must go to Redis.
+func (c *Client) leave(k holdKey) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.holds[k]
+	if h == nil || h.count <= 1 || h.lost() {
+		return false
+	}
+	h.count--
+	return true
+}
+
 func (c *Client) lookupHold(k holdKey) *hold {
 	c.mu.Lock()
 	defer c.mu.Unlock()

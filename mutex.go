@@ -39,9 +39,10 @@ type Mutex struct {
 	err  error
 
 	// Script arguments boxed once per handle.
-	kargs   []any // key count and keys
-	ttlArg  any
-	chanArg any
+	kargs    []any // key count and keys
+	ttlArg   any
+	chanArg  any
+	localArg any // '1' with client reentrancy
 
 	mu  sync.Mutex
 	cur *hold // the handle's own hold, without an owner in ctx
@@ -78,6 +79,10 @@ func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m.kargs = boxKeys(m.keys)
 	m.ttlArg = ms(m.cfg.ttl)
 	m.chanArg = k
+	m.localArg = argNo
+	if m.cfg.local {
+		m.localArg = argYes
+	}
 	return m
 }
 
@@ -123,6 +128,9 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	}
 	var id string
 	if owned {
+		if m.cfg.local && m.c.reenter(holdKey{m.keys[0], tok}) {
+			return true, nil
+		}
 		id = newCallID()
 	} else {
 		// A fresh token per call is also a fine call id.
@@ -156,7 +164,7 @@ func (m *Mutex) attempt(ctx context.Context, tok, id string, starving bool) (int
 	if starving {
 		s = argYes
 	}
-	return m.c.eval(ctx, mutexLock, m.kargs, tok, m.ttlArg, id, s, fenceIdleArg).Int64()
+	return m.c.eval(ctx, mutexLock, m.kargs, tok, m.ttlArg, id, s, fenceIdleArg, m.localArg).Int64()
 }
 
 // wait retries after notifications until the lock is held or ctx is done.
@@ -245,6 +253,9 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	}
 	var h *hold
 	if owned {
+		if m.cfg.local && m.c.leave(holdKey{m.keys[0], tok}) {
+			return nil
+		}
 		h = m.c.lookupHold(holdKey{m.keys[0], tok})
 	} else {
 		m.mu.Lock()

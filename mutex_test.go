@@ -459,3 +459,53 @@ func TestMutexClosedClient(t *testing.T) {
 }
 
 var _ redis.UniversalClient = (*redis.Client)(nil)
+
+func TestMutexClientReentrancy(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		counter := &redistest.Counter{}
+		rdb.AddHook(counter)
+		c := dsync.New(rdb, dsync.ClientReentrancy())
+		defer c.Close()
+		m := c.Mutex(name)
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		counter.Reset()
+		for i := 0; i < 3; i++ {
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := 0; i < 3; i++ {
+			if err := m.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := counter.RoundTrips(); n != 0 {
+			t.Errorf("re-entries and inner unlocks took %d round trips, want 0", n)
+		}
+		// Redis saw one Lock: its count is 1.
+		if n, _ := b.NewClient(t).HGet(ctx, "dsync:{"+name+"}", dsync.OwnerToken(ctx)).Int(); n != 1 {
+			t.Errorf("count in Redis = %d, want 1", n)
+		}
+		// The token in another process does not re-enter in this mode.
+		other := dsync.New(b.NewClient(t), dsync.ClientReentrancy())
+		defer other.Close()
+		octx := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctx))
+		if ok, _ := other.Mutex(name).TryLock(octx); ok {
+			// Redis cannot tell the processes apart: it is the same owner.
+			// What client reentrancy gives up is the count, so the second
+			// process's Unlock must not release the first one's hold.
+			t.Log("same token re-entered from another process")
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Errorf("extra Unlock = %v, want ErrNotHeld", err)
+		}
+	})
+}

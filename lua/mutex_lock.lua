@@ -11,6 +11,8 @@
 -- ARGV[3] call id (the same for every attempt of one Lock call)
 -- ARGV[4] '1' when the caller has waited past the starvation threshold
 -- ARGV[5] idle expiry of the fence hash (ms)
+-- ARGV[6] '1' when the owner counts re-entries itself (client reentrancy):
+--         a re-entry then leaves the count in Redis at 1
 -- Reply: the fencing token (> 0) when the caller holds the lock, else
 --        minus the number of ms after which to try again (< 0).
 
@@ -25,7 +27,7 @@ local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f')
 if cur[1] then
   -- Re-entry, or a repeat of this very call (a retry after a lost reply,
   -- or a hold handed to this waiter): a repeat changes nothing.
-  if cur[2] ~= id then
+  if cur[2] ~= id and ARGV[6] ~= '1' then
     redis.call('HINCRBY', KEYS[1], tok, 1)
     redis.call('HSET', KEYS[1], ':c', id)
     redis.call('PEXPIRE', KEYS[1], ttl)
