@@ -375,3 +375,35 @@ func TestMaxHoldBoundsRenewal(t *testing.T) {
 		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
 	}
 }
+
+func TestLeaseAfterLongWaitIsLive(t *testing.T) {
+	b := realOnly(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	const ttl = 400 * time.Millisecond
+	holder := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
+	waiter := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- waiter.Lock(ctx) }()
+	time.Sleep(3 * ttl) // the waiter waits longer than its TTL
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	l, err := waiter.Lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * ttl) // renewal keeps it
+	if err := l.Err(); err != nil {
+		t.Fatalf("lease after a long wait: Err = %v, want nil", err)
+	}
+	if err := waiter.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -144,7 +144,9 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 		return false, err
 	}
 	if v <= 0 && wait {
-		v, err = m.wait(ctx, tok, id, start, v)
+		// The lease of a hold taken (or handed over) while waiting began
+		// after the last attempt was sent.
+		v, start, err = m.wait(ctx, tok, id, start, v)
 		if err != nil {
 			m.abandon(ctx, tok, id)
 			return false, err
@@ -168,19 +170,21 @@ func (m *Mutex) attempt(ctx context.Context, tok, id string, starving bool) (int
 }
 
 // wait retries after notifications until the lock is held or ctx is done.
-func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int64) (int64, error) {
+func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int64) (int64, time.Time, error) {
 	w := m.c.notify.watch(m.keys[0], tok)
 	defer m.c.notify.unwatch(w)
 	w.awaitReady(ctx, m.c.closed)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	retry := true // the subscription is new: a release may have been missed
+	sent := start
 	for {
 		if retry {
 			var err error
-			v, err = m.attempt(ctx, tok, id, time.Since(start) >= starvation)
+			sent = time.Now()
+			v, err = m.attempt(ctx, tok, id, sent.Sub(start) >= starvation)
 			if err != nil || v > 0 {
-				return v, err
+				return v, sent, err
 			}
 		}
 		// Sleep no longer than the hold (or the queue place) can last, and
@@ -189,14 +193,14 @@ func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int
 		t.Reset(max(d, time.Millisecond))
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, sent, ctx.Err()
 		case <-m.c.closed:
-			return 0, ErrClosed
+			return 0, sent, ErrClosed
 		case <-t.C:
 			retry = true
 		case <-w.sig:
 			if f, ok := w.handover(); ok {
-				return int64(f), nil
+				return int64(f), sent, nil
 			}
 			// A plain release (or a resubscription) invites a retry; a
 			// hand-over to another waiter does not.
