@@ -50,6 +50,10 @@ type Semaphore struct {
 	gone uint64 // fencing token of the handle's last holding known to have ended
 }
 
+// recheck bounds how long a waiter that was signalled without a hand-over
+// waits before it asks the server whether it was served.
+const recheck = 50 * time.Millisecond
+
 // Replies of the acquire script.
 const (
 	semWait      = 0
@@ -205,11 +209,10 @@ func (s *Semaphore) wait(ctx context.Context, tok, id string, n int64, sent *tim
 	w.awaitReady(ctx, s.c.closed)
 	t := time.NewTimer(0)
 	defer t.Stop()
-	var v int64
-	retry := true // the subscription is new: a hand-over may have been missed
+	next := time.Now() // the subscription is new: a hand-over may have been missed
 	for {
-		if retry {
-			*sent = time.Now()
+		if now := time.Now(); !now.Before(next) {
+			*sent = now
 			st, r, err := s.attempt(ctx, tok, id, n, true)
 			if err != nil {
 				return 0, err
@@ -221,29 +224,32 @@ func (s *Semaphore) wait(ctx context.Context, tok, id string, n int64, sent *tim
 				// The place lapsed and another size took over meanwhile.
 				return 0, s.mismatch(r)
 			case semWait:
-				v = r
 			default:
 				return 0, fmt.Errorf("dsync: semaphore acquire replied %d", st)
 			}
+			// Sleep no longer than a lease (or the place ahead) can last,
+			// and refresh the place within its TTL.
+			d := min(time.Duration(r)*time.Millisecond, s.cfg.ttl/2)
+			next = time.Now().Add(max(d, time.Millisecond))
 		}
-		// Sleep no longer than a lease (or the place ahead) can last, and
-		// refresh the place within its TTL.
-		d := min(time.Duration(v)*time.Millisecond, s.cfg.ttl/2)
-		t.Reset(max(d, time.Millisecond))
+		t.Reset(time.Until(next))
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-s.c.closed:
 			return 0, ErrClosed
 		case <-t.C:
-			retry = true
 		case <-w.sig:
 			if f, ok := w.handover(); ok {
 				return int64(f), nil
 			}
-			// A hand-over to another waiter, or a resubscription after
-			// which a hand-over may have been missed.
-			retry = true
+			// Only a hand-over serves a waiter, so a hand-over to another
+			// call is no reason to try now. The signal may also be a
+			// resubscription after which a hand-over to this call was
+			// missed: check again soon, without an attempt per signal.
+			if soon := time.Now().Add(recheck); soon.Before(next) {
+				next = soon
+			}
 		}
 	}
 }
