@@ -44,6 +44,13 @@ type Semaphore struct {
 	keys []string // state hash, fence hash, holders, queue, queue data
 	err  error
 
+	// Script arguments boxed once per handle.
+	kargs   []any // key count and keys
+	rkeys   []string
+	sizeArg any
+	ttlArg  any
+	chanArg any
+
 	mu   sync.Mutex
 	tok  string // the handle's holder token, made by its first Acquire
 	cur  *hold  // the handle's holding, without an owner in ctx
@@ -53,6 +60,12 @@ type Semaphore struct {
 // recheck bounds how long a waiter that was signalled without a hand-over
 // waits before it asks the server whether it was served.
 const recheck = 50 * time.Millisecond
+
+var (
+	semAcquire = newScript(lua.SemaphoreAcquire)
+	semRelease = newScript(lua.SemaphoreRelease)
+	semAbandon = newScript(lua.SemaphoreAbandon)
+)
 
 // Replies of the acquire script.
 const (
@@ -85,6 +98,11 @@ func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
 	k := s.cfg.keyOf(name)
 	// Suffixes of their own: a Mutex of the same name uses the base key.
 	s.keys = []string{k + ":s", k + ":f", k + ":sh", k + ":sq", k + ":sqd"}
+	s.kargs = boxKeys(s.keys)
+	s.rkeys = []string{s.keys[0], s.keys[2]}
+	s.sizeArg = size
+	s.ttlArg = ms(s.cfg.ttl)
+	s.chanArg = s.keys[0]
 	return s
 }
 
@@ -184,11 +202,11 @@ func (s *Semaphore) handleToken() string {
 
 // attempt runs the acquire script once.
 func (s *Semaphore) attempt(ctx context.Context, tok, id string, n int64, queue bool) (st, v int64, err error) {
-	q := "0"
+	q := argNo
 	if queue {
-		q = "1"
+		q = argYes
 	}
-	r, err := lua.SemaphoreAcquire.Run(ctx, s.c.rdb, s.keys, tok, n, s.size, ms(s.cfg.ttl), id, q, ms(fenceIdle), s.keys[0]).Int64Slice()
+	r, err := s.c.eval(ctx, semAcquire, s.kargs, tok, n, s.sizeArg, s.ttlArg, id, q, fenceIdleArg, s.chanArg).Int64Slice()
 	if err != nil {
 		return 0, 0, err
 	}
@@ -260,7 +278,7 @@ func (s *Semaphore) wait(ctx context.Context, tok, id string, n int64, sent *tim
 func (s *Semaphore) abandon(ctx context.Context, tok string, owned bool, id string, n int64) {
 	dctx, cancel := detached(ctx)
 	defer cancel()
-	r, err := lua.SemaphoreAbandon.Run(dctx, s.c.rdb, s.keys, tok, n, id, ms(fenceIdle), s.keys[0]).Int64Slice()
+	r, err := s.c.eval(dctx, semAbandon, s.kargs, tok, n, id, fenceIdleArg, s.chanArg).Int64Slice()
 	if err == nil && len(r) == 2 && r[0] == 0 && r[1] > 0 {
 		s.ended(owned, tok, uint64(r[1]))
 	}
@@ -271,8 +289,8 @@ func (s *Semaphore) held(tok string, owned bool, fence uint64, start time.Time) 
 	newHold := func() *hold {
 		return s.c.startHold(&s.cfg, renew.Spec{
 			Script: lua.SemaphoreRenew,
-			Keys:   []string{s.keys[0], s.keys[2]},
-			Args:   []any{tok, ms(s.cfg.ttl)},
+			Keys:   s.rkeys,
+			Args:   []any{tok, s.ttlArg},
 		}, tok, fence, start)
 	}
 	if owned {
@@ -346,9 +364,9 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 			return ErrNotHeld
 		}
 	}
-	dctx, cancel := detached(ctx)
+	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	r, err := lua.SemaphoreRelease.Run(dctx, s.c.rdb, s.keys, tok, n, s.size, newCallID(), ms(fenceIdle), s.keys[0]).Int64Slice()
+	r, err := s.c.eval(dctx, semRelease, s.kargs, tok, n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg).Int64Slice()
 	if err != nil {
 		return err
 	}

@@ -89,7 +89,9 @@ func TestSemaphorePeakEqualsSize(t *testing.T) {
 						for p := peak.Load(); v > p && !peak.CompareAndSwap(p, v); p = peak.Load() {
 						}
 						total.Add(1)
-						time.Sleep(time.Duration(500+rand.IntN(1500)) * time.Microsecond)
+						// Hold long enough for holdings to overlap in the test's
+						// view, which lags the server's.
+						time.Sleep(time.Duration(3000+rand.IntN(5000)) * time.Microsecond)
 						inside.Add(-n)
 						if err := s.Release(ctx, n); err != nil {
 							t.Errorf("Release(%d): %v", n, err)
