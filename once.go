@@ -275,6 +275,10 @@ func (o *Once) abandon(ctx context.Context, tok string) {
 	_, _ = o.release(ctx, tok, "abandon", nil)
 }
 
+// releaseTries bounds the attempts of one release. The script is
+// idempotent, so an attempt whose reply was lost is simply made again.
+const releaseTries = 3
+
 // release runs the release script detached from ctx: 1 released, 0 the call
 // did not hold the run lease.
 func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int64, error) {
@@ -284,7 +288,12 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 	if o.cfg.period > 0 {
 		period = ms(o.cfg.period)
 	}
-	return lua.OnceRelease.Run(dctx, o.c.rdb, o.keys, tok, mode, value, period, o.keys[0], ms(o.cfg.ttl)).Int64()
+	for i := 1; ; i++ {
+		r, err := lua.OnceRelease.Run(dctx, o.c.rdb, o.keys, tok, mode, value, period, o.keys[0], ms(o.cfg.ttl)).Int64()
+		if err == nil || i == releaseTries || dctx.Err() != nil {
+			return r, err
+		}
+	}
 }
 
 // run calls f while the Client renews the run lease, and ends the run.
@@ -357,8 +366,8 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 	}
 	r, rerr := o.release(ctx, tok, "done", val)
 	if rerr != nil {
-		// The outcome is unknown: the done mark may be set, or the lease
-		// runs out at its TTL and another call runs f.
+		// Still unknown after every try: the done mark may be set, or the
+		// lease runs out at its TTL and another call runs f.
 		h.release()
 		return nil, rerr
 	}

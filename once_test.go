@@ -531,3 +531,32 @@ func TestOnceClosedClient(t *testing.T) {
 		t.Fatalf("Do after Close = %v, want ErrClosed", err)
 	}
 }
+
+func TestOnceLostReplyOfTheDoneMark(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		faults := &redistest.Faults{}
+		rdb.AddHook(faults)
+		c := dsync.New(rdb)
+		defer c.Close()
+		// The reply of the script that sets the done mark is lost (on a
+		// fresh server, possibly only its NOSCRIPT answer): the release is
+		// made again, and the caller learns the outcome.
+		v, err := c.Once(name).DoValue(ctx, func(context.Context) ([]byte, error) {
+			faults.DropReplyNext(1, context.DeadlineExceeded)
+			return []byte("v"), nil
+		})
+		if err != nil || string(v) != "v" {
+			t.Fatalf("DoValue = %q, %v; want v", v, err)
+		}
+		v, err = newClient(t, b).Once(name).DoValue(ctx, func(context.Context) ([]byte, error) {
+			t.Error("f ran again after its done mark was set")
+			return nil, nil
+		})
+		if err != nil || string(v) != "v" {
+			t.Fatalf("next DoValue = %q, %v; want v", v, err)
+		}
+	})
+}
