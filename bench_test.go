@@ -7,18 +7,31 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/lockbench"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
+
+// benchDial returns a dialer for the server the benchmarks run on: the one
+// named by $DSYNC_BENCH_REDIS_ADDR (bench/run.sh starts one), else the test
+// helper's real server. It skips when there is neither: timings on
+// miniredis say nothing about round trips.
+func benchDial(b *testing.B) lockbench.Dial {
+	b.Helper()
+	if dial, ok := lockbench.EnvDial(); ok {
+		return dial
+	}
+	be, ok := redistest.Real(b)
+	if !ok {
+		b.Skip("benchmarks need redis-server on PATH")
+	}
+	return be.NewClient
+}
 
 // benchClient returns a Client on the real server with a round-trip counter,
 // or skips: timings on miniredis say nothing about round trips.
 func benchClient(b *testing.B, opts ...dsync.Option) (*dsync.Client, *redistest.Counter) {
 	b.Helper()
-	be, ok := redistest.Real(b)
-	if !ok {
-		b.Skip("benchmarks need redis-server on PATH")
-	}
-	rdb := be.NewClient(b)
+	rdb := benchDial(b)(b)
 	counter := &redistest.Counter{}
 	rdb.AddHook(counter)
 	c := dsync.New(rdb, opts...)
@@ -58,11 +71,7 @@ func BenchmarkMutex(b *testing.B) {
 // BenchmarkRawFloor is the floor for a correct lock: SET NX PX and a
 // compare-and-delete script, two round trips.
 func BenchmarkRawFloor(b *testing.B) {
-	be, ok := redistest.Real(b)
-	if !ok {
-		b.Skip("benchmarks need redis-server on PATH")
-	}
-	rdb := be.NewClient(b)
+	rdb := benchDial(b)(b)
 	counter := &redistest.Counter{}
 	rdb.AddHook(counter)
 	key := redistest.Key(b)
@@ -120,4 +129,40 @@ func BenchmarkMutexReentry(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkRWMutexWrite is one uncontended Lock+Unlock of an RWMutex: two
+// round trips.
+func BenchmarkRWMutexWrite(b *testing.B) {
+	c, counter := benchClient(b)
+	rw := c.RWMutex(redistest.Key(b))
+	ctx := context.Background()
+	reportRoundTrips(b, counter, func() {
+		if err := rw.Lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := rw.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
+
+// BenchmarkOnceDone is Once.Do on a name that is already done: one round
+// trip, and f is not called.
+func BenchmarkOnceDone(b *testing.B) {
+	c, counter := benchClient(b)
+	o := c.Once(redistest.Key(b))
+	ctx := context.Background()
+	if err := o.Do(ctx, func(context.Context) error { return nil }); err != nil {
+		b.Fatal(err)
+	}
+	f := func(context.Context) error {
+		b.Fatal("f called on a done Once")
+		return nil
+	}
+	reportRoundTrips(b, counter, func() {
+		if err := o.Do(ctx, f); err != nil {
+			b.Fatal(err)
+		}
+	})
 }

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Runs dsync's benchmarks and the peer comparison (bench/peers) on one
+# redis-server started here, and prints the results as markdown: the
+# machine, the tables with ratios taken within this run, and the targets.
+#
+#   bench/run.sh                 # from the repository root
+#
+# Environment: COUNT (runs of each uncontended benchmark, median taken;
+# default 3), BENCHTIME (per run; default 2s), DSYNC_BENCH_WINDOW (measuring
+# window of each contended benchmark; default 2s), PIN=0 to not pin the
+# server and the benchmarks to separate cores. Progress goes to stderr.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+count=${COUNT:-3}
+benchtime=${BENCHTIME:-2s}
+export DSYNC_BENCH_WINDOW=${DSYNC_BENCH_WINDOW:-2s}
+
+for bin in go redis-server redis-cli; do
+	command -v "$bin" >/dev/null || { echo "run.sh: $bin not on PATH" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+pid=
+cleanup() {
+	if [ -n "$pid" ]; then
+		kill "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Pin redis-server to CPU 0 and the benchmarks to the others, when there
+# are at least two and taskset is here.
+ncpu=$(nproc)
+server_pin=() client_pin=()
+if [ "${PIN:-1}" != 0 ] && [ "$ncpu" -ge 2 ] && command -v taskset >/dev/null; then
+	server_pin=(taskset -c 0)
+	client_pin=(taskset -c "1-$((ncpu - 1))")
+fi
+
+# Build first, unpinned.
+echo "run.sh: building" >&2
+(cd "$repo" && go test -c -o "$work/dsync.test" .)
+(cd "$here/peers" && go test -c -o "$work/peers.test" . && go build -o "$work/benchtable" ./cmd/benchtable)
+
+# A free loopback port: one nothing answers on; redis-server fails to
+# start if it was taken meanwhile, and then the next one is tried.
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for try in $(seq 1 20); do
+	port=$((20000 + RANDOM % 25000))
+	port_free "$port" || continue
+	"${server_pin[@]}" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+		--dir "$work" --logfile "$work/redis.log" &
+	pid=$!
+	for _ in $(seq 1 100); do
+		if redis-cli -p "$port" ping >/dev/null 2>&1; then break 2; fi
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.05
+	done
+	kill "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	pid=
+done
+[ -n "$pid" ] || { echo "run.sh: could not start redis-server" >&2; exit 1; }
+export DSYNC_BENCH_REDIS_ADDR=127.0.0.1:$port
+echo "run.sh: redis-server pid $pid on $DSYNC_BENCH_REDIS_ADDR" >&2
+
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+run() { # dir binary output args...
+	local dir=$1 bin=$2 out=$3
+	shift 3
+	(cd "$dir" && "${client_pin[@]}" "$bin" -test.run '^$' "$@") | tee -a "$out" >&2
+}
+
+echo "run.sh: dsync primitives" >&2
+run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.count "$count" -test.benchtime "$benchtime" \
+	-test.bench '^(BenchmarkRawFloor|BenchmarkMutex|BenchmarkMutexFixed|BenchmarkRWMutexRead|BenchmarkRWMutexWrite|BenchmarkOnceDone)$'
+run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.count "$count" -test.benchtime "$benchtime" \
+	-test.bench '^(BenchmarkMutexReentry|BenchmarkSemaphore|BenchmarkDistinct)$/^(mode=.*|op=uncontended|lib=.*)$'
+echo "run.sh: peers, uncontended and distinct names" >&2
+run "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchmem -test.count "$count" -test.benchtime "$benchtime" \
+	-test.bench '^(BenchmarkUncontended|BenchmarkDistinct)$'
+echo "run.sh: peers, contended" >&2
+run "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchtime 1x -test.bench '^BenchmarkContended$'
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+
+commandstats=$(redis-cli -p "$port" info commandstats | tr -d '\r' | grep -E 'cmdstat_(evalsha|eval|set|publish|subscribe)' || true)
+
+model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+pinning="not pinned"
+[ ${#server_pin[@]} -gt 0 ] && pinning="redis-server on CPU 0, benchmarks on CPUs 1-$((ncpu - 1))"
+cat <<EOT
+## Results
+
+- CPU: $model, $ncpu cores; $pinning
+- $(redis-server --version | cut -d' ' -f1-3) (\`--save '' --appendonly no\`, loopback), $(go version | cut -d' ' -f3-4), go-redis $(cd "$repo" && go list -m -f '{{.Version}}' github.com/redis/go-redis/v9)
+- peers: $(cd "$here/peers" && go list -m -f '{{.Path}} {{.Version}}' github.com/go-redsync/redsync/v4 github.com/bsm/redislock | paste -sd ',' | sed 's/,/, /')
+- load average (1, 5, 15 min): $load_start at start, $load_end at end
+- $count runs of ${benchtime} per uncontended benchmark (median); one ${DSYNC_BENCH_WINDOW} window per contended benchmark
+
+EOT
+"$work/benchtable" "$work/root.txt" "$work/peers.txt"
+cat <<EOT
+
+<details><summary>Server-side cost per command (INFO commandstats, whole run)</summary>
+
+\`\`\`
+$commandstats
+\`\`\`
+</details>
+EOT

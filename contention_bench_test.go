@@ -1,0 +1,36 @@
+package dsync_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/dsync-go/dsync/internal/lockbench"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// BenchmarkDistinct is Lock+Unlock pairs over 1000 distinct names from 16
+// goroutines on one Client, dsync against the raw floor (SET NX PX and a
+// compare-and-delete script). bench/peers runs the same code for the peer
+// libraries.
+func BenchmarkDistinct(b *testing.B) {
+	for _, lib := range []lockbench.Lib{lockbench.Raw(), lockbench.Dsync()} {
+		b.Run("lib="+lib.Name, func(b *testing.B) {
+			lockbench.Distinct(b, lib, benchDial(b), redistest.Key(b), 1000, 16)
+		})
+	}
+}
+
+// BenchmarkContended is one Mutex fought over by 8 or 32 goroutines spread
+// over 4 Clients, each unlocking at once, for a fixed window per iteration
+// ($DSYNC_BENCH_WINDOW, default 2s; run with -benchtime=1x). See
+// lockbench.Contended for the metrics; violations must be 0.
+func BenchmarkContended(b *testing.B) {
+	const clients = 4
+	for _, lib := range []lockbench.Lib{lockbench.Dsync()} {
+		for _, g := range []int{8, 32} {
+			b.Run(fmt.Sprintf("lib=%s/G=%d", lib.Name, g), func(b *testing.B) {
+				lockbench.Contended(b, lib, benchDial(b), redistest.Key(b), clients, g)
+			})
+		}
+	}
+}
