@@ -21,11 +21,14 @@
 //     [OwnerToken] carry an owner across processes.
 //   - Every hold is bounded by a lease (see [TTL]) that the Client renews
 //     while the hold lives; a holder that dies frees what it held when the
-//     lease runs out. A primitive's Lease method gives the hold's [Lease]:
-//     Done and Err tell the holder if the hold was lost, Token gives its
-//     fencing token.
-//   - Waiting is event-driven (Redis pub/sub, one connection per Client) and
-//     fair: long waiters queue in Redis and newcomers wait behind them.
+//     lease runs out. The Lease methods of Mutex, RWMutex and Semaphore give
+//     a hold's [Lease]: Done and Err tell the holder if the hold was lost,
+//     Token gives its fencing token. Once cancels the ctx of the running
+//     function when its lease is lost.
+//   - Waiting is event-driven (Redis pub/sub, one connection per Client), with
+//     the remaining lease time as the only fallback. Mutex and Semaphore
+//     waiters queue in Redis so that newcomers wait behind long waiters;
+//     RWMutex gives writers preference over new readers.
 //   - A call whose ctx ends returns an error matching ctx.Err() and leaves
 //     nothing held; releases run even with a done ctx.
 //   - Every state change is one Lua script, and scripts are idempotent
