@@ -41,6 +41,7 @@ type Client struct {
 	err    error // bad input to New, reported by every call
 	renew  *renew.Renewer
 	notify *notifier
+	q      *quorum // NewQuorum: the members; nil for a Client over one deployment
 
 	mu     sync.Mutex
 	holds  map[holdKey]*hold // holds of owners carried in ctx
@@ -85,6 +86,9 @@ func (c *Client) Close() error {
 		if c.notify != nil {
 			c.notify.close()
 		}
+		if c.q != nil {
+			c.q.close()
+		}
 	})
 	return nil
 }
@@ -116,6 +120,9 @@ type config struct {
 	prefix   string
 	local    bool // client reentrancy: re-entries counted in the process
 	err      error
+
+	replicas    int           // WaitReplicas: acknowledgements each acquire waits for
+	replicaWait time.Duration // WaitReplicas: the most time WAIT may take
 }
 
 func defaultConfig() config {

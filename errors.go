@@ -31,4 +31,14 @@ var (
 	// ErrSizeMismatch is returned by Semaphore calls whose size differs from
 	// the size of the semaphore in force under the same name.
 	ErrSizeMismatch = errors.New("dsync: semaphore size differs from the one in force")
+
+	// ErrNotReplicated is returned by an acquire made with WaitReplicas when
+	// fewer replicas than asked acknowledged the hold in time. The hold was
+	// released again: a failover could have lost it.
+	ErrNotReplicated = errors.New("dsync: too few replicas acknowledged the hold")
+
+	// ErrNoQuorum is returned by a Client made with NewQuorum when fewer
+	// than a majority of its masters answered: nothing can be granted (or
+	// released) safely. The error also wraps the first member's error.
+	ErrNoQuorum = errors.New("dsync: no quorum of masters answered")
 )

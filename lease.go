@@ -54,6 +54,8 @@ type hold struct {
 	lease    *renew.Hold
 	released atomic.Bool
 	unlockID string // id of an unlock whose reply was lost, reused on retry
+
+	subs []*hold // quorum mode: the hold on each member, nil where not granted
 }
 
 func (h *hold) leaseView() *Lease {

@@ -44,6 +44,8 @@ type Mutex struct {
 	chanArg  any
 	localArg any // '1' with client reentrancy
 
+	subs []*Mutex // quorum mode: this handle on each member (see quorum.go)
+
 	mu  sync.Mutex
 	cur *hold // the handle's own hold, without an owner in ctx
 }
@@ -83,6 +85,9 @@ func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	if m.cfg.local {
 		m.localArg = argYes
 	}
+	if c != nil && c.q != nil {
+		m.subs = c.q.mutexes(name, opts)
+	}
 	return m
 }
 
@@ -118,6 +123,9 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	if err := m.check(); err != nil {
 		return false, err
+	}
+	if m.subs != nil {
+		return m.quorumLock(ctx, wait)
 	}
 	tok, owned, err := owner(ctx)
 	if err != nil {
@@ -166,7 +174,7 @@ func (m *Mutex) attempt(ctx context.Context, tok, id string, starving bool) (int
 	if starving {
 		s = argYes
 	}
-	return m.c.eval(ctx, mutexLock, m.kargs, tok, m.ttlArg, id, s, fenceIdleArg, m.localArg).Int64()
+	return m.c.acquire(ctx, &m.cfg, mutexLock, m.kargs, tok, m.ttlArg, id, s, fenceIdleArg, m.localArg)
 }
 
 // wait retries after notifications until the lock is held or ctx is done.
@@ -200,7 +208,9 @@ func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int
 			retry = true
 		case <-w.sig:
 			if f, ok := w.handover(); ok {
-				return int64(f), sent, nil
+				// With WaitReplicas, make sure the hand-over reached replicas.
+				err := m.c.replicated(ctx, &m.cfg, lua.MutexRenew, m.keys[:1], tok, m.ttlArg)
+				return int64(f), sent, err
 			}
 			// A plain release (or a resubscription) invites a retry; a
 			// hand-over to another waiter does not.
@@ -250,6 +260,9 @@ func (m *Mutex) held(tok string, owned bool, fence uint64, start time.Time) {
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.check(); err != nil && !errors.Is(err, ErrClosed) {
 		return err
+	}
+	if m.subs != nil {
+		return m.quorumUnlock(ctx)
 	}
 	tok, owned, err := owner(ctx)
 	if err != nil {

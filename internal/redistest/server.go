@@ -30,6 +30,8 @@ type Server struct {
 	port  int
 	dir   string   // data directory; the log is dir/redis.log
 	extra []string // flags after the standalone ones
+	bin   string   // program to run; "" is redis-server
+	conf  string   // config file passed first, if any (sentinels need one)
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -117,7 +119,14 @@ func (s *Server) start() error {
 		"--dir", s.dir,
 	}
 	args = append(args, s.extra...)
-	cmd := exec.Command("redis-server", args...)
+	bin := "redis-server"
+	if s.bin != "" {
+		bin = s.bin
+	}
+	if s.conf != "" {
+		args = append([]string{s.conf}, args...)
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Dir = s.dir
 	cmd.Stdout = logf
 	cmd.Stderr = logf

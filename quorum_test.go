@@ -1,0 +1,274 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// masters starts n private redis-servers and returns them with one go-redis
+// client each. The clients fail fast on a dead server.
+func masters(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalClient) {
+	t.Helper()
+	var ss []*redistest.Server
+	var rdbs []redis.UniversalClient
+	for range n {
+		s := redistest.StartStandalone(t)
+		rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: 1})
+		t.Cleanup(func() { _ = rdb.Close() })
+		ss = append(ss, s)
+		rdbs = append(rdbs, rdb)
+	}
+	return ss, rdbs
+}
+
+func newQuorum(t *testing.T, rdbs []redis.UniversalClient, opts ...dsync.Option) *dsync.Client {
+	t.Helper()
+	c := dsync.NewQuorum(rdbs, opts...)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// hammer runs clients×2 goroutines that lock and unlock name rounds times
+// each and checks that no two held it at once and that fencing tokens rose.
+func hammer(t *testing.T, cs []*dsync.Client, name string, rounds int) {
+	t.Helper()
+	ctx := ctxT(t)
+	var inside, maxInside, total atomic.Int64
+	var mu sync.Mutex
+	var last uint64
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		for range 2 {
+			m := c.Mutex(name)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					if err := m.Lock(ctx); err != nil {
+						t.Errorf("Lock: %v", err)
+						return
+					}
+					n := inside.Add(1)
+					if n > maxInside.Load() {
+						maxInside.Store(n)
+					}
+					l, err := m.Lease(ctx)
+					if err != nil {
+						t.Errorf("Lease: %v", err)
+					} else {
+						mu.Lock()
+						if l.Token() <= last {
+							t.Errorf("fencing token %d after %d", l.Token(), last)
+						}
+						last = l.Token()
+						mu.Unlock()
+					}
+					total.Add(1)
+					time.Sleep(200 * time.Microsecond)
+					inside.Add(-1)
+					if err := m.Unlock(ctx); err != nil {
+						t.Errorf("Unlock: %v", err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if got := maxInside.Load(); got != 1 {
+		t.Errorf("holders at once = %d, want 1", got)
+	}
+	if got, want := total.Load(), int64(len(cs)*2*rounds); got != want {
+		t.Errorf("acquisitions = %d, want %d", got, want)
+	}
+}
+
+func TestQuorumMutexMinorityDown(t *testing.T) {
+	ss, rdbs := masters(t, 5)
+	name := redistest.Key(t)
+	cs := []*dsync.Client{newQuorum(t, rdbs), newQuorum(t, rdbs)}
+	hammer(t, cs, name, 10)
+	ss[0].Stop()
+	ss[3].Stop()
+	hammer(t, cs, name, 10)
+}
+
+func TestQuorumMutexMajorityDownFails(t *testing.T) {
+	ss, rdbs := masters(t, 5)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	c := newQuorum(t, rdbs)
+	for _, i := range []int{0, 2, 4} {
+		ss[i].Stop()
+	}
+	m := c.Mutex(name)
+	if err := m.Lock(ctx); !errors.Is(err, dsync.ErrNoQuorum) {
+		t.Fatalf("Lock with 3 of 5 masters down = %v, want ErrNoQuorum", err)
+	}
+	if ok, err := m.TryLock(ctx); ok || !errors.Is(err, dsync.ErrNoQuorum) {
+		t.Fatalf("TryLock with 3 of 5 masters down = %v, %v; want false, ErrNoQuorum", ok, err)
+	}
+	if _, err := m.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Fatalf("Lease after the failed Lock = %v, want ErrNotHeld", err)
+	}
+	// The two live masters hold nothing of it.
+	for _, i := range []int{1, 3} {
+		if n, err := rdbs[i].Exists(ctx, "dsync:{"+name+"}").Result(); n != 0 || err != nil {
+			t.Errorf("master %d: lock key exists = %d, %v; want 0", i, n, err)
+		}
+	}
+	// A restarted master (empty) rejoins: three of five answer again.
+	ss[2].Start()
+	if err := m.Lock(ctx); err != nil {
+		t.Fatalf("Lock after a master rejoined = %v", err)
+	}
+	if ok, _ := newQuorum(t, rdbs).Mutex(name).TryLock(ctx); ok {
+		t.Fatal("another client took the held lock")
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock = %v", err)
+	}
+}
+
+func TestQuorumMutexLeaseLostWithMajority(t *testing.T) {
+	ss, rdbs := masters(t, 3)
+	ctx := ctxT(t)
+	m := newQuorum(t, rdbs, dsync.TTL(time.Second)).Mutex(redistest.Key(t))
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.Lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss[1].Stop() // one of three: still a majority
+	select {
+	case <-l.Done():
+		t.Fatalf("lease ended with 2 of 3 masters alive: %v", l.Err())
+	case <-time.After(1500 * time.Millisecond):
+	}
+	ss[2].Stop() // now only one of three
+	select {
+	case <-l.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("lease not lost with 1 of 3 masters alive")
+	}
+	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+		t.Fatalf("Lease.Err = %v, want ErrLeaseLost", l.Err())
+	}
+	if err := m.Unlock(ctx); err == nil {
+		t.Fatal("Unlock of a lost quorum hold = nil, want an error")
+	}
+}
+
+// Quorum mode on miniredis: exclusion, reentrancy, waking, in-process checks.
+func TestQuorumMutexMiniredis(t *testing.T) {
+	var rdbs []redis.UniversalClient
+	for range 3 {
+		rdbs = append(rdbs, redistest.Miniredis(t).NewClient(t))
+	}
+	ctx := dsync.WithOwner(ctxT(t))
+	name := redistest.Key(t)
+	c := newQuorum(t, rdbs)
+	hammer(t, []*dsync.Client{c, newQuorum(t, rdbs)}, name, 10)
+
+	m := c.Mutex(name)
+	for range 2 {
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := newQuorum(t, rdbs).Mutex(name)
+	got := make(chan error, 1)
+	go func() { got <- other.Lock(ctxT(t)) }()
+	for i := range 2 {
+		time.Sleep(20 * time.Millisecond)
+		select {
+		case err := <-got:
+			t.Fatalf("waiter got the lock after %d of 2 unlocks: %v", i, err)
+		default:
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock %d: %v", i, err)
+		}
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter not woken by the release")
+	}
+	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Fatalf("extra Unlock = %v, want ErrNotHeld", err)
+	}
+}
+
+func TestQuorumRefusesOtherPrimitives(t *testing.T) {
+	rdbs := []redis.UniversalClient{redistest.Miniredis(t).NewClient(t)}
+	counter := &redistest.Counter{}
+	rdbs[0].AddHook(counter)
+	ctx := ctxT(t)
+	c := newQuorum(t, rdbs)
+	if err := c.Semaphore("s", 2).Acquire(ctx, 1); !errors.Is(err, dsync.ErrInvalid) {
+		t.Errorf("Semaphore.Acquire in quorum mode = %v, want ErrInvalid", err)
+	}
+	if err := c.Once("o").Do(ctx, func(context.Context) error { return nil }); !errors.Is(err, dsync.ErrInvalid) {
+		t.Errorf("Once.Do in quorum mode = %v, want ErrInvalid", err)
+	}
+	if err := c.RWMutex("rw").Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
+		t.Errorf("RWMutex.Lock in quorum mode = %v, want ErrInvalid", err)
+	}
+	if n := counter.RoundTrips(); n != 0 {
+		t.Errorf("refused calls sent %d commands, want 0", n)
+	}
+	for name, qc := range map[string]*dsync.Client{
+		"no clients":   dsync.NewQuorum(nil),
+		"nil client":   dsync.NewQuorum([]redis.UniversalClient{nil}),
+		"bad option":   dsync.NewQuorum(rdbs, dsync.TTL(0)),
+		"WaitReplicas": dsync.NewQuorum(rdbs, dsync.WaitReplicas(1, time.Second)),
+	} {
+		if err := qc.Mutex("x").Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: Lock = %v, want ErrInvalid", name, err)
+		}
+		qc.Close()
+	}
+}
+
+// BenchmarkQuorumMutex is one uncontended Lock+Unlock over 3 and 5
+// independent masters: one round trip to each master per call, in parallel.
+func BenchmarkQuorumMutex(b *testing.B) {
+	for _, n := range []int{3, 5} {
+		b.Run("masters="+string(rune('0'+n)), func(b *testing.B) {
+			counter := &redistest.Counter{}
+			var rdbs []redis.UniversalClient
+			for range n {
+				rdb := redistest.StartStandalone(b).Client(b)
+				rdb.AddHook(counter)
+				rdbs = append(rdbs, rdb)
+			}
+			c := dsync.NewQuorum(rdbs)
+			defer c.Close()
+			m := c.Mutex(redistest.Key(b))
+			ctx := context.Background()
+			reportRoundTrips(b, counter, func() {
+				if err := m.Lock(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
+}

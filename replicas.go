@@ -1,0 +1,127 @@
+package dsync
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// WaitReplicas makes every acquire wait until n replicas have acknowledged
+// it, for at most timeout, by sending Redis's WAIT n timeout on the same
+// connection right after the acquire script (one pipelined round trip; a
+// hold handed over to a waiter costs one more). An acquire that fewer
+// replicas acknowledged releases the hold and fails with [ErrNotReplicated].
+//
+// Without it, a hold taken on a master just before a failover may be
+// missing on the promoted replica, and another process may then take it
+// while the first still believes it holds it (its [Lease] reports
+// [ErrLeaseLost] at its next renewal). With it, a failover to an
+// acknowledging replica keeps every hold that Lock reported; WAIT does not
+// make Redis strongly consistent (a replica that acknowledged may not be the
+// one promoted, and a hold renewed or released later is not waited for).
+// n = 0 (the default) waits for nothing; n must not be negative and timeout
+// must be at least 1 ms. On Redis Cluster, WAIT goes to the master of the
+// primitive's slot.
+func WaitReplicas(n int, timeout time.Duration) Option {
+	return func(cfg *config) {
+		switch {
+		case n < 0:
+			cfg.fail("WaitReplicas n %d, want ≥ 0", n)
+		case n > 0 && timeout < time.Millisecond:
+			cfg.fail("WaitReplicas timeout %v, want at least 1ms", timeout)
+		default:
+			cfg.replicas, cfg.replicaWait = n, timeout
+		}
+	}
+}
+
+// acquire runs an acquire script whose reply is an integer, > 0 for a grant.
+// With WaitReplicas, WAIT follows in the same pipeline, and a grant fewer
+// replicas acknowledged is reported as ErrNotReplicated along with the
+// reply, so that the caller releases it as after any failed call.
+func (c *Client) acquire(ctx context.Context, cfg *config, sc *script, keys []any, args ...any) (int64, error) {
+	if cfg.replicas == 0 {
+		return c.eval(ctx, sc, keys, args...).Int64()
+	}
+	key := keys[1].(string)
+	v, acked, err := c.evalWait(ctx, cfg, key, sc, keys, args...)
+	if err != nil {
+		return 0, err
+	}
+	if v > 0 && acked < int64(cfg.replicas) {
+		return v, notReplicated(acked, cfg.replicas)
+	}
+	return v, nil
+}
+
+// replicated makes sure a hold obtained without an acquire round trip of
+// this caller (handed over by another process's release) reached enough
+// replicas: it renews the hold, a write, and waits for it with WAIT, whose
+// acknowledgement covers every earlier write to the master. It returns
+// ErrNotReplicated, or ErrLeaseLost if the renewal found the hold gone.
+func (c *Client) replicated(ctx context.Context, cfg *config, renew *redis.Script, keys []string, args ...any) error {
+	if cfg.replicas == 0 {
+		return nil
+	}
+	ks := boxKeys(keys)
+	v, acked, err := c.evalWait(ctx, cfg, keys[0], newScript(renew), ks, args...)
+	switch {
+	case err != nil:
+		return err
+	case v != 1:
+		return ErrLeaseLost
+	case acked < int64(cfg.replicas):
+		return notReplicated(acked, cfg.replicas)
+	}
+	return nil
+}
+
+func notReplicated(acked int64, want int) error {
+	return fmt.Errorf("%w: %d of %d", ErrNotReplicated, acked, want)
+}
+
+// evalWait sends EVALSHA and WAIT in one pipeline on one connection to the
+// master of key. Pipelines get no NOSCRIPT fallback: on NOSCRIPT it loads the
+// script and sends the pipeline again.
+func (c *Client) evalWait(ctx context.Context, cfg *config, key string, sc *script, keys []any, args ...any) (int64, int64, error) {
+	var rdb redis.Cmdable = c.rdb
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		// WAIT has no key: send both to the slot's master on one connection.
+		m, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return 0, 0, err
+		}
+		rdb = m
+	}
+	a := make([]any, 0, 2+len(keys)+len(args))
+	a = append(a, "evalsha", sc.sha)
+	a = append(a, keys...)
+	a = append(a, args...)
+	for range 2 {
+		pipe := rdb.Pipeline()
+		cmd := redis.NewCmd(ctx, a...)
+		_ = pipe.Process(ctx, cmd)
+		wait := redis.NewIntCmd(ctx, "wait", cfg.replicas, ms(cfg.replicaWait))
+		_ = pipe.Process(ctx, wait)
+		_, _ = pipe.Exec(ctx)
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			if err := sc.s.Load(ctx, rdb).Err(); err != nil {
+				return 0, 0, err
+			}
+			continue
+		}
+		v, err := cmd.Int64()
+		if err != nil {
+			return 0, 0, err
+		}
+		acked, err := wait.Result()
+		if err != nil {
+			// The script ran; its effect is unknown to replicas.
+			return v, 0, err
+		}
+		return v, acked, nil
+	}
+	return 0, 0, fmt.Errorf("dsync: script not loaded on %s", key)
+}

@@ -1,0 +1,43 @@
+package dsync_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// Without replicas WAIT acknowledges nothing: the Lock fails and leaves no
+// hold behind.
+func TestWaitReplicasWithoutReplicasFails(t *testing.T) {
+	eachBackendAll(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		m := newClient(t, b, dsync.WaitReplicas(1, 10*time.Millisecond)).Mutex(name)
+		if err := m.Lock(ctx); !errors.Is(err, dsync.ErrNotReplicated) {
+			t.Fatalf("Lock = %v, want ErrNotReplicated", err)
+		}
+		if _, err := m.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Errorf("Lease after the failed Lock = %v, want ErrNotHeld", err)
+		}
+		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); !ok || err != nil {
+			t.Fatalf("TryLock by another client = %v, %v; want the lock free", ok, err)
+		}
+		// WaitReplicas(0, ...) waits for nothing.
+		if err := newClient(t, b, dsync.WaitReplicas(0, 0)).Mutex(redistest.Key(t)).Lock(ctx); err != nil {
+			t.Fatalf("Lock with WaitReplicas(0) = %v", err)
+		}
+	})
+}
+
+func TestWaitReplicasBadInput(t *testing.T) {
+	b := redistest.Miniredis(t)
+	ctx := ctxT(t)
+	for _, o := range []dsync.Option{dsync.WaitReplicas(-1, time.Second), dsync.WaitReplicas(1, 0)} {
+		if err := newClient(t, b, o).Mutex("x").Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("Lock = %v, want ErrInvalid", err)
+		}
+	}
+}
