@@ -61,6 +61,9 @@ func (c *Client) Once(name string, opts ...Option) *Once {
 	if name == "" {
 		o.err = fmt.Errorf("%w: empty name", ErrInvalid)
 	}
+	if c != nil && c.q != nil {
+		o.err = errQuorumOnly
+	}
 	k := o.cfg.keyOf(name) + ":once"
 	o.keys = []string{k, k + ":done"}
 	return o

@@ -119,7 +119,7 @@ var errQuorumOnly = fmt.Errorf("%w: quorum mode (NewQuorum) supports only Mutex"
 // errQuorumOnly before any I/O: what other primitives send through a quorum
 // Client's own connection.
 func refusingClient() *redis.Client {
-	rdb := redis.NewClient(&redis.Options{Addr: "quorum.invalid:0", MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0", MaxRetries: -1})
 	rdb.AddHook(refuseHook{})
 	return rdb
 }

@@ -82,6 +82,9 @@ func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	if name == "" {
 		rw.err = fmt.Errorf("%w: empty name", ErrInvalid)
 	}
+	if c != nil && c.q != nil {
+		rw.err = errQuorumOnly
+	}
 	k := rw.cfg.keyOf(name) + ":rw"
 	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x"}
 	return rw

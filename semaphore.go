@@ -92,6 +92,9 @@ func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
 	if name == "" {
 		s.err = fmt.Errorf("%w: empty name", ErrInvalid)
 	}
+	if c != nil && c.q != nil {
+		s.err = errQuorumOnly
+	}
 	if size <= 0 {
 		s.err = fmt.Errorf("%w: semaphore size %d, want ≥ 1", ErrInvalid, size)
 	}

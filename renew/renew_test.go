@@ -449,7 +449,7 @@ func TestStalledRenewerReportsLoss(t *testing.T) {
 		case <-time.After(2 * time.Second):
 			t.Fatalf("renewer never reached the stall hook")
 		}
-		h2.Release() // released while renewals are stalled, before its deadline
+		h2.Release()            // released while renewals are stalled, before its deadline
 		time.Sleep(ttl + ttl/2) // past the TTL
 		// The loss is reported on time although the sender is stalled.
 		select {
