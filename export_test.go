@@ -33,15 +33,22 @@ func ScriptSource(name string) (string, error) {
 // and must not run while other tests use the scripts.
 func SwapScript(name, src string) (restore func()) {
 	s := redis.NewScript(src)
+	// Scripts the package runs through a *script wrapper.
+	var w **script
 	switch name {
 	case "mutex_lock":
-		old := mutexLock
-		mutexLock = newScript(s)
-		return func() { mutexLock = old }
+		w = &mutexLock
 	case "mutex_unlock":
-		old := mutexUnlock
-		mutexUnlock = newScript(s)
-		return func() { mutexUnlock = old }
+		w = &mutexUnlock
+	case "semaphore_acquire":
+		w = &semAcquire
+	case "semaphore_release":
+		w = &semRelease
+	}
+	if w != nil {
+		old := *w
+		*w = newScript(s)
+		return func() { *w = old }
 	}
 	var p **redis.Script
 	switch name {
@@ -49,10 +56,6 @@ func SwapScript(name, src string) (restore func()) {
 		p = &lua.RWMutexLock
 	case "rwmutex_unlock":
 		p = &lua.RWMutexUnlock
-	case "semaphore_acquire":
-		p = &lua.SemaphoreAcquire
-	case "semaphore_release":
-		p = &lua.SemaphoreRelease
 	case "once_do":
 		p = &lua.OnceDo
 	case "once_release":
