@@ -194,11 +194,11 @@ func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int
 			if err != nil || v > 0 {
 				return v, sent, err
 			}
+			// Sleep no longer than the hold (or the queue place) can last,
+			// and refresh the queue place within its TTL.
+			d := min(time.Duration(-v)*time.Millisecond, m.cfg.ttl/2)
+			t.Reset(max(d, time.Millisecond))
 		}
-		// Sleep no longer than the hold (or the queue place) can last, and
-		// refresh the queue place within its TTL.
-		d := min(time.Duration(-v)*time.Millisecond, m.cfg.ttl/2)
-		t.Reset(max(d, time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return 0, sent, ctx.Err()
@@ -213,8 +213,9 @@ func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int
 				return int64(f), sent, err
 			}
 			// A plain release (or a resubscription) invites a retry; a
-			// hand-over to another waiter does not.
-			retry = true
+			// hand-over to another waiter does not, and the timer set
+			// after the last attempt keeps running.
+			retry = w.shouldRetry()
 		}
 	}
 }

@@ -57,10 +57,6 @@ type Semaphore struct {
 	gone uint64 // fencing token of the handle's last holding known to have ended
 }
 
-// recheck bounds how long a waiter that was signalled without a hand-over
-// waits before it asks the server whether it was served.
-const recheck = 50 * time.Millisecond
-
 var (
 	semAcquire = newScript(lua.SemaphoreAcquire)
 	semRelease = newScript(lua.SemaphoreRelease)
@@ -265,11 +261,10 @@ func (s *Semaphore) wait(ctx context.Context, tok, id string, n int64, sent *tim
 				return int64(f), nil
 			}
 			// Only a hand-over serves a waiter, so a hand-over to another
-			// call is no reason to try now. The signal may also be a
-			// resubscription after which a hand-over to this call was
-			// missed: check again soon, without an attempt per signal.
-			if soon := time.Now().Add(recheck); soon.Before(next) {
-				next = soon
+			// call is no reason to try now. A resubscription is: a
+			// hand-over to this call may have been missed.
+			if w.shouldRetry() {
+				next = time.Now()
 			}
 		}
 	}

@@ -69,6 +69,7 @@ type watcher struct {
 
 	mu     sync.Mutex
 	handed string // the payload of a hand-over to tok, once seen
+	retry  bool   // a plain release or a resubscription since the last look
 }
 
 func newNotifier(rdb redis.UniversalClient) *notifier {
@@ -168,6 +169,9 @@ func (n *notifier) deliver(m any) {
 		// every waiter tries again.
 		if ch != nil {
 			for w := range ch.watchers {
+				w.mu.Lock()
+				w.retry = true
+				w.mu.Unlock()
 				w.signal()
 			}
 		}
@@ -178,11 +182,14 @@ func (n *notifier) deliver(m any) {
 		}
 		to, _ := splitHandover(m.Payload)
 		for w := range ch.watchers {
-			if to != "" && to == w.tok {
-				w.mu.Lock()
+			w.mu.Lock()
+			switch {
+			case to == "":
+				w.retry = true
+			case to == w.tok:
 				w.handed = m.Payload
-				w.mu.Unlock()
 			}
+			w.mu.Unlock()
 			w.signal()
 		}
 	}
@@ -241,6 +248,17 @@ func (w *watcher) handover() (uint64, bool) {
 	}
 	_, f := splitHandover(p)
 	return f, f > 0
+}
+
+// shouldRetry reports whether, since it was last asked, a plain release or
+// a resubscription (after which releases may have been missed) was seen:
+// reasons for a waiter to try again. A hand-over to another waiter is not.
+func (w *watcher) shouldRetry() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r := w.retry
+	w.retry = false
+	return r
 }
 
 // splitHandover parses "<owner token> <fencing token>"; a plain release is "".
