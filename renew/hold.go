@@ -27,8 +27,7 @@ var closedChan = func() chan struct{} {
 type Hold struct {
 	r      *Renewer
 	script *redis.Script
-	keys   []string
-	args   []any
+	cmd    []any // EVALSHA sha numkeys keys... args..., boxed once
 
 	// Nanoseconds since r.epoch, or durations; fixed at Add.
 	ttl      int64

@@ -93,6 +93,8 @@ const (
 	// smallest interval in the batch and by the batch's earliest
 	// conservative deadline.
 	maxRoundTrip = 5 * time.Second
+	// maxInFlight bounds the round trips the sender has in flight at once.
+	maxInFlight = 4
 	// minBackoff is the least wait before retrying a failed renewal; the
 	// usual wait is a tenth of the interval.
 	minBackoff = 10 * time.Millisecond
@@ -153,7 +155,8 @@ type Renewer struct {
 	// Owned by the scheduler.
 	parked []*Hold
 
-	// Owned by the sender.
+	// Used by the sender's round trips.
+	loadMu sync.Mutex
 	loaded map[*redis.Script]bool // scripts loaded since the last NOSCRIPT
 }
 
@@ -203,8 +206,6 @@ func (r *Renewer) Add(s Spec) *Hold {
 	h := &Hold{
 		r:        r,
 		script:   s.Script,
-		keys:     s.Keys,
-		args:     s.Args,
 		ttl:      int64(s.TTL),
 		interval: int64(s.Interval),
 		limit:    math.MaxInt64,
@@ -217,6 +218,14 @@ func (r *Renewer) Add(s Spec) *Hold {
 		panic("renew: Spec.Script is nil for a renewed lease")
 	case s.Interval == 0:
 		h.interval = int64(s.TTL / 3)
+	}
+	if s.Script != nil {
+		h.cmd = make([]any, 0, 3+len(s.Keys)+len(s.Args))
+		h.cmd = append(h.cmd, "evalsha", s.Script.Hash(), len(s.Keys))
+		for _, k := range s.Keys {
+			h.cmd = append(h.cmd, k)
+		}
+		h.cmd = append(h.cmd, s.Args...)
 	}
 	start := int64(s.Start.Sub(r.epoch))
 	if s.MaxHold > 0 {
@@ -427,20 +436,44 @@ func (r *Renewer) sender() {
 			return
 		}
 		for {
+			// Up to maxInFlight round trips at once, each on its own
+			// connection, so that encoding one overlaps the server's work
+			// on another. A marker waits for the batches before it.
 			r.mu.Lock()
-			if len(r.queue) == 0 {
-				r.mu.Unlock()
+			var bs []batch
+			for len(r.queue) > 0 && len(bs) < maxInFlight {
+				b := r.queue[0]
+				if b.done != nil && len(bs) > 0 {
+					break
+				}
+				r.queue[0] = batch{}
+				r.queue = r.queue[1:]
+				bs = append(bs, b)
+				if b.done != nil {
+					break
+				}
+			}
+			r.mu.Unlock()
+			if len(bs) == 0 {
 				break
 			}
-			b := r.queue[0]
-			r.queue[0] = batch{}
-			r.queue = r.queue[1:]
-			r.mu.Unlock()
-			if b.done != nil {
-				close(b.done)
+			if bs[0].done != nil {
+				close(bs[0].done)
 				continue
 			}
-			r.send(b.hs)
+			if len(bs) == 1 {
+				r.send(bs[0].hs)
+				continue
+			}
+			var wg sync.WaitGroup
+			for _, b := range bs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r.send(b.hs)
+				}()
+			}
+			wg.Wait()
 		}
 	}
 }
@@ -570,6 +603,8 @@ func (r *Renewer) send(hs []*Hold) {
 // known to be loaded — or, when idx is given, all of them, since the server
 // just said it lacks them.
 func (r *Renewer) load(ctx context.Context, hs []*Hold, idx []int) error {
+	r.loadMu.Lock()
+	defer r.loadMu.Unlock()
 	var scripts []*redis.Script
 	add := func(s *redis.Script) {
 		if (idx == nil && r.loaded[s]) || contains(scripts, s) {
@@ -611,8 +646,8 @@ func (r *Renewer) exec(ctx context.Context, hs []*Hold, idx []int, res []result)
 	pipe := r.c.Pipeline()
 	cmds := make([]*redis.Cmd, len(idx))
 	for j, i := range idx {
-		h := hs[i]
-		cmds[j] = h.script.EvalSha(ctx, pipe, h.keys, h.args...)
+		cmds[j] = redis.NewCmd(ctx, hs[i].cmd...)
+		_ = pipe.Process(ctx, cmds[j])
 	}
 	sent := r.now()
 	_, _ = pipe.Exec(ctx) // each command carries its own error
