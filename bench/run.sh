@@ -5,8 +5,8 @@
 #
 #   bench/run.sh                 # from the repository root
 #
-# Environment: COUNT (runs of each uncontended benchmark, median taken;
-# default 3), BENCHTIME (per run; default 2s), DSYNC_BENCH_WINDOW (measuring
+# Environment: COUNT (rounds of the uncontended benchmarks, each library
+# once a round, median taken; default 3), BENCHTIME (per run; default 2s), DSYNC_BENCH_WINDOW (measuring
 # window of each contended benchmark; default 2s), PIN=0 to not pin the
 # server and the benchmarks to separate cores. Progress goes to stderr.
 set -euo pipefail
@@ -76,14 +76,18 @@ run() { # dir binary output args...
 	(cd "$dir" && "${client_pin[@]}" "$bin" -test.run '^$' "$@") | tee -a "$out" >&2
 }
 
-echo "run.sh: dsync primitives" >&2
-run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.count "$count" -test.benchtime "$benchtime" \
-	-test.bench '^(BenchmarkRawFloor|BenchmarkMutex|BenchmarkMutexFixed|BenchmarkRWMutexRead|BenchmarkRWMutexWrite|BenchmarkOnceDone)$'
-run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.count "$count" -test.benchtime "$benchtime" \
-	-test.bench '^(BenchmarkMutexReentry|BenchmarkSemaphore|BenchmarkDistinct)$/^(mode=.*|op=uncontended|lib=.*)$'
-echo "run.sh: peers, uncontended and distinct names" >&2
-run "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchmem -test.count "$count" -test.benchtime "$benchtime" \
-	-test.bench '^(BenchmarkUncontended|BenchmarkDistinct)$'
+# Each round runs every library once, so that a slow spell on the machine
+# hits all of them alike; the table takes the median over the rounds.
+for round in $(seq 1 "$count"); do
+	echo "run.sh: round $round of $count: dsync primitives" >&2
+	run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.benchtime "$benchtime" \
+		-test.bench '^(BenchmarkRawFloor|BenchmarkMutex|BenchmarkMutexFixed|BenchmarkRWMutexRead|BenchmarkRWMutexWrite|BenchmarkOnceDone)$'
+	run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.benchtime "$benchtime" \
+		-test.bench '^(BenchmarkMutexReentry|BenchmarkSemaphore|BenchmarkDistinct)$/^(mode=.*|op=uncontended|lib=.*)$'
+	echo "run.sh: round $round of $count: peers, uncontended and distinct names" >&2
+	run "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchmem -test.benchtime "$benchtime" \
+		-test.bench '^(BenchmarkUncontended|BenchmarkDistinct)$'
+done
 echo "run.sh: peers, contended" >&2
 run "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchtime 1x -test.bench '^BenchmarkContended$'
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -100,7 +104,7 @@ cat <<EOT
 - $(redis-server --version | cut -d' ' -f1-3) (\`--save '' --appendonly no\`, loopback), $(go version | cut -d' ' -f3-4), go-redis $(cd "$repo" && go list -m -f '{{.Version}}' github.com/redis/go-redis/v9)
 - peers: $(cd "$here/peers" && go list -m -f '{{.Path}} {{.Version}}' github.com/go-redsync/redsync/v4 github.com/bsm/redislock | paste -sd ',' | sed 's/,/, /')
 - load average (1, 5, 15 min): $load_start at start, $load_end at end
-- $count runs of ${benchtime} per uncontended benchmark (median); one ${DSYNC_BENCH_WINDOW} window per contended benchmark
+- $count rounds of ${benchtime} per uncontended benchmark, libraries interleaved (median); one ${DSYNC_BENCH_WINDOW} window per contended benchmark
 
 EOT
 "$work/benchtable" "$work/root.txt" "$work/peers.txt"
