@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"reflect"
+	"strconv"
 	"sync"
 	"time"
 
@@ -33,9 +34,12 @@ import (
 // (its holder died) that time is at least the TTL, so tokens are monotonic
 // as long as the masters' clocks differ by less than the TTL and no master's
 // counter runs ahead of its clock (a clock stepped back). After an Unlock,
-// H2 may be granted within microseconds: then tok(H2) < tok(H1) is possible
-// when a master of H1's quorum that is not in H2's has a clock ahead of k's.
-// Keep the masters' clocks synchronised (NTP) if storage relies on tokens.
+// H2 may be granted within microseconds, so Unlock sends tok(H1) to every
+// master, which raises its counter to it: k then issues tok_k(H2) >
+// tok(H1). A master that missed that Unlock still held H1 and could not
+// grant H2 before H1's lease ran out there, which brings back the TTL gap
+// above. Keep the masters' clocks within a TTL of each other (NTP) if
+// storage relies on tokens.
 
 // redlockDrift is the clock drift allowance of Redlock's validity time,
 // the same allowance renew uses for conservative deadlines.
@@ -426,10 +430,16 @@ func (m *Mutex) quorumUnlock(ctx context.Context) error {
 		h.unlockID = id
 		m.mu.Unlock()
 	}
+	// Every master learns the hold's token (the largest its quorum issued),
+	// so the next hold's token is larger wherever it is granted.
+	var floor any = argNone
+	if h != nil {
+		floor = strconv.FormatUint(h.fence, 10)
+	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
 	a := m.each(func(_ int, sub *Mutex) (int64, error) {
-		return sub.c.eval(dctx, mutexUnlock, sub.kargs, tok, id, sub.chanArg, fenceIdleArg, argNone).Int64()
+		return sub.c.eval(dctx, mutexUnlock, sub.kargs, tok, id, sub.chanArg, fenceIdleArg, argNone, floor).Int64()
 	})
 	need := m.c.q.need
 	if a.got < need {

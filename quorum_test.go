@@ -272,3 +272,40 @@ func BenchmarkQuorumMutex(b *testing.B) {
 		})
 	}
 }
+
+// TestQuorumFencingWithSkewedClock: one master's clock runs an hour ahead,
+// so the first hold's token comes from it. After an Unlock that master goes
+// away; the next hold, granted by the other two, must still get a larger
+// token.
+func TestQuorumFencingWithSkewedClock(t *testing.T) {
+	bs := []redistest.Backend{redistest.Miniredis(t), redistest.Miniredis(t), redistest.Miniredis(t)}
+	bs[0].Mini.SetTime(time.Now().Add(time.Hour))
+	var rdbs []redis.UniversalClient
+	for _, b := range bs {
+		rdbs = append(rdbs, b.NewClient(t))
+	}
+	ctx := ctxT(t)
+	m := newQuorum(t, rdbs).Mutex(redistest.Key(t))
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l1, err := m.Lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bs[0].Mini.Close() // the fast master is gone
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := m.Lease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Token() <= l1.Token() {
+		t.Fatalf("token after a skewed master left = %d, want > %d", l2.Token(), l1.Token())
+	}
+	_ = m.Unlock(ctx)
+}

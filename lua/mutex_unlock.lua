@@ -10,6 +10,9 @@
 --         lost), that call's id: the call is marked abandoned so it cannot
 --         take effect later, its queue place is dropped, and the hold is
 --         released only if that call was the last to take or re-enter it.
+-- ARGV[6] (quorum mode only) the fencing token of the hold: this master's
+--         counter is raised to it, so the next holder's token is larger even
+--         where another master's clock ran ahead when it was issued
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it.
 
@@ -19,6 +22,14 @@ local function clock()
   local t = redis.call('TIME')
   now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   now_ms = math.floor(now_us / 1000)
+end
+
+if ARGV[6] and ARGV[6] ~= '' then
+  local floor = tonumber(ARGV[6])
+  if floor and floor > (tonumber(redis.call('HGET', KEYS[2], 'n')) or 0) then
+    redis.call('HSET', KEYS[2], 'n', ARGV[6])
+    redis.call('PEXPIRE', KEYS[2], idle)
+  end
 end
 
 -- A repeat of an unlock that released answers as before.
