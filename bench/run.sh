@@ -96,7 +96,10 @@ commandstats=$(redis-cli -p "$port" info commandstats | tr -d '\r' | grep -E 'cm
 
 model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 pinning="not pinned"
-[ ${#server_pin[@]} -gt 0 ] && pinning="redis-server on CPU 0, benchmarks on CPUs 1-$((ncpu - 1))"
+if [ ${#server_pin[@]} -gt 0 ]; then
+	pinning="redis-server on CPU 0, benchmarks on CPU 1"
+	[ "$ncpu" -gt 2 ] && pinning="redis-server on CPU 0, benchmarks on CPUs 1-$((ncpu - 1))"
+fi
 cat <<EOT
 ## Results
 
