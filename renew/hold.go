@@ -27,7 +27,9 @@ var closedChan = func() chan struct{} {
 type Hold struct {
 	r      *Renewer
 	script *redis.Script
-	cmd    []any // EVALSHA sha numkeys keys... args..., boxed once
+	keys   []string
+	args   []any
+	cmd    []any // EVALSHA sha numkeys keys... args..., boxed at the first renewal
 
 	// Nanoseconds since r.epoch, or durations; fixed at Add.
 	ttl      int64

@@ -206,6 +206,8 @@ func (r *Renewer) Add(s Spec) *Hold {
 	h := &Hold{
 		r:        r,
 		script:   s.Script,
+		keys:     s.Keys,
+		args:     s.Args,
 		ttl:      int64(s.TTL),
 		interval: int64(s.Interval),
 		limit:    math.MaxInt64,
@@ -218,14 +220,6 @@ func (r *Renewer) Add(s Spec) *Hold {
 		panic("renew: Spec.Script is nil for a renewed lease")
 	case s.Interval == 0:
 		h.interval = int64(s.TTL / 3)
-	}
-	if s.Script != nil {
-		h.cmd = make([]any, 0, 3+len(s.Keys)+len(s.Args))
-		h.cmd = append(h.cmd, "evalsha", s.Script.Hash(), len(s.Keys))
-		for _, k := range s.Keys {
-			h.cmd = append(h.cmd, k)
-		}
-		h.cmd = append(h.cmd, s.Args...)
 	}
 	start := int64(s.Start.Sub(r.epoch))
 	if s.MaxHold > 0 {
@@ -646,7 +640,17 @@ func (r *Renewer) exec(ctx context.Context, hs []*Hold, idx []int, res []result)
 	pipe := r.c.Pipeline()
 	cmds := make([]*redis.Cmd, len(idx))
 	for j, i := range idx {
-		cmds[j] = redis.NewCmd(ctx, hs[i].cmd...)
+		h := hs[i]
+		if h.cmd == nil {
+			// Built once, at the first renewal: most holds end before it.
+			h.cmd = make([]any, 0, 3+len(h.keys)+len(h.args))
+			h.cmd = append(h.cmd, "evalsha", h.script.Hash(), len(h.keys))
+			for _, k := range h.keys {
+				h.cmd = append(h.cmd, k)
+			}
+			h.cmd = append(h.cmd, h.args...)
+		}
+		cmds[j] = redis.NewCmd(ctx, h.cmd...)
 		_ = pipe.Process(ctx, cmds[j])
 	}
 	sent := r.now()
