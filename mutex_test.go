@@ -16,9 +16,10 @@ import (
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
-// eachBackend runs f on miniredis and, when available, a real redis-server.
+// eachBackend runs f on miniredis and, when available, a real redis-server
+// and a real 3-master Redis Cluster.
 func eachBackend(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
-	for _, b := range redistest.Backends(t) {
+	for _, b := range redistest.AllBackends(t) {
 		t.Run(b.Name, func(t *testing.T) { f(t, b) })
 	}
 }

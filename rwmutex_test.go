@@ -610,11 +610,19 @@ func TestRWMutexWriterGivingUpUnblocksReaders(t *testing.T) {
 		waitFor(t, 5*time.Second, "the writer to wait", writerWaits(t, rdb, name))
 		const R = 3
 		rgot := make(chan time.Time, R)
+		var readers sync.WaitGroup
+		rctx, rcancel := context.WithCancel(ctx)
+		defer func() { rcancel(); readers.Wait() }() // no reader outlives the test
 		for i := 0; i < R; i++ {
 			rw := newClient(t, b).RWMutex(name)
+			readers.Add(1)
 			go func() {
-				if err := rw.RLock(ctx); err != nil {
-					t.Error(err)
+				defer readers.Done()
+				if err := rw.RLock(rctx); err != nil {
+					if rctx.Err() == nil {
+						t.Error(err)
+					}
+					return
 				}
 				rgot <- time.Now()
 				if err := rw.RUnlock(ctx); err != nil {
