@@ -254,3 +254,77 @@ func isSetup(cmd redis.Cmder) bool {
 	}
 	return false
 }
+
+// Recorder is a go-redis hook that remembers the scripts (EVALSHA and EVAL)
+// a client sends, so that a test can send one again exactly as go-redis does
+// after a read timeout — possibly after other calls ran in between:
+//
+//	rec := &redistest.Recorder{}
+//	rdb.AddHook(rec)
+//	m.Unlock(ctx)                       // the call whose reply "timed out"
+//	args := rec.Last()
+//	m.Lock(ctx)                         // another call of the same owner
+//	rdb.Do(ctx, args...)                // go-redis's retry arrives late
+//
+// Safe for concurrent use; the zero value is ready to use.
+type Recorder struct {
+	mu      sync.Mutex
+	scripts [][]any
+}
+
+var _ redis.Hook = (*Recorder)(nil)
+
+// Last returns the arguments of the last script sent, or nil.
+func (r *Recorder) Last() []any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.scripts) == 0 {
+		return nil
+	}
+	return r.scripts[len(r.scripts)-1]
+}
+
+// All returns the arguments of every script sent, oldest first.
+func (r *Recorder) All() [][]any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([][]any(nil), r.scripts...)
+}
+
+// Reset forgets what was recorded.
+func (r *Recorder) Reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.scripts = nil
+}
+
+func (r *Recorder) record(cmd redis.Cmder) {
+	if n := cmd.Name(); n != "evalsha" && n != "eval" {
+		return
+	}
+	args := append([]any(nil), cmd.Args()...)
+	r.mu.Lock()
+	r.scripts = append(r.scripts, args)
+	r.mu.Unlock()
+}
+
+// DialHook passes dials through.
+func (r *Recorder) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook records scripts.
+func (r *Recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.record(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook records the scripts of a pipeline.
+func (r *Recorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			r.record(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
