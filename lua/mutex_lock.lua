@@ -1,9 +1,11 @@
 -- mutex_lock: take or re-enter a Mutex, or report how long to wait.
 --
 -- KEYS[1] lock hash: <owner token> -> reentry count, ':f' fencing token of
---         the hold, ':c' id of the last call applied, ':w' set once someone waits
+--         the hold, ':c' ids of the last calls applied to the hold, ':w' set
+--         once someone waits
 -- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
---         'r' id of the last unlock that released, 'x' id of the last abandoned call
+--         'r' ids of the last unlocks that released, 'x' ids of the last
+--         abandoned calls
 -- KEYS[3] queue zset: waiter token -> arrival time (µs)
 -- KEYS[4] queue data hash: waiter token -> "<place deadline ms> <ttl ms> <call id>"
 -- ARGV[1] owner token
@@ -18,8 +20,26 @@
 
 local tok, ttl, id = ARGV[1], ARGV[2], ARGV[3]
 
+-- Call ids. A field holds the ids of the last few calls, space-separated,
+-- so that a go-redis retry that arrives after other calls of the same owner
+-- is still recognised as a repeat.
+local function seen(list, id)
+  return list ~= nil and list ~= false and string.find(' ' .. list .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
+end
+local function remember(list, id)
+  if not list or list == '' then
+    return id
+  end
+  local l = list .. ' ' .. id
+  local _, n = string.gsub(l, ' ', ' ')
+  if n >= 16 then
+    l = string.sub(l, string.find(l, ' ', 1, true) + 1)
+  end
+  return l
+end
+
 -- A call its caller abandoned must not take effect when it arrives late.
-if redis.call('HGET', KEYS[2], 'x') == id then
+if seen(redis.call('HGET', KEYS[2], 'x'), id) then
   return -1
 end
 
@@ -27,9 +47,9 @@ local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f')
 if cur[1] then
   -- Re-entry, or a repeat of this very call (a retry after a lost reply,
   -- or a hold handed to this waiter): a repeat changes nothing.
-  if cur[2] ~= id and ARGV[6] ~= '1' then
+  if not seen(cur[2], id) and ARGV[6] ~= '1' then
     redis.call('HINCRBY', KEYS[1], tok, 1)
-    redis.call('HSET', KEYS[1], ':c', id)
+    redis.call('HSET', KEYS[1], ':c', remember(cur[2], id))
     redis.call('PEXPIRE', KEYS[1], ttl)
   end
   return tonumber(cur[3])

@@ -17,6 +17,33 @@
 --        went down), 0 the owner does not hold it.
 
 local tok, id, ch, idle, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+-- Call ids. A field holds the ids of the last few calls, space-separated,
+-- so that a go-redis retry that arrives after other calls of the same owner
+-- is still recognised as a repeat.
+local function seen(list, id)
+  return list ~= nil and list ~= false and string.find(' ' .. list .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
+end
+local function remember(list, id)
+  if not list or list == '' then
+    return id
+  end
+  local l = list .. ' ' .. id
+  local _, n = string.gsub(l, ' ', ' ')
+  if n >= 16 then
+    l = string.sub(l, string.find(l, ' ', 1, true) + 1)
+  end
+  return l
+end
+local function forget(list, id)
+  local l = ' ' .. list .. ' '
+  local i = string.find(l, ' ' .. id .. ' ', 1, true)
+  if not i then
+    return list
+  end
+  l = string.sub(l, 1, i) .. string.sub(l, i + #id + 2)
+  return string.sub(l, 2, -2)
+end
+
 local now_us, now_ms
 local function clock()
   local t = redis.call('TIME')
@@ -33,7 +60,7 @@ if ARGV[6] and ARGV[6] ~= '' then
 end
 
 -- A repeat of an unlock that released answers as before.
-if redis.call('HGET', KEYS[2], 'r') == id then
+if seen(redis.call('HGET', KEYS[2], 'r'), id) then
   return 1
 end
 
@@ -57,8 +84,9 @@ local function head()
   return nil
 end
 
+local calls -- the ids in ':c', once read
 if guard ~= '' then
-  redis.call('HSET', KEYS[2], 'x', guard)
+  redis.call('HSET', KEYS[2], 'x', remember(redis.call('HGET', KEYS[2], 'x'), guard))
   redis.call('PEXPIRE', KEYS[2], idle)
   local d = redis.call('HGET', KEYS[4], tok)
   if d and string.match(d, '(%S+)$') == guard then
@@ -69,9 +97,13 @@ if guard ~= '' then
       redis.call('PUBLISH', ch, '')
     end
   end
-  if redis.call('HGET', KEYS[1], ':c') ~= guard then
+  -- Undo only what the abandoned call did, and only once: its id leaves
+  -- the list when undone.
+  calls = redis.call('HGET', KEYS[1], ':c')
+  if not seen(calls, guard) then
     return 0
   end
+  calls = forget(calls, guard)
 end
 
 local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':w')
@@ -79,17 +111,17 @@ local cnt = cur[1]
 if not cnt then
   return 0
 end
-if cur[2] == id then
+if seen(cur[2], id) then
   -- A repeat of an unlock that only lowered the count.
   return 2
 end
 if tonumber(cnt) > 1 then
   redis.call('HINCRBY', KEYS[1], tok, -1)
-  redis.call('HSET', KEYS[1], ':c', id)
+  redis.call('HSET', KEYS[1], ':c', remember(calls or cur[2], id))
   return 2
 end
 
-redis.call('HSET', KEYS[2], 'r', id)
+redis.call('HSET', KEYS[2], 'r', remember(redis.call('HGET', KEYS[2], 'r'), id))
 redis.call('PEXPIRE', KEYS[2], idle)
 local waited = cur[3]
 redis.call('DEL', KEYS[1])

@@ -1,0 +1,173 @@
+package dsync_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// Each test below replays a script exactly as go-redis re-sends it after a
+// read timeout, but late: after other calls of the same owner ran. A repeat
+// must change nothing and answer as the first run did.
+
+// recorded returns a Client whose scripts are recorded, the raw client to
+// replay them on, and the recorder.
+func recorded(t *testing.T, b redistest.Backend) (*dsync.Client, redis.UniversalClient, *redistest.Recorder) {
+	t.Helper()
+	rdb := b.NewClient(t)
+	rec := &redistest.Recorder{}
+	rdb.AddHook(rec)
+	c := dsync.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	return c, rdb, rec
+}
+
+func reentryCount(t *testing.T, b redistest.Backend, name, tok string) int {
+	t.Helper()
+	n, err := b.NewClient(t).HGet(context.Background(), "dsync:{"+name+"}", tok).Int()
+	if err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestMutexUnlockRetriedLateChangesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		c, rdb, rec := recorded(t, b)
+		name := redistest.Key(t)
+		ctx := dsync.WithOwner(ctxT(t))
+		m := c.Mutex(name)
+		for i := 0; i < 2; i++ {
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.Unlock(ctx); err != nil { // its reply "times out"
+			t.Fatal(err)
+		}
+		unlock := rec.Last()
+		if err := m.Lock(ctx); err != nil { // the owner re-enters meanwhile
+			t.Fatal(err)
+		}
+		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 2 {
+			t.Fatalf("replayed Unlock = %v, %v; want 2 (as before)", v, err)
+		}
+		if n := reentryCount(t, b, name, dsync.OwnerToken(ctx)); n != 2 {
+			t.Fatalf("count after the late retry = %d, want 2", n)
+		}
+		if ok, _ := newClient(t, b).Mutex(name).TryLock(dsync.WithOwner(ctx)); ok {
+			t.Fatal("another owner got in while the first still holds a level")
+		}
+		_ = m.Unlock(ctx)
+		_ = m.Unlock(ctx)
+	})
+}
+
+func TestMutexLockRetriedLateChangesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		c, rdb, rec := recorded(t, b)
+		name := redistest.Key(t)
+		ctx := dsync.WithOwner(ctxT(t))
+		m := c.Mutex(name)
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Lock(ctx); err != nil { // a re-entry whose reply "times out"
+			t.Fatal(err)
+		}
+		lock := rec.Last()
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := rdb.Do(ctx, lock...).Int64(); err != nil || v <= 0 {
+			t.Fatalf("replayed Lock = %v, %v; want the fencing token (as before)", v, err)
+		}
+		if n := reentryCount(t, b, name, dsync.OwnerToken(ctx)); n != 1 {
+			t.Fatalf("count after the late retry = %d, want 1", n)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if ok, _ := newClient(t, b).Mutex(name).TryLock(context.Background()); !ok {
+			t.Fatal("lock leaked by the late retry")
+		}
+	})
+}
+
+func TestMutexReleaseRetriedLateAnswersAsBefore(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		c, rdb, rec := recorded(t, b)
+		name := redistest.Key(t)
+		ctx := ctxT(t)
+		m := c.Mutex(name)
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		unlock := rec.Last()
+		// Other holders come and go before the retry arrives.
+		other := newClient(t, b).Mutex(name)
+		for i := 0; i < 3; i++ {
+			if err := other.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := other.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := other.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 1 {
+			t.Fatalf("replayed releasing Unlock = %v, %v; want 1 (as before)", v, err)
+		}
+		if ok, _ := newClient(t, b).Mutex(name).TryLock(context.Background()); ok {
+			t.Fatal("the late retry released another holder's lock")
+		}
+		_ = other.Unlock(ctx)
+	})
+}
+
+func TestMutexAbandonedCallsStayAbandoned(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		name := redistest.Key(t)
+		ctx := ctxT(t)
+		rdb := b.NewClient(t)
+		rec := &redistest.Recorder{}
+		faults := &redistest.Faults{}
+		rdb.AddHook(rec)
+		rdb.AddHook(faults)
+		c := dsync.New(rdb)
+		defer c.Close()
+		m := c.Mutex(name)
+		if err := m.Lock(ctx); err != nil { // loads the scripts
+			t.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Two Lock calls whose replies are lost: each is abandoned and undone.
+		var locks [][]any
+		for i := 0; i < 2; i++ {
+			faults.DropReplyNext(1, context.DeadlineExceeded)
+			rec.Reset()
+			if err := m.Lock(ctx); err == nil {
+				t.Fatal("Lock succeeded despite the lost reply")
+			}
+			locks = append(locks, rec.All()[0])
+		}
+		// The first call's go-redis retry arrives after both were abandoned.
+		if v, err := rdb.Do(ctx, locks[0]...).Int64(); err != nil || v > 0 {
+			t.Fatalf("late retry of an abandoned Lock = %v, %v; want no hold", v, err)
+		}
+		if ok, _ := newClient(t, b).Mutex(name).TryLock(ctx); !ok {
+			t.Fatal("an abandoned call took the lock when it arrived late")
+		}
+	})
+}
