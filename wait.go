@@ -101,9 +101,11 @@ func (n *notifier) watch(name, tok string) *watcher {
 		ch = &channel{watchers: make(map[*watcher]struct{}), ready: make(chan struct{})}
 		n.chans[name] = ch
 		ctx, cancel := context.WithTimeout(context.Background(), subscribeWait)
-		if err := n.ps.Subscribe(ctx, name); err == nil {
-			n.pending[name]++
-		}
+		// go-redis keeps the channel even if sending SUBSCRIBE failed and
+		// subscribes it again when it reconnects: a confirmation follows
+		// either way.
+		_ = n.ps.Subscribe(ctx, name)
+		n.pending[name]++
 		cancel()
 	}
 	ch.watchers[w] = struct{}{}
@@ -167,6 +169,10 @@ func (n *notifier) deliver(m any) {
 		}
 		// Resubscribed after a reconnect: releases may have been missed, so
 		// every waiter tries again.
+		if ch != nil && !ch.confirmed {
+			ch.confirmed = true
+			close(ch.ready)
+		}
 		if ch != nil {
 			for w := range ch.watchers {
 				w.mu.Lock()

@@ -1,0 +1,74 @@
+package dsync_test
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// slowDial delays one dial, once armed.
+type slowDial struct{ arm atomic.Bool }
+
+func (h *slowDial) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if h.arm.CompareAndSwap(true, false) {
+			time.Sleep(2500 * time.Millisecond) // past the wait for a subscription
+		}
+		return next(ctx, network, addr)
+	}
+}
+func (h *slowDial) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *slowDial) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestSlowSubscriptionDoesNotSlowLaterWaits: the first SUBSCRIBE of a name
+// fails (its connection is slow to come up); go-redis subscribes again once
+// connected, and later waiters on the name must be woken at once again.
+func TestSlowSubscriptionDoesNotSlowLaterWaits(t *testing.T) {
+	b := realOnly(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	holder := newClient(t, b).Mutex(name)
+	rdb := b.NewClient(t)
+	if err := rdb.Ping(ctx).Err(); err != nil { // the command connection
+		t.Fatal(err)
+	}
+	slow := &slowDial{}
+	rdb.AddHook(slow)
+	c := dsync.New(rdb)
+	defer c.Close()
+	slow.arm.Store(true) // the next dial is the pub/sub connection's
+	for i := 0; i < 4; i++ {
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		released := make(chan struct{})
+		go func() {
+			defer close(released)
+			time.Sleep(50 * time.Millisecond)
+			_ = holder.Unlock(ctx)
+		}()
+		start := time.Now()
+		m := c.Mutex(name)
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waited := time.Since(start)
+		<-released
+		t.Logf("wait %d: %v (released after 50ms)", i, waited.Round(time.Millisecond))
+		if i > 0 && waited > time.Second {
+			t.Errorf("wait %d took %v after the subscription came up, want about 50ms", i, waited)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
