@@ -2,10 +2,12 @@
 -- report how long to wait.
 --
 -- KEYS[1] writer hash: <owner token> -> reentry count, ':f' fencing token of
---         the write hold, ':c' id of the last call applied to it
+--         the write hold, ':c' ids of the last calls applied to it (at most
+--         16, space-separated, latest last)
 -- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token
 -- KEYS[3] readers zset: reader token -> lease deadline (server ms)
--- KEYS[4] readers hash: reader token -> "<reentry count> <id of the last call applied>"
+-- KEYS[4] readers hash: reader token -> "<reentry count> <ids of the last
+--         calls applied>" (as ':c' above)
 -- KEYS[5] waiting writers zset: writer token -> place deadline (ms)
 -- KEYS[6] waiting readers hash: reader token -> "<place deadline ms> <ttl ms> <call id>"
 -- KEYS[7] finished calls zset: call id -> when it may be forgotten (ms); holds
@@ -60,6 +62,32 @@ local function fit(z, h)
   end
 end
 
+-- A hold remembers the ids of the last calls applied to it, not only the
+-- last one: go-redis may send a script again after a read timeout, and the
+-- repeat can arrive after other calls of the same owner; a repeat of any
+-- remembered call changes nothing.
+local KEEP_IDS = 16
+
+-- ids: the remembered list, or nil/false when there is none.
+local function seen(ids, cid)
+  if not ids then
+    return false
+  end
+  return string.find(' ' .. ids .. ' ', ' ' .. cid .. ' ', 1, true) ~= nil
+end
+
+local function remember(ids, cid)
+  if not ids or ids == '' then
+    return cid
+  end
+  ids = ids .. ' ' .. cid
+  local _, n = string.gsub(ids, ' ', ' ')
+  for _ = KEEP_IDS, n do
+    ids = string.sub(ids, string.find(ids, ' ', 1, true) + 1)
+  end
+  return ids
+end
+
 local function retry_at(deadline)
   return -math.max(deadline - now, 1)
 end
@@ -73,12 +101,12 @@ if mode == 'r' then
   local rec = redis.call('HGET', RC, tok)
   if rec then
     -- Re-entry (never blocked by a waiting writer: the owner would wait for
-    -- itself), or a repeat of this very call (a retry after a lost reply, or
+    -- itself), or a repeat of a recent call (a retry after a lost reply, or
     -- a hold granted to this waiter by a writer's unlock): a repeat changes
     -- nothing.
-    local cnt, last = string.match(rec, '^(%d+) (%S+)$')
-    if last ~= id then
-      redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) + 1, id))
+    local cnt, ids = string.match(rec, '^(%d+) (.*)$')
+    if not seen(ids, id) then
+      redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) + 1, remember(ids, id)))
       local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
       if now + ttl > s then
         redis.call('ZADD', R, num(now + ttl), tok)
@@ -119,10 +147,11 @@ end
 -- Write.
 local cnt = redis.call('HGET', W, tok)
 if cnt then
-  -- Re-entry, or a repeat of this very call: a repeat changes nothing.
-  if redis.call('HGET', W, ':c') ~= id then
+  -- Re-entry, or a repeat of a recent call: a repeat changes nothing.
+  local ids = redis.call('HGET', W, ':c')
+  if not seen(ids, id) then
     redis.call('HINCRBY', W, tok, 1)
-    redis.call('HSET', W, ':c', id)
+    redis.call('HSET', W, ':c', remember(ids, id))
     redis.call('PEXPIRE', W, ttl)
   end
   return tonumber(redis.call('HGET', W, ':f'))

@@ -13,8 +13,8 @@
 -- ARGV[6] '' for an unlock. For a lock call its caller abandoned (ctx done,
 --         reply lost), that call's id: the call is marked finished so it
 --         cannot take effect later, its waiting place is dropped, and one
---         level of the hold is released only if that call was the last to
---         take or re-enter it.
+--         level of the hold is released only if that call took or re-entered
+--         it (its id is among the hold's remembered call ids).
 -- Reply: 1 released, 2 still held by the owner (its count went down),
 --        0 the owner does not hold it.
 
@@ -50,6 +50,30 @@ local function fit(z, h)
   end
 end
 
+-- The ids of the last calls applied to a hold, as in rwmutex_lock.lua: a
+-- repeat of any of them changes nothing.
+local KEEP_IDS = 16
+
+-- ids: the remembered list, or nil/false when there is none.
+local function seen(ids, cid)
+  if not ids then
+    return false
+  end
+  return string.find(' ' .. ids .. ' ', ' ' .. cid .. ' ', 1, true) ~= nil
+end
+
+local function remember(ids, cid)
+  if not ids or ids == '' then
+    return cid
+  end
+  ids = ids .. ' ' .. cid
+  local _, n = string.gsub(ids, ' ', ' ')
+  for _ = KEEP_IDS, n do
+    ids = string.sub(ids, string.find(ids, ' ', 1, true) + 1)
+  end
+  return ids
+end
+
 local function finish(cid)
   redis.call('ZADD', X, num(now + keep), cid)
   redis.call('PEXPIRE', X, keep)
@@ -71,7 +95,7 @@ if guard ~= '' then
         redis.call('PUBLISH', ch, '')
       end
     end
-    if redis.call('HGET', W, ':c') ~= guard then
+    if not seen(redis.call('HGET', W, ':c'), guard) then
       return 0
     end
   else
@@ -80,7 +104,7 @@ if guard ~= '' then
       redis.call('HDEL', RQ, tok)
     end
     local rec = redis.call('HGET', RC, tok)
-    if not rec or string.match(rec, '(%S+)$') ~= guard then
+    if not rec or not seen(string.match(rec, '^%d+ (.*)$'), guard) then
       return 0
     end
   end
@@ -91,13 +115,13 @@ if mode == 'r' then
   if not rec then
     return 0
   end
-  local cnt, last = string.match(rec, '^(%d+) (%S+)$')
-  if last == id then
+  local cnt, ids = string.match(rec, '^(%d+) (.*)$')
+  if seen(ids, id) then
     -- A repeat of an unlock that only lowered the count.
     return 2
   end
   if tonumber(cnt) > 1 then
-    redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) - 1, id))
+    redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) - 1, remember(ids, id)))
     return 2
   end
   redis.call('HDEL', RC, tok)
@@ -115,12 +139,14 @@ local cnt = redis.call('HGET', W, tok)
 if not cnt then
   return 0
 end
-if redis.call('HGET', W, ':c') == id then
+local ids = redis.call('HGET', W, ':c')
+if seen(ids, id) then
+  -- A repeat of an unlock that only lowered the count.
   return 2
 end
 if tonumber(cnt) > 1 then
   redis.call('HINCRBY', W, tok, -1)
-  redis.call('HSET', W, ':c', id)
+  redis.call('HSET', W, ':c', remember(ids, id))
   return 2
 end
 redis.call('DEL', W)
@@ -134,12 +160,15 @@ for i = 1, #q, 2 do
   local rt = q[i]
   local dl, rttl, cid = string.match(q[i + 1], '^(%d+) (%d+) (%S+)$')
   if dl and tonumber(dl) > now and not redis.call('ZSCORE', X, cid) then
-    local c = 0
+    local c, ids = 0, nil
     local rec = redis.call('HGET', RC, rt)
     if rec then
-      c = tonumber(string.match(rec, '^(%d+)'))
+      c, ids = string.match(rec, '^(%d+) (.*)$')
+      c = tonumber(c)
     end
-    redis.call('HSET', RC, rt, string.format('%d %s', c + 1, cid))
+    if not seen(ids, cid) then
+      redis.call('HSET', RC, rt, string.format('%d %s', c + 1, remember(ids, cid)))
+    end
     local s = tonumber(redis.call('ZSCORE', R, rt) or 0)
     if now + tonumber(rttl) > s then
       redis.call('ZADD', R, num(now + tonumber(rttl)), rt)

@@ -1,0 +1,385 @@
+package dsync_test
+
+import (
+	"context"
+	"crypto/sha1"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
+)
+
+// These tests send a script again after other calls of the same owner ran,
+// as go-redis does when it retries a script after a read timeout: the late
+// repeat must answer as the first run did and change nothing.
+
+// retryRig is an owner's RWMutex on a client whose scripts are recorded,
+// and another owner's handle on the same name.
+type retryRig struct {
+	ctx   context.Context // with the owner
+	name  string
+	rdb   redis.UniversalClient
+	rec   *redistest.Recorder
+	rw    *dsync.RWMutex
+	other *dsync.RWMutex
+	octx  context.Context // with the other owner
+}
+
+func newRetryRig(t *testing.T, b redistest.Backend) *retryRig {
+	t.Helper()
+	name := redistest.Key(t)
+	rdb := b.NewClient(t)
+	rec := &redistest.Recorder{}
+	rdb.AddHook(rec)
+	// A long lease keeps renewals out of the way.
+	c := dsync.New(rdb, dsync.TTL(time.Minute))
+	t.Cleanup(func() { c.Close() })
+	return &retryRig{
+		ctx:   dsync.WithOwner(ctxT(t)),
+		name:  name,
+		rdb:   rdb,
+		rec:   rec,
+		rw:    c.RWMutex(name),
+		other: newClient(t, b).RWMutex(name),
+		octx:  dsync.WithOwner(ctxT(t)),
+	}
+}
+
+// record runs call and returns the arguments of the last run of script it
+// sent (renewals may be recorded too).
+func (r *retryRig) record(t *testing.T, script *redis.Script, call func(context.Context) error) []any {
+	t.Helper()
+	r.rec.Reset()
+	if err := call(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	all := r.rec.All()
+	for i := len(all) - 1; i >= 0; i-- {
+		if a := all[i]; len(a) > 1 && scriptHash(a) == script.Hash() {
+			return a
+		}
+	}
+	t.Fatalf("no run of the script recorded among %d scripts", len(all))
+	return nil
+}
+
+// scriptHash returns the SHA1 of the script an EVALSHA or EVAL runs.
+func scriptHash(args []any) string {
+	s, _ := args[1].(string)
+	if args[0] == "eval" {
+		return fmt.Sprintf("%x", sha1.Sum([]byte(s)))
+	}
+	return s
+}
+
+// replay sends a recorded script again and returns its reply.
+func (r *retryRig) replay(t *testing.T, args []any) int64 {
+	t.Helper()
+	v, err := r.rdb.Do(context.Background(), args...).Int64()
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	return v
+}
+
+// count returns the owner's reentry count in Redis for mode "r" or "w".
+func (r *retryRig) count(t *testing.T, mode string) string {
+	t.Helper()
+	tok := dsync.OwnerToken(r.ctx)
+	if mode == "w" {
+		v, _ := r.rdb.HGet(context.Background(), rwKey(r.name, ""), tok).Result()
+		return v
+	}
+	v, _ := r.rdb.HGet(context.Background(), rwKey(r.name, ":rc"), tok).Result()
+	var n string
+	fmt.Sscan(v, &n)
+	return n
+}
+
+// otherGetsIn reports whether the other owner can take the write lock, and
+// leaves it free.
+func (r *retryRig) otherGetsIn(t *testing.T) bool {
+	t.Helper()
+	ok, err := r.other.TryLock(r.octx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		if err := r.other.Unlock(r.octx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ok
+}
+
+// lockUnlock runs n lock/unlock pairs of the owner in mode.
+func (r *retryRig) lockUnlock(t *testing.T, mode string, n int) {
+	t.Helper()
+	lock, unlock := r.rw.Lock, r.rw.Unlock
+	if mode == "r" {
+		lock, unlock = r.rw.RLock, r.rw.RUnlock
+	}
+	for i := 0; i < n; i++ {
+		if err := lock(r.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := unlock(r.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Extra lock/unlock pairs of the same owner between a call and its late
+// repeat: none, and 7, which puts the repeated call at the oldest end of the
+// 16 call ids a hold remembers.
+var retryGaps = []int{0, 7}
+
+func TestRWMutexLateUnlockRetryAfterReentry(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, gap := range retryGaps {
+			r := newRetryRig(t, b)
+			for i := 0; i < 2; i++ {
+				if err := r.rw.Lock(r.ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The Unlock whose reply "timed out": its script is sent again
+			// after the owner locked once more.
+			args := r.record(t, lua.RWMutexUnlock, r.rw.Unlock)
+			if err := r.rw.Lock(r.ctx); err != nil {
+				t.Fatal(err)
+			}
+			r.lockUnlock(t, "w", gap)
+			if got := r.replay(t, args); got != 2 {
+				t.Errorf("gap %d: late repeat of Unlock replied %d, want 2 as the first time", gap, got)
+			}
+			if got := r.count(t, "w"); got != "2" {
+				t.Errorf("gap %d: write count after the repeat = %q, want 2", gap, got)
+			}
+			for i := 0; i < 2; i++ {
+				if r.otherGetsIn(t) {
+					t.Fatalf("gap %d: another owner took the write lock while the owner holds %d of 2 levels", gap, 2-i)
+				}
+				if err := r.rw.Unlock(r.ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !r.otherGetsIn(t) {
+				t.Fatalf("gap %d: write lock not free after the last Unlock", gap)
+			}
+		}
+	})
+}
+
+func TestRWMutexLateLockRetryAfterUnlock(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, gap := range retryGaps {
+			r := newRetryRig(t, b)
+			if err := r.rw.Lock(r.ctx); err != nil {
+				t.Fatal(err)
+			}
+			// The re-entering Lock whose reply "timed out", sent again after
+			// the owner unlocked once.
+			args := r.record(t, lua.RWMutexLock, r.rw.Lock)
+			first, err := r.rw.Lease(r.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.rw.Unlock(r.ctx); err != nil {
+				t.Fatal(err)
+			}
+			r.lockUnlock(t, "w", gap)
+			if got := r.replay(t, args); got != int64(first.Token()) {
+				t.Errorf("gap %d: late repeat of Lock replied %d, want the fencing token %d", gap, got, first.Token())
+			}
+			if got := r.count(t, "w"); got != "1" {
+				t.Errorf("gap %d: write count after the repeat = %q, want 1", gap, got)
+			}
+			if r.otherGetsIn(t) {
+				t.Fatalf("gap %d: another owner took the write lock while the owner holds it", gap)
+			}
+			if err := r.rw.Unlock(r.ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !r.otherGetsIn(t) {
+				t.Fatalf("gap %d: write hold leaked: lock not free after the last Unlock", gap)
+			}
+		}
+	})
+}
+
+func TestRWMutexLateRUnlockRetryAfterReentry(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, gap := range retryGaps {
+			r := newRetryRig(t, b)
+			for i := 0; i < 2; i++ {
+				if err := r.rw.RLock(r.ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			args := r.record(t, lua.RWMutexUnlock, r.rw.RUnlock)
+			if err := r.rw.RLock(r.ctx); err != nil {
+				t.Fatal(err)
+			}
+			r.lockUnlock(t, "r", gap)
+			if got := r.replay(t, args); got != 2 {
+				t.Errorf("gap %d: late repeat of RUnlock replied %d, want 2 as the first time", gap, got)
+			}
+			if got := r.count(t, "r"); got != "2" {
+				t.Errorf("gap %d: read count after the repeat = %q, want 2", gap, got)
+			}
+			for i := 0; i < 2; i++ {
+				if r.otherGetsIn(t) {
+					t.Fatalf("gap %d: another owner took the write lock while the owner reads at %d of 2 levels", gap, 2-i)
+				}
+				if err := r.rw.RUnlock(r.ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !r.otherGetsIn(t) {
+				t.Fatalf("gap %d: write lock not free after the last RUnlock", gap)
+			}
+		}
+	})
+}
+
+func TestRWMutexLateRLockRetryAfterRUnlock(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, gap := range retryGaps {
+			r := newRetryRig(t, b)
+			if err := r.rw.RLock(r.ctx); err != nil {
+				t.Fatal(err)
+			}
+			args := r.record(t, lua.RWMutexLock, r.rw.RLock)
+			if err := r.rw.RUnlock(r.ctx); err != nil {
+				t.Fatal(err)
+			}
+			r.lockUnlock(t, "r", gap)
+			if got := r.replay(t, args); got != 1 {
+				t.Errorf("gap %d: late repeat of RLock replied %d, want 1", gap, got)
+			}
+			if got := r.count(t, "r"); got != "1" {
+				t.Errorf("gap %d: read count after the repeat = %q, want 1", gap, got)
+			}
+			if r.otherGetsIn(t) {
+				t.Fatalf("gap %d: another owner took the write lock while the owner reads", gap)
+			}
+			if err := r.rw.RUnlock(r.ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !r.otherGetsIn(t) {
+				t.Fatalf("gap %d: read hold leaked: write lock not free after the last RUnlock", gap)
+			}
+		}
+	})
+}
+
+// callID returns the call id a recorded RWMutex lock script carries.
+func callID(t *testing.T, args []any) string {
+	t.Helper()
+	// evalsha, sha, 7, seven keys, mode, token, ttl, call id, ...
+	id, ok := args[13].(string)
+	if !ok {
+		t.Fatalf("no call id in %v", args)
+	}
+	return id
+}
+
+func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, mode := range []string{"w", "r"} {
+			r := newRetryRig(t, b)
+			lock, unlock := r.rw.Lock, r.rw.Unlock
+			if mode == "r" {
+				lock, unlock = r.rw.RLock, r.rw.RUnlock
+			}
+			if err := lock(r.ctx); err != nil {
+				t.Fatal(err)
+			}
+			// A re-entering lock call whose caller gave up (its reply was
+			// lost), and another call of the same owner before the cleanup.
+			args := r.record(t, lua.RWMutexLock, lock)
+			if err := lock(r.ctx); err != nil {
+				t.Fatal(err)
+			}
+			keys := make([]string, 7)
+			for i := range keys {
+				keys[i] = args[3+i].(string)
+			}
+			tok := dsync.OwnerToken(r.ctx)
+			got, err := lua.RWMutexUnlock.Run(context.Background(), r.rdb, keys, mode, tok, "cleanup-"+mode, keys[0], 10000, callID(t, args)).Int64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != 2 {
+				t.Errorf("%s: cleanup of the abandoned call replied %d, want 2", mode, got)
+			}
+			if got := r.count(t, mode); got != "2" {
+				t.Errorf("%s: count after the cleanup = %q, want 2", mode, got)
+			}
+			// The abandoned call arriving late takes no effect.
+			if got := r.replay(t, args); got >= 0 {
+				t.Errorf("%s: late abandoned lock call replied %d, want < 0", mode, got)
+			}
+			if got := r.count(t, mode); got != "2" {
+				t.Errorf("%s: count after the late arrival = %q, want 2", mode, got)
+			}
+			// The owner's two successful calls need two unlocks.
+			for i := 0; i < 2; i++ {
+				if r.otherGetsIn(t) {
+					t.Fatalf("%s: another owner took the write lock while the owner holds it", mode)
+				}
+				if err := unlock(r.ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !r.otherGetsIn(t) {
+				t.Fatalf("%s: hold leaked after the abandoned call's cleanup", mode)
+			}
+			assertRWReleased(t, b, r.name)
+		}
+	})
+}
+
+func TestRWMutexRemembersBoundedCallIDs(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		r := newRetryRig(t, b)
+		tok := dsync.OwnerToken(r.ctx)
+		if err := r.rw.Lock(r.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.rw.RLock(r.ctx); err != nil {
+			t.Fatal(err)
+		}
+		r.lockUnlock(t, "w", 20)
+		r.lockUnlock(t, "r", 20)
+		ctx := context.Background()
+		ids, err := r.rdb.HGet(ctx, rwKey(r.name, ""), ":c").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(strings.Fields(ids)); n != 16 {
+			t.Errorf("writer remembers %d call ids, want 16: %q", n, ids)
+		}
+		rec, err := r.rdb.HGet(ctx, rwKey(r.name, ":rc"), tok).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(rec); len(f) != 17 || f[0] != "1" {
+			t.Errorf("reader record = %q, want a count of 1 and 16 call ids", rec)
+		}
+		if err := r.rw.RUnlock(r.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.rw.Unlock(r.ctx); err != nil {
+			t.Fatal(err)
+		}
+		assertRWReleased(t, b, r.name)
+	})
+}
