@@ -19,9 +19,9 @@ import (
 // as go-redis does when it retries a script after a read timeout: the late
 // repeat must answer as the first run did and change nothing.
 
-// retryRig is an owner's RWMutex on a client whose scripts are recorded,
+// rwRetryRig is an owner's RWMutex on a client whose scripts are recorded,
 // and another owner's handle on the same name.
-type retryRig struct {
+type rwRetryRig struct {
 	ctx   context.Context // with the owner
 	name  string
 	rdb   redis.UniversalClient
@@ -31,7 +31,7 @@ type retryRig struct {
 	octx  context.Context // with the other owner
 }
 
-func newRetryRig(t *testing.T, b redistest.Backend) *retryRig {
+func newRWRetryRig(t *testing.T, b redistest.Backend) *rwRetryRig {
 	t.Helper()
 	name := redistest.Key(t)
 	rdb := b.NewClient(t)
@@ -40,7 +40,7 @@ func newRetryRig(t *testing.T, b redistest.Backend) *retryRig {
 	// A long lease keeps renewals out of the way.
 	c := dsync.New(rdb, dsync.TTL(time.Minute))
 	t.Cleanup(func() { c.Close() })
-	return &retryRig{
+	return &rwRetryRig{
 		ctx:   dsync.WithOwner(ctxT(t)),
 		name:  name,
 		rdb:   rdb,
@@ -53,7 +53,7 @@ func newRetryRig(t *testing.T, b redistest.Backend) *retryRig {
 
 // record runs call and returns the arguments of the last run of script it
 // sent (renewals may be recorded too).
-func (r *retryRig) record(t *testing.T, script *redis.Script, call func(context.Context) error) []any {
+func (r *rwRetryRig) record(t *testing.T, script *redis.Script, call func(context.Context) error) []any {
 	t.Helper()
 	r.rec.Reset()
 	if err := call(r.ctx); err != nil {
@@ -61,7 +61,7 @@ func (r *retryRig) record(t *testing.T, script *redis.Script, call func(context.
 	}
 	all := r.rec.All()
 	for i := len(all) - 1; i >= 0; i-- {
-		if a := all[i]; len(a) > 1 && scriptHash(a) == script.Hash() {
+		if a := all[i]; len(a) > 1 && rwScriptHash(a) == script.Hash() {
 			return a
 		}
 	}
@@ -69,8 +69,8 @@ func (r *retryRig) record(t *testing.T, script *redis.Script, call func(context.
 	return nil
 }
 
-// scriptHash returns the SHA1 of the script an EVALSHA or EVAL runs.
-func scriptHash(args []any) string {
+// rwScriptHash returns the SHA1 of the script an EVALSHA or EVAL runs.
+func rwScriptHash(args []any) string {
 	s, _ := args[1].(string)
 	if args[0] == "eval" {
 		return fmt.Sprintf("%x", sha1.Sum([]byte(s)))
@@ -79,7 +79,7 @@ func scriptHash(args []any) string {
 }
 
 // replay sends a recorded script again and returns its reply.
-func (r *retryRig) replay(t *testing.T, args []any) int64 {
+func (r *rwRetryRig) replay(t *testing.T, args []any) int64 {
 	t.Helper()
 	v, err := r.rdb.Do(context.Background(), args...).Int64()
 	if err != nil {
@@ -89,7 +89,7 @@ func (r *retryRig) replay(t *testing.T, args []any) int64 {
 }
 
 // count returns the owner's reentry count in Redis for mode "r" or "w".
-func (r *retryRig) count(t *testing.T, mode string) string {
+func (r *rwRetryRig) count(t *testing.T, mode string) string {
 	t.Helper()
 	tok := dsync.OwnerToken(r.ctx)
 	if mode == "w" {
@@ -104,7 +104,7 @@ func (r *retryRig) count(t *testing.T, mode string) string {
 
 // otherGetsIn reports whether the other owner can take the write lock, and
 // leaves it free.
-func (r *retryRig) otherGetsIn(t *testing.T) bool {
+func (r *rwRetryRig) otherGetsIn(t *testing.T) bool {
 	t.Helper()
 	ok, err := r.other.TryLock(r.octx)
 	if err != nil {
@@ -119,7 +119,7 @@ func (r *retryRig) otherGetsIn(t *testing.T) bool {
 }
 
 // lockUnlock runs n lock/unlock pairs of the owner in mode.
-func (r *retryRig) lockUnlock(t *testing.T, mode string, n int) {
+func (r *rwRetryRig) lockUnlock(t *testing.T, mode string, n int) {
 	t.Helper()
 	lock, unlock := r.rw.Lock, r.rw.Unlock
 	if mode == "r" {
@@ -138,12 +138,12 @@ func (r *retryRig) lockUnlock(t *testing.T, mode string, n int) {
 // Extra lock/unlock pairs of the same owner between a call and its late
 // repeat: none, and 7, which puts the repeated call at the oldest end of the
 // 16 call ids a hold remembers.
-var retryGaps = []int{0, 7}
+var rwRetryGaps = []int{0, 7}
 
 func TestRWMutexLateUnlockRetryAfterReentry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, gap := range retryGaps {
-			r := newRetryRig(t, b)
+		for _, gap := range rwRetryGaps {
+			r := newRWRetryRig(t, b)
 			for i := 0; i < 2; i++ {
 				if err := r.rw.Lock(r.ctx); err != nil {
 					t.Fatal(err)
@@ -179,8 +179,8 @@ func TestRWMutexLateUnlockRetryAfterReentry(t *testing.T) {
 
 func TestRWMutexLateLockRetryAfterUnlock(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, gap := range retryGaps {
-			r := newRetryRig(t, b)
+		for _, gap := range rwRetryGaps {
+			r := newRWRetryRig(t, b)
 			if err := r.rw.Lock(r.ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -216,8 +216,8 @@ func TestRWMutexLateLockRetryAfterUnlock(t *testing.T) {
 
 func TestRWMutexLateRUnlockRetryAfterReentry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, gap := range retryGaps {
-			r := newRetryRig(t, b)
+		for _, gap := range rwRetryGaps {
+			r := newRWRetryRig(t, b)
 			for i := 0; i < 2; i++ {
 				if err := r.rw.RLock(r.ctx); err != nil {
 					t.Fatal(err)
@@ -251,8 +251,8 @@ func TestRWMutexLateRUnlockRetryAfterReentry(t *testing.T) {
 
 func TestRWMutexLateRLockRetryAfterRUnlock(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, gap := range retryGaps {
-			r := newRetryRig(t, b)
+		for _, gap := range rwRetryGaps {
+			r := newRWRetryRig(t, b)
 			if err := r.rw.RLock(r.ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -280,8 +280,8 @@ func TestRWMutexLateRLockRetryAfterRUnlock(t *testing.T) {
 	})
 }
 
-// callID returns the call id a recorded RWMutex lock script carries.
-func callID(t *testing.T, args []any) string {
+// rwLockCallID returns the call id a recorded RWMutex lock script carries.
+func rwLockCallID(t *testing.T, args []any) string {
 	t.Helper()
 	// evalsha, sha, 7, seven keys, mode, token, ttl, call id, ...
 	id, ok := args[13].(string)
@@ -294,7 +294,7 @@ func callID(t *testing.T, args []any) string {
 func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		for _, mode := range []string{"w", "r"} {
-			r := newRetryRig(t, b)
+			r := newRWRetryRig(t, b)
 			lock, unlock := r.rw.Lock, r.rw.Unlock
 			if mode == "r" {
 				lock, unlock = r.rw.RLock, r.rw.RUnlock
@@ -313,7 +313,7 @@ func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
 				keys[i] = args[3+i].(string)
 			}
 			tok := dsync.OwnerToken(r.ctx)
-			got, err := lua.RWMutexUnlock.Run(context.Background(), r.rdb, keys, mode, tok, "cleanup-"+mode, keys[0], 10000, callID(t, args)).Int64()
+			got, err := lua.RWMutexUnlock.Run(context.Background(), r.rdb, keys, mode, tok, "cleanup-"+mode, keys[0], 10000, rwLockCallID(t, args)).Int64()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -349,7 +349,7 @@ func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
 
 func TestRWMutexRemembersBoundedCallIDs(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		r := newRetryRig(t, b)
+		r := newRWRetryRig(t, b)
 		tok := dsync.OwnerToken(r.ctx)
 		if err := r.rw.Lock(r.ctx); err != nil {
 			t.Fatal(err)
