@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -168,6 +169,54 @@ func TestMutexAbandonedCallsStayAbandoned(t *testing.T) {
 		}
 		if ok, _ := newClient(t, b).Mutex(name).TryLock(ctx); !ok {
 			t.Fatal("an abandoned call took the lock when it arrived late")
+		}
+	})
+}
+
+func TestOnceAbandonedCallsStayAbandoned(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		name := redistest.Key(t)
+		ctx := ctxT(t)
+		rdb := b.NewClient(t)
+		rec := &redistest.Recorder{}
+		faults := &redistest.Faults{}
+		rdb.AddHook(rec)
+		rdb.AddHook(faults)
+		c := dsync.New(rdb)
+		defer c.Close()
+		// Load the scripts on the name's server, then start afresh.
+		o := c.Once(name)
+		if err := o.Do(ctx, func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Reset(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var calls [][]any
+		for i := 0; i < 2; i++ {
+			faults.DropReplyNext(1, context.DeadlineExceeded)
+			rec.Reset()
+			if err := o.Do(ctx, func(context.Context) error { return nil }); err == nil {
+				t.Fatal("Do succeeded despite the lost reply")
+			}
+			calls = append(calls, rec.All()[0])
+		}
+		// The first call's go-redis retry arrives after both were abandoned:
+		// it must not take the run lease.
+		if err := rdb.Do(ctx, calls[0]...).Err(); err != nil {
+			t.Fatalf("replay: %v", err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			done <- newClient(t, b).Once(name).Do(ctx, func(context.Context) error { return nil })
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("an abandoned call holds the run lease after arriving late")
 		}
 	})
 }

@@ -4,7 +4,7 @@
 --
 -- KEYS[1] run hash, alive while someone runs f (expires with its lease):
 --         't' token of the runner's call, 'w' set once someone waits,
---         'x' token of the last call its caller abandoned
+--         'x' tokens of the last calls their callers abandoned
 -- KEYS[2] done hash, the done mark (persists, or expires after the period):
 --         'v' the value stored by the run that succeeded, 't' its call token
 -- ARGV[1] token of this call (every attempt of one call sends the same)
@@ -20,8 +20,14 @@ if v then
   return {1, v}
 end
 
+-- Abandoned calls: the field keeps the last 16 tokens, space-separated, so
+-- that a late attempt of any of them is recognised.
+local function seen(list, id)
+  return list ~= nil and list ~= false and string.find(' ' .. list .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
+end
+
 -- A call its caller abandoned must not take the lease when it arrives late.
-if redis.call('HGET', KEYS[1], 'x') == tok then
+if seen(redis.call('HGET', KEYS[1], 'x'), tok) then
   return {0, 1}
 end
 

@@ -33,8 +33,21 @@ if mode == 'done' and redis.call('HGET', KEYS[2], 't') == tok then
   return 1
 end
 
+-- Abandoned calls: the last 16 tokens, space-separated (see once_do.lua).
+local function remember(list, id)
+  if not list or list == '' then
+    return id
+  end
+  local l = list .. ' ' .. id
+  local _, n = string.gsub(l, ' ', ' ')
+  if n >= 16 then
+    l = string.sub(l, string.find(l, ' ', 1, true) + 1)
+  end
+  return l
+end
+
 if mode == 'abandon' then
-  redis.call('HSET', KEYS[1], 'x', tok)
+  redis.call('HSET', KEYS[1], 'x', remember(redis.call('HGET', KEYS[1], 'x'), tok))
   if redis.call('PTTL', KEYS[1]) < 0 then
     redis.call('PEXPIRE', KEYS[1], ARGV[6])
   end
