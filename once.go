@@ -307,6 +307,18 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 		Args:   []any{tok, ms(o.cfg.ttl)},
 	}, tok, 0, start)
 
+	if o.cfg.replicas > 0 {
+		// With WaitReplicas, make sure the run lease reached the replicas
+		// before f starts.
+		if err := o.c.replicated(ctx, &o.cfg, lua.OnceRenew, o.keys[:1], tok, ms(o.cfg.ttl)); err != nil {
+			if !o.closed() {
+				_, _ = o.release(ctx, tok, "fail", nil)
+			}
+			h.release()
+			return nil, err
+		}
+	}
+
 	// f's ctx ends with ctx or with the lease.
 	fctx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup

@@ -9,10 +9,13 @@ import (
 )
 
 // WaitReplicas makes every acquire wait until n replicas have acknowledged
-// it, for at most timeout, by sending Redis's WAIT n timeout on the same
-// connection right after the acquire script (one pipelined round trip; a
-// hold handed over to a waiter costs one more). An acquire that fewer
-// replicas acknowledged releases the hold and fails with [ErrNotReplicated].
+// it, for at most timeout. Mutex sends Redis's WAIT n timeout on the same
+// connection right after its lock script (one pipelined round trip; a hold
+// handed over to a waiter costs one more). RWMutex, Semaphore and Once
+// (before f runs) confirm a grant with one more round trip: a renewal and
+// WAIT in one pipeline, whose acknowledgement covers the grant too. An
+// acquire that fewer replicas acknowledged releases what it took and fails
+// with [ErrNotReplicated].
 //
 // Without it, a hold taken on a master just before a failover may be
 // missing on the promoted replica, and another process may then take it

@@ -1,6 +1,7 @@
 package dsync_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -40,4 +41,40 @@ func TestWaitReplicasBadInput(t *testing.T) {
 			t.Errorf("Lock = %v, want ErrInvalid", err)
 		}
 	}
+}
+
+// Every primitive's acquire honours WaitReplicas, and a failed one leaves
+// nothing held.
+func TestWaitReplicasEveryPrimitive(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		c := newClient(t, b, dsync.WaitReplicas(1, 10*time.Millisecond))
+		free := newClient(t, b)
+		rw := c.RWMutex(name)
+		if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrNotReplicated) {
+			t.Errorf("RWMutex.Lock = %v, want ErrNotReplicated", err)
+		}
+		if err := rw.RLock(ctx); !errors.Is(err, dsync.ErrNotReplicated) {
+			t.Errorf("RWMutex.RLock = %v, want ErrNotReplicated", err)
+		}
+		if ok, err := free.RWMutex(name).TryLock(ctx); !ok || err != nil {
+			t.Errorf("RWMutex left held: TryLock = %v, %v", ok, err)
+		}
+		sem := c.Semaphore(name, 2)
+		if err := sem.Acquire(ctx, 1); !errors.Is(err, dsync.ErrNotReplicated) {
+			t.Errorf("Semaphore.Acquire = %v, want ErrNotReplicated", err)
+		}
+		if ok, err := free.Semaphore(name, 2).TryAcquire(ctx, 2); !ok || err != nil {
+			t.Errorf("Semaphore permits left taken: TryAcquire(2) = %v, %v", ok, err)
+		}
+		ran := false
+		err := c.Once(name).Do(ctx, func(context.Context) error { ran = true; return nil })
+		if !errors.Is(err, dsync.ErrNotReplicated) || ran {
+			t.Errorf("Once.Do = %v (f ran: %v), want ErrNotReplicated before f", err, ran)
+		}
+		if err := free.Once(name).Do(ctx, func(context.Context) error { return nil }); err != nil {
+			t.Errorf("Once left held: Do = %v", err)
+		}
+	})
 }

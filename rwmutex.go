@@ -173,6 +173,14 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	case v < 0:
 		return false, nil
 	}
+	if rw.cfg.replicas > 0 {
+		// With WaitReplicas, make sure the hold reached the replicas.
+		spec := rw.renewSpec(mode, tok)
+		if err := rw.c.replicated(ctx, &rw.cfg, spec.Script, spec.Keys, spec.Args...); err != nil {
+			rw.abandon(ctx, mode, tok, id)
+			return false, err
+		}
+	}
 	fence := uint64(v)
 	if mode == modeRead {
 		fence = 0
@@ -245,12 +253,17 @@ func (rw *RWMutex) holdKey(mode, tok string) holdKey {
 	return holdKey{rw.keys[0], tok}
 }
 
+// renewSpec describes the renewal of tok's hold in mode.
+func (rw *RWMutex) renewSpec(mode, tok string) renew.Spec {
+	if mode == modeRead {
+		return renew.Spec{Script: lua.RWMutexRRenew, Keys: rw.keys[2:4], Args: []any{tok, ms(rw.cfg.ttl)}}
+	}
+	return renew.Spec{Script: lua.RWMutexRenew, Keys: rw.keys[:1], Args: []any{tok, ms(rw.cfg.ttl)}}
+}
+
 // held records a hold taken (or re-entered) by tok.
 func (rw *RWMutex) held(mode, tok string, owned bool, fence uint64, start time.Time) {
-	spec := renew.Spec{Script: lua.RWMutexRenew, Keys: rw.keys[:1], Args: []any{tok, ms(rw.cfg.ttl)}}
-	if mode == modeRead {
-		spec = renew.Spec{Script: lua.RWMutexRRenew, Keys: rw.keys[2:4], Args: []any{tok, ms(rw.cfg.ttl)}}
-	}
+	spec := rw.renewSpec(mode, tok)
 	newHold := func() *hold { return rw.c.startHold(&rw.cfg, spec, tok, fence, start) }
 	if owned {
 		rw.c.ownerHold(rw.holdKey(mode, tok), fence, newHold)

@@ -179,6 +179,13 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	}
 	switch st {
 	case semHeld:
+		if s.cfg.replicas > 0 {
+			// With WaitReplicas, make sure the permits reached the replicas.
+			if err := s.c.replicated(ctx, &s.cfg, lua.SemaphoreRenew, s.rkeys, tok, s.ttlArg); err != nil {
+				s.abandon(ctx, tok, owned, id, n)
+				return false, err
+			}
+		}
 		s.held(tok, owned, uint64(v), sent)
 		return true, nil
 	case semSize:
