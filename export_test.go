@@ -2,7 +2,6 @@ package dsync
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/redis/go-redis/v9"
 
@@ -10,22 +9,14 @@ import (
 )
 
 // ScriptSource returns the source of the script called name (the file
-// name in lua/ without .lua), as the package runs it: semaphore scripts
-// begin with semaphore_lib.lua.
+// name in lua/ without .lua), as the package runs it.
 func ScriptSource(name string) (string, error) {
-	src, err := os.ReadFile("lua/" + name + ".lua")
-	if err != nil {
-		return "", err
-	}
-	switch name {
-	case "semaphore_acquire", "semaphore_release", "semaphore_abandon":
-		lib, err := os.ReadFile("lua/semaphore_lib.lua")
-		if err != nil {
-			return "", err
+	for _, n := range lua.Names() {
+		if n == name {
+			return lua.Source(name), nil
 		}
-		return string(lib) + string(src), nil
 	}
-	return string(src), nil
+	return "", fmt.Errorf("no script %q", name)
 }
 
 // SwapScript makes the package run src in place of the script called name
@@ -53,13 +44,13 @@ func SwapScript(name, src string) (restore func()) {
 	var p **redis.Script
 	switch name {
 	case "rwmutex_lock":
-		p = &lua.RWMutexLock
+		p = &rwLock
 	case "rwmutex_unlock":
-		p = &lua.RWMutexUnlock
+		p = &rwUnlock
 	case "once_do":
-		p = &lua.OnceDo
+		p = &onceDo
 	case "once_release":
-		p = &lua.OnceRelease
+		p = &onceRelease
 	default:
 		panic(fmt.Sprintf("SwapScript: unknown script %q", name))
 	}

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dsync-go/dsync/lua"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -51,9 +50,6 @@ type Mutex struct {
 }
 
 var (
-	mutexLock   = newScript(lua.MutexLock)
-	mutexUnlock = newScript(lua.MutexUnlock)
-
 	fenceIdleArg any = ms(fenceIdle)
 	argNo        any = "0"
 	argYes       any = "1"
@@ -209,7 +205,7 @@ func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int
 		case <-w.sig:
 			if f, ok := w.handover(); ok {
 				// With WaitReplicas, make sure the hand-over reached replicas.
-				err := m.c.replicated(ctx, &m.cfg, lua.MutexRenew, m.keys[:1], tok, m.ttlArg)
+				err := m.c.replicated(ctx, &m.cfg, mutexRenew, m.keys[:1], tok, m.ttlArg)
 				return int64(f), sent, err
 			}
 			// A plain release (or a resubscription) invites a retry; a
@@ -233,7 +229,7 @@ func (m *Mutex) abandon(ctx context.Context, tok, id string) {
 func (m *Mutex) held(tok string, owned bool, fence uint64, start time.Time) {
 	newHold := func() *hold {
 		return m.c.startHold(&m.cfg, renew.Spec{
-			Script: lua.MutexRenew,
+			Script: mutexRenew,
 			Keys:   m.keys[:1],
 			Args:   []any{tok, m.ttlArg},
 		}, tok, fence, start)

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dsync-go/dsync/lua"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -209,7 +208,7 @@ type onceReply struct {
 
 // attempt runs the do script once.
 func (o *Once) attempt(ctx context.Context, tok string) (onceReply, error) {
-	v, err := lua.OnceDo.Run(ctx, o.c.rdb, o.keys, tok, ms(o.cfg.ttl)).Slice()
+	v, err := onceDo.Run(ctx, o.c.rdb, o.keys, tok, ms(o.cfg.ttl)).Slice()
 	if err != nil {
 		return onceReply{}, err
 	}
@@ -292,7 +291,7 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 		period = ms(o.cfg.period)
 	}
 	for i := 1; ; i++ {
-		r, err := lua.OnceRelease.Run(dctx, o.c.rdb, o.keys, tok, mode, value, period, o.keys[0], ms(o.cfg.ttl)).Int64()
+		r, err := onceRelease.Run(dctx, o.c.rdb, o.keys, tok, mode, value, period, o.keys[0], ms(o.cfg.ttl)).Int64()
 		if err == nil || i == releaseTries || dctx.Err() != nil {
 			return r, err
 		}
@@ -302,7 +301,7 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 // run calls f while the Client renews the run lease, and ends the run.
 func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(context.Context) ([]byte, error)) (val []byte, err error) {
 	h := o.c.startHold(&o.cfg, renew.Spec{
-		Script: lua.OnceRenew,
+		Script: onceRenew,
 		Keys:   o.keys[:1],
 		Args:   []any{tok, ms(o.cfg.ttl)},
 	}, tok, 0, start)
@@ -310,7 +309,7 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 	if o.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the run lease reached the replicas
 		// before f starts.
-		if err := o.c.replicated(ctx, &o.cfg, lua.OnceRenew, o.keys[:1], tok, ms(o.cfg.ttl)); err != nil {
+		if err := o.c.replicated(ctx, &o.cfg, onceRenew, o.keys[:1], tok, ms(o.cfg.ttl)); err != nil {
 			if !o.closed() {
 				_, _ = o.release(ctx, tok, "fail", nil)
 			}

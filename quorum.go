@@ -12,7 +12,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dsync-go/dsync/lua"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -339,7 +338,7 @@ func (m *Mutex) quorumHeld(tok string, owned bool, a answers, start time.Time) {
 		for i, sub := range m.subs {
 			if a.err[i] == nil && a.v[i] > 0 {
 				h.subs[i] = sub.c.startHold(&sub.cfg, renew.Spec{
-					Script: lua.MutexRenew,
+					Script: mutexRenew,
 					Keys:   sub.keys[:1],
 					Args:   []any{tok, sub.ttlArg},
 				}, tok, uint64(a.v[i]), start)

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dsync-go/dsync/lua"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -196,7 +195,7 @@ func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id string, wait bool)
 	if wait {
 		w = "1"
 	}
-	return lua.RWMutexLock.Run(ctx, rw.c.rdb, rw.keys, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle)).Int64()
+	return rwLock.Run(ctx, rw.c.rdb, rw.keys, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle)).Int64()
 }
 
 // wait retries after notifications until the lock is held, refused as an
@@ -243,7 +242,7 @@ func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, v int64, sent
 func (rw *RWMutex) abandon(ctx context.Context, mode, tok, id string) {
 	dctx, cancel := detached(ctx)
 	defer cancel()
-	_ = lua.RWMutexUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id).Err()
+	_ = rwUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id).Err()
 }
 
 func (rw *RWMutex) holdKey(mode, tok string) holdKey {
@@ -256,9 +255,9 @@ func (rw *RWMutex) holdKey(mode, tok string) holdKey {
 // renewSpec describes the renewal of tok's hold in mode.
 func (rw *RWMutex) renewSpec(mode, tok string) renew.Spec {
 	if mode == modeRead {
-		return renew.Spec{Script: lua.RWMutexRRenew, Keys: rw.keys[2:4], Args: []any{tok, ms(rw.cfg.ttl)}}
+		return renew.Spec{Script: rwRRenew, Keys: rw.keys[2:4], Args: []any{tok, ms(rw.cfg.ttl)}}
 	}
-	return renew.Spec{Script: lua.RWMutexRenew, Keys: rw.keys[:1], Args: []any{tok, ms(rw.cfg.ttl)}}
+	return renew.Spec{Script: rwRenew, Keys: rw.keys[:1], Args: []any{tok, ms(rw.cfg.ttl)}}
 }
 
 // held records a hold taken (or re-entered) by tok.
@@ -365,7 +364,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	}
 	dctx, cancel := detached(ctx)
 	defer cancel()
-	r, err := lua.RWMutexUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, id, rw.keys[0], ms(finishedKeep), "").Int64()
+	r, err := rwUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, id, rw.keys[0], ms(finishedKeep), "").Int64()
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		if !owned {

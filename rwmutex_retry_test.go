@@ -151,7 +151,7 @@ func TestRWMutexLateUnlockRetryAfterReentry(t *testing.T) {
 			}
 			// The Unlock whose reply "timed out": its script is sent again
 			// after the owner locked once more.
-			args := r.record(t, lua.RWMutexUnlock, r.rw.Unlock)
+			args := r.record(t, lua.Script("rwmutex_unlock"), r.rw.Unlock)
 			if err := r.rw.Lock(r.ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -186,7 +186,7 @@ func TestRWMutexLateLockRetryAfterUnlock(t *testing.T) {
 			}
 			// The re-entering Lock whose reply "timed out", sent again after
 			// the owner unlocked once.
-			args := r.record(t, lua.RWMutexLock, r.rw.Lock)
+			args := r.record(t, lua.Script("rwmutex_lock"), r.rw.Lock)
 			first, err := r.rw.Lease(r.ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -223,7 +223,7 @@ func TestRWMutexLateRUnlockRetryAfterReentry(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			args := r.record(t, lua.RWMutexUnlock, r.rw.RUnlock)
+			args := r.record(t, lua.Script("rwmutex_unlock"), r.rw.RUnlock)
 			if err := r.rw.RLock(r.ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -256,7 +256,7 @@ func TestRWMutexLateRLockRetryAfterRUnlock(t *testing.T) {
 			if err := r.rw.RLock(r.ctx); err != nil {
 				t.Fatal(err)
 			}
-			args := r.record(t, lua.RWMutexLock, r.rw.RLock)
+			args := r.record(t, lua.Script("rwmutex_lock"), r.rw.RLock)
 			if err := r.rw.RUnlock(r.ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -304,7 +304,7 @@ func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
 			}
 			// A re-entering lock call whose caller gave up (its reply was
 			// lost), and another call of the same owner before the cleanup.
-			args := r.record(t, lua.RWMutexLock, lock)
+			args := r.record(t, lua.Script("rwmutex_lock"), lock)
 			if err := lock(r.ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -313,7 +313,7 @@ func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
 				keys[i] = args[3+i].(string)
 			}
 			tok := dsync.OwnerToken(r.ctx)
-			got, err := lua.RWMutexUnlock.Run(context.Background(), r.rdb, keys, mode, tok, "cleanup-"+mode, keys[0], 10000, rwLockCallID(t, args)).Int64()
+			got, err := lua.Script("rwmutex_unlock").Run(context.Background(), r.rdb, keys, mode, tok, "cleanup-"+mode, keys[0], 10000, rwLockCallID(t, args)).Int64()
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dsync-go/dsync/lua"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -56,12 +55,6 @@ type Semaphore struct {
 	cur  *hold  // the handle's holding, without an owner in ctx
 	gone uint64 // fencing token of the handle's last holding known to have ended
 }
-
-var (
-	semAcquire = newScript(lua.SemaphoreAcquire)
-	semRelease = newScript(lua.SemaphoreRelease)
-	semAbandon = newScript(lua.SemaphoreAbandon)
-)
 
 // Replies of the acquire script.
 const (
@@ -181,7 +174,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	case semHeld:
 		if s.cfg.replicas > 0 {
 			// With WaitReplicas, make sure the permits reached the replicas.
-			if err := s.c.replicated(ctx, &s.cfg, lua.SemaphoreRenew, s.rkeys, tok, s.ttlArg); err != nil {
+			if err := s.c.replicated(ctx, &s.cfg, semRenew, s.rkeys, tok, s.ttlArg); err != nil {
 				s.abandon(ctx, tok, owned, id, n)
 				return false, err
 			}
@@ -293,7 +286,7 @@ func (s *Semaphore) abandon(ctx context.Context, tok string, owned bool, id stri
 func (s *Semaphore) held(tok string, owned bool, fence uint64, start time.Time) {
 	newHold := func() *hold {
 		return s.c.startHold(&s.cfg, renew.Spec{
-			Script: lua.SemaphoreRenew,
+			Script: semRenew,
 			Keys:   s.rkeys,
 			Args:   []any{tok, s.ttlArg},
 		}, tok, fence, start)

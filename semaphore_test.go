@@ -618,7 +618,7 @@ func TestSemaphoreScriptsIdempotent(t *testing.T) {
 		keys := semKeys(name)
 		acquire := func(tok, id string, n int64) []int64 {
 			t.Helper()
-			r, err := lua.SemaphoreAcquire.Run(ctx, rdb, keys, tok, n, 4, 30000, id, "1", 86400000, keys[0]).Int64Slice()
+			r, err := lua.Script("semaphore_acquire").Run(ctx, rdb, keys, tok, n, 4, 30000, id, "1", 86400000, keys[0]).Int64Slice()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -626,7 +626,7 @@ func TestSemaphoreScriptsIdempotent(t *testing.T) {
 		}
 		release := func(tok, id string, n int64) []int64 {
 			t.Helper()
-			r, err := lua.SemaphoreRelease.Run(ctx, rdb, keys, tok, n, 4, id, 86400000, keys[0]).Int64Slice()
+			r, err := lua.Script("semaphore_release").Run(ctx, rdb, keys, tok, n, 4, id, 86400000, keys[0]).Int64Slice()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -653,7 +653,7 @@ func TestSemaphoreScriptsIdempotent(t *testing.T) {
 			t.Fatalf("final release twice: %v then %v; want {1 0 %d} both times", e1, e2, a1[1])
 		}
 		// An abandoned call that arrives late changes nothing.
-		if _, err := lua.SemaphoreAbandon.Run(ctx, rdb, keys, "b", 1, "late", 86400000, keys[0]).Result(); err != nil {
+		if _, err := lua.Script("semaphore_abandon").Run(ctx, rdb, keys, "b", 1, "late", 86400000, keys[0]).Result(); err != nil {
 			t.Fatal(err)
 		}
 		if r := acquire("b", "late", 1); r[0] != 3 || count("b") != 0 {

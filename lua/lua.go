@@ -1,82 +1,48 @@
 // Package lua holds dsync's Redis scripts. Every state change of a primitive
-// is one of these scripts; each file's header lists its KEYS, ARGV and reply.
+// is one of these scripts, named <primitive>_<op>.lua; each file's header
+// lists its KEYS, ARGV and reply. The package hands out copies: nothing a
+// caller does to them changes the scripts dsync runs.
 package lua
 
 import (
-	_ "embed"
+	"embed"
+	"fmt"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
 
-var (
-	//go:embed mutex_lock.lua
-	mutexLock string
-	//go:embed mutex_unlock.lua
-	mutexUnlock string
-	//go:embed mutex_renew.lua
-	mutexRenew string
-)
+//go:embed *.lua
+var files embed.FS
 
-// Mutex scripts.
-var (
-	MutexLock   = redis.NewScript(mutexLock)
-	MutexUnlock = redis.NewScript(mutexUnlock)
-	MutexRenew  = redis.NewScript(mutexRenew)
-)
+// Source returns the source of the script called name (its file name
+// without ".lua"), as dsync runs it: the semaphore's acquire, release and
+// abandon scripts begin with the shared definitions of semaphore_lib.lua. It
+// panics if there is no such script, a programming error.
+func Source(name string) string {
+	b, err := files.ReadFile(name + ".lua")
+	if err != nil {
+		panic(fmt.Sprintf("lua: no script %q", name))
+	}
+	switch name {
+	case "semaphore_acquire", "semaphore_release", "semaphore_abandon":
+		return Source("semaphore_lib") + string(b)
+	}
+	return string(b)
+}
 
-var (
-	//go:embed rwmutex_lock.lua
-	rwmutexLock string
-	//go:embed rwmutex_unlock.lua
-	rwmutexUnlock string
-	//go:embed rwmutex_renew.lua
-	rwmutexRenew string
-	//go:embed rwmutex_rrenew.lua
-	rwmutexRRenew string
-)
+// Script returns a new go-redis Script running Source(name).
+func Script(name string) *redis.Script { return redis.NewScript(Source(name)) }
 
-// RWMutex scripts.
-var (
-	RWMutexLock   = redis.NewScript(rwmutexLock)
-	RWMutexUnlock = redis.NewScript(rwmutexUnlock)
-	RWMutexRenew  = redis.NewScript(rwmutexRenew)
-	RWMutexRRenew = redis.NewScript(rwmutexRRenew)
-)
-
-var (
-	//go:embed semaphore_lib.lua
-	semaphoreLib string
-	//go:embed semaphore_acquire.lua
-	semaphoreAcquire string
-	//go:embed semaphore_release.lua
-	semaphoreRelease string
-	//go:embed semaphore_abandon.lua
-	semaphoreAbandon string
-	//go:embed semaphore_renew.lua
-	semaphoreRenew string
-)
-
-// Semaphore scripts. Acquire, release and abandon begin with the shared
-// definitions of semaphore_lib.lua.
-var (
-	SemaphoreAcquire = redis.NewScript(semaphoreLib + semaphoreAcquire)
-	SemaphoreRelease = redis.NewScript(semaphoreLib + semaphoreRelease)
-	SemaphoreAbandon = redis.NewScript(semaphoreLib + semaphoreAbandon)
-	SemaphoreRenew   = redis.NewScript(semaphoreRenew)
-)
-
-var (
-	//go:embed once_do.lua
-	onceDo string
-	//go:embed once_release.lua
-	onceRelease string
-	//go:embed once_renew.lua
-	onceRenew string
-)
-
-// Once scripts.
-var (
-	OnceDo      = redis.NewScript(onceDo)
-	OnceRelease = redis.NewScript(onceRelease)
-	OnceRenew   = redis.NewScript(onceRenew)
-)
+// Names returns the names of the scripts, without the shared library files.
+func Names() []string {
+	entries, _ := files.ReadDir(".")
+	var names []string
+	for _, e := range entries {
+		n := strings.TrimSuffix(e.Name(), ".lua")
+		if !strings.HasSuffix(n, "_lib") {
+			names = append(names, n)
+		}
+	}
+	return names
+}
