@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -70,4 +71,35 @@ func ExampleOnce_DoValue() {
 	// replica 2 announces [259 929 207 158 272 842 821 701 48 400]
 	// replica 3 announces [259 929 207 158 272 842 821 701 48 400]
 	// replica 4 announces [259 929 207 158 272 842 821 701 48 400]
+}
+
+// The schema migration runs in one replica; the others wait until it
+// succeeded and then go on without running it.
+func ExampleOnce_Do() {
+	srv, _ := miniredis.Run()
+	defer srv.Close()
+	ctx := context.Background()
+
+	var wg sync.WaitGroup
+	var runs atomic.Int32
+	for replica := 0; replica < 3; replica++ {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		defer rdb.Close()
+		c := dsync.New(rdb)
+		defer c.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := c.Once("migrate-v42").Do(ctx, func(ctx context.Context) error {
+				runs.Add(1) // ALTER TABLE ...
+				return nil
+			})
+			if err != nil {
+				fmt.Println("migration:", err)
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Println("migrations run:", runs.Load())
+	// Output: migrations run: 1
 }

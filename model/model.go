@@ -23,16 +23,18 @@ import "strconv"
 // Err is the outcome of a call, named after dsync's sentinel errors.
 type Err int
 
+// The outcomes.
 const (
-	OK        Err = iota
-	NotHeld       // dsync.ErrNotHeld
-	LeaseLost     // dsync.ErrLeaseLost
-	Upgrade       // dsync.ErrUpgrade
-	Invalid       // dsync.ErrInvalid
-	TooMany       // Semaphore.Release of more than held: ErrNotHeld and ErrInvalid
-	Failed        // Once: f's own error
+	OK        Err = iota // success
+	NotHeld              // dsync.ErrNotHeld
+	LeaseLost            // dsync.ErrLeaseLost
+	Upgrade              // dsync.ErrUpgrade
+	Invalid              // dsync.ErrInvalid
+	TooMany              // Semaphore.Release of more than held: ErrNotHeld and ErrInvalid
+	Failed               // Once: f's own error
 )
 
+// String returns the name of the sentinel error, or "ok".
 func (e Err) String() string {
 	switch e {
 	case OK:

@@ -23,12 +23,14 @@ type Once struct {
 // State is what a call of Do finds.
 type State int
 
+// What a call of Do finds.
 const (
-	Done State = iota
-	Run
-	Wait
+	Done State = iota // the name is done: return without running f
+	Run               // the caller takes the run lease and runs f
+	Wait              // another call runs f: wait
 )
 
+// String returns "done", "run" or "wait".
 func (s State) String() string {
 	return [...]string{"done", "run", "wait"}[s]
 }
