@@ -1,6 +1,12 @@
 package dsync
 
-import "github.com/dsync-go/dsync/lua"
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync/lua"
+)
 
 // The scripts dsync runs, built once from lua/. Those on a hot path are
 // wrapped (see script) so that a call boxes only its own arguments.
@@ -23,3 +29,42 @@ var (
 	onceRelease = lua.Script("once_release")
 	onceRenew   = lua.Script("once_renew")
 )
+
+// A script is a Lua script with its SHA boxed once, run by EVALSHA and
+// loaded on NOSCRIPT. It builds the command itself rather than through
+// redis.Script.Run so that a call boxes only its own arguments.
+type script struct {
+	s   *redis.Script
+	sha any
+}
+
+func newScript(s *redis.Script) *script { return &script{s: s, sha: s.Hash()} }
+
+// boxKeys returns the key count and keys of a script call as arguments,
+// boxed once for a handle's lifetime.
+func boxKeys(keys []string) []any {
+	out := make([]any, 0, len(keys)+1)
+	out = append(out, len(keys))
+	for _, k := range keys {
+		out = append(out, k)
+	}
+	return out
+}
+
+// eval runs sc with the pre-boxed keys (see boxKeys) and args in one round
+// trip, loading the script first when the server does not know it.
+func (c *Client) eval(ctx context.Context, sc *script, keys []any, args ...any) *redis.Cmd {
+	a := make([]any, 0, 2+len(keys)+len(args))
+	a = append(a, "evalsha", sc.sha)
+	a = append(a, keys...)
+	a = append(a, args...)
+	cmd := redis.NewCmd(ctx, a...)
+	if err := c.rdb.Process(ctx, cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := sc.s.Load(ctx, c.rdb).Err(); err != nil {
+			return cmd
+		}
+		cmd = redis.NewCmd(ctx, a...)
+		_ = c.rdb.Process(ctx, cmd)
+	}
+	return cmd
+}
