@@ -16,10 +16,11 @@ import (
 )
 
 // Quorum mode (Redlock). A Client made by NewQuorum holds one member Client
-// per independent master. A Mutex handle holds one member handle per master
-// and runs the ordinary scripts on all of them in parallel: a lock is
-// granted when a majority granted it within its validity, and every failed
-// attempt is undone on all members. Each member keeps its own lease of the
+// per independent master. A Mutex or RWMutex handle holds one member handle
+// per master and runs the ordinary scripts on all of them in parallel: a
+// lock is granted when a majority granted it within its validity, and every
+// failed attempt is undone on the members (an RWMutex call that waits keeps
+// its waiting places on the members that refused it until the call ends). Each member keeps its own lease of the
 // hold alive through its own renewer; the hold's Lease is lost as soon as
 // fewer than a majority of those leases are alive.
 //
@@ -60,21 +61,23 @@ type quorum struct {
 	refuse  *redis.Client  // the Client's own rdb, which refuses every command
 }
 
-// NewQuorum returns a Client whose Mutexes use the Redlock algorithm over
-// the independent masters clients (which must not be replicas or nodes of
-// one cluster of each other): a Lock is granted when a majority, N/2+1, of
-// the masters granted it within validity = TTL − elapsed − drift (drift =
-// TTL/100 + 2 ms), and released on all masters otherwise and on Unlock.
-// The hold is renewed on every master that granted it and its [Lease]
-// reports [ErrLeaseLost] once fewer than a majority still hold it. A Lock or
-// Unlock that fewer than a majority of masters answer fails with an error
-// matching [ErrNoQuorum]. Each Lock costs one round trip to every master, in
-// parallel; waiting, ownership and reentrancy are as on a single master.
+// NewQuorum returns a Client whose Mutexes and RWMutexes use the Redlock
+// algorithm over the independent masters clients (which must not be
+// replicas or nodes of one cluster of each other): a Lock (or RLock) is
+// granted when a majority, N/2+1, of the masters granted it within validity
+// = TTL − elapsed − drift (drift = TTL/100 + 2 ms), and released on all
+// masters otherwise and on Unlock. The hold is renewed on every master that
+// granted it and its [Lease] reports [ErrLeaseLost] once fewer than a
+// majority still hold it. A lock or unlock call that fewer than a majority
+// of masters answer fails with an error matching [ErrNoQuorum]. Each
+// attempt costs one round trip to every master, in parallel; waiting,
+// ownership and reentrancy are as on a single master, and each master keeps
+// an RWMutex's writer preference as a single one does.
 //
-// Only Mutex works in quorum mode. RWMutex, Semaphore and Once fail every
-// call with [ErrInvalid]: a semaphore's permits and a once's done mark have
-// no Redlock counterpart whose safety is shown. See the package
-// documentation's scaling notes for fencing tokens.
+// Semaphore and Once fail every call with [ErrInvalid]: a semaphore's
+// permits and a once's done mark have no Redlock counterpart whose safety
+// is shown. See the package documentation's scaling notes for fencing
+// tokens.
 //
 // Options are as for [New]. Close stops the Client and its members; it does
 // not close the Redis clients.
@@ -116,7 +119,7 @@ func NewQuorum(clients []redis.UniversalClient, opts ...Option) *Client {
 	return c
 }
 
-var errQuorumOnly = fmt.Errorf("%w: quorum mode (NewQuorum) supports only Mutex", ErrInvalid)
+var errQuorumOnly = fmt.Errorf("%w: quorum mode (NewQuorum) supports only Mutex and RWMutex", ErrInvalid)
 
 // refusingClient returns a Redis client that fails every command with
 // errQuorumOnly before any I/O: what other primitives send through a quorum
@@ -157,13 +160,23 @@ func (q *quorum) close() {
 	_ = q.refuse.Close()
 }
 
-// mutexes returns the member handles of a quorum Mutex.
-func (q *quorum) mutexes(name string, opts []Option) []*Mutex {
-	subs := make([]*Mutex, len(q.members))
+// members makes one member handle per master with mk.
+func members[T any](q *quorum, mk func(c *Client) T) []T {
+	subs := make([]T, len(q.members))
 	for i, c := range q.members {
-		subs[i] = c.Mutex(name, opts...)
+		subs[i] = mk(c)
 	}
 	return subs
+}
+
+// mutexes returns the member handles of a quorum Mutex.
+func (q *quorum) mutexes(name string, opts []Option) []*Mutex {
+	return members(q, func(c *Client) *Mutex { return c.Mutex(name, opts...) })
+}
+
+// rwmutexes returns the member handles of a quorum RWMutex.
+func (q *quorum) rwmutexes(name string, opts []Option) []*RWMutex {
+	return members(q, func(c *Client) *RWMutex { return c.RWMutex(name, opts...) })
 }
 
 // answers collects one reply per member.
@@ -176,11 +189,11 @@ type answers struct {
 }
 
 // each runs f on every member handle in parallel and collects the replies.
-func (m *Mutex) each(f func(i int, sub *Mutex) (int64, error)) answers {
-	n := len(m.subs)
+func each[T any](subs []T, f func(i int, sub T) (int64, error)) answers {
+	n := len(subs)
 	a := answers{v: make([]int64, n), err: make([]error, n)}
 	var wg sync.WaitGroup
-	for i, sub := range m.subs {
+	for i, sub := range subs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -212,21 +225,82 @@ func (a answers) noQuorum(need int) error {
 	return fmt.Errorf("%w: %d of %d answered, need %d: %w", ErrNoQuorum, a.got, len(a.v), need, first)
 }
 
-func (m *Mutex) quorumLock(ctx context.Context, wait bool) (bool, error) {
-	tok, owned, err := owner(ctx)
-	if err != nil {
-		return false, err
+// unlocked sums up the members' replies to an unlock script (1 released, 2
+// still held with a lower count, 0 not held) as one master's reply would
+// be: 2 if a majority lowered the count, 1 if a majority released or
+// lowered it, 0 otherwise. Fewer than a majority answering is an error
+// matching ErrNoQuorum: the outcome is unknown.
+func (a answers) unlocked(need int) (int64, error) {
+	if a.got < need {
+		return 0, a.noQuorum(need)
 	}
-	if err := ctx.Err(); err != nil {
-		return false, err
+	var released, lowered int
+	for i, v := range a.v {
+		switch {
+		case a.err[i] != nil:
+		case v == 1:
+			released++
+		case v == 2:
+			lowered++
+		}
 	}
-	if owned && m.cfg.local && m.c.reenter(holdKey{m.keys[0], tok}) {
-		return true, nil
+	switch {
+	case lowered >= need:
+		return 2, nil
+	case released+lowered >= need:
+		return 1, nil
 	}
-	if !owned {
-		tok = newToken()
+	return 0, nil
+}
+
+// A quorumCall is one lock call of a primitive in quorum mode, as the
+// Redlock loop (quorum.lock) sees it.
+type quorumCall struct {
+	channel string // the name's notification channel on every master
+	ttl     time.Duration
+	// try makes one attempt on member i under call id id: > 0 a grant,
+	// < 0 minus the ms to wait at most, 0 as below.
+	try func(i int, id string) (int64, error)
+	// undo undoes on member i whatever the attempts under id did, detached
+	// from the call's ctx.
+	undo func(i int, id string)
+	// zero, if set, is what a reply of 0 from any member ends the call
+	// with (RWMutex: ErrUpgrade); otherwise 0 is a refusal.
+	zero error
+	// keep: a member that refused a waiting call keeps the caller's
+	// waiting place, and the call keeps its call id there, until the call
+	// ends (RWMutex: a waiting writer holds back new readers, a waiting
+	// reader is granted by a writer's Unlock).
+	keep bool
+}
+
+// lock runs the Redlock loop of one call for tok: every attempt on all
+// members in parallel, granted when a majority granted it within its
+// validity, undone otherwise. On a grant it returns the replies and a time
+// no later than the start of every granting member's lease.
+func (q *quorum) lock(ctx context.Context, closed chan struct{}, k *quorumCall, tok string, wait bool) (answers, time.Time, error) {
+	n := len(q.members)
+	ids := make([]string, n)      // each member's call id; "" once undone
+	since := make([]time.Time, n) // no later than a grant under ids[i] began
+	undo := func(which func(i int) bool) {
+		todo := make([]bool, n)
+		some := false
+		for i := range todo {
+			todo[i] = ids[i] != "" && which(i)
+			some = some || todo[i]
+		}
+		if !some {
+			return
+		}
+		each(q.members, func(i int, _ *Client) (int64, error) {
+			if todo[i] {
+				k.undo(i, ids[i])
+				ids[i] = ""
+			}
+			return 0, nil
+		})
 	}
-	q := m.c.q
+	all := func(int) bool { return true }
 	var ws []*watcher
 	defer func() {
 		for i, w := range ws {
@@ -235,35 +309,57 @@ func (m *Mutex) quorumLock(ctx context.Context, wait bool) (bool, error) {
 	}()
 	var t *time.Timer
 	for {
-		// A fresh call id per attempt: undoing an attempt marks its id
-		// abandoned on every master.
+		// A fresh call id for the members whose last one was undone:
+		// undoing an attempt marks its id abandoned on the master.
 		id := newCallID()
 		start := time.Now()
-		a := m.each(func(_ int, sub *Mutex) (int64, error) { return sub.attempt(ctx, tok, id, false) })
-		validity := m.cfg.ttl - time.Since(start) - redlockDrift(m.cfg.ttl)
-		if a.hits >= q.need && validity > 0 {
-			if a.got < len(a.v) {
-				// A member whose reply was lost may hold it: undo there.
-				m.undo(ctx, tok, id, a.err)
+		for i := range ids {
+			if ids[i] == "" {
+				ids[i], since[i] = id, start
 			}
-			m.quorumHeld(tok, owned, a, start)
-			return true, nil
 		}
-		m.undo(ctx, tok, id, nil)
+		a := each(q.members, func(i int, _ *Client) (int64, error) { return k.try(i, ids[i]) })
+		first := start
+		for i := range ids {
+			if a.err[i] == nil && a.v[i] > 0 && since[i].Before(first) {
+				first = since[i]
+			}
+			if a.err[i] == nil && a.v[i] < 0 {
+				// A grant to the waiting place begins after this reply.
+				since[i] = start
+			}
+		}
+		if k.zero != nil {
+			for i, v := range a.v {
+				if a.err[i] == nil && v == 0 {
+					undo(all)
+					return answers{}, first, k.zero
+				}
+			}
+		}
+		validity := k.ttl - time.Since(first) - redlockDrift(k.ttl)
+		if a.hits >= q.need && validity > 0 {
+			// A member whose reply was lost may hold it, and one that
+			// refused may keep a waiting place: undo there.
+			undo(func(i int) bool { return a.err[i] != nil || (k.keep && a.v[i] <= 0) })
+			return a, first, nil
+		}
+		more := wait && a.got >= q.need
+		undo(func(i int) bool { return !more || !k.keep || a.err[i] != nil || a.v[i] > 0 })
 		if a.got < q.need {
 			if err := ctx.Err(); err != nil {
-				return false, err
+				return answers{}, first, err
 			}
-			return false, a.noQuorum(q.need)
+			return answers{}, first, a.noQuorum(q.need)
 		}
 		if !wait {
-			return false, nil
+			return answers{}, first, nil
 		}
 		if ws == nil {
 			// Watch every member's channel, then try again at once: a
 			// release before the subscriptions may have been missed.
 			for _, c := range q.members {
-				ws = append(ws, c.notify.watch(m.keys[0], tok))
+				ws = append(ws, c.notify.watch(k.channel, tok))
 			}
 			for i, w := range ws {
 				w.awaitReady(ctx, q.members[i].closed)
@@ -272,7 +368,7 @@ func (m *Mutex) quorumLock(ctx context.Context, wait bool) (bool, error) {
 		}
 		// Sleep until a release on any master, or as long as the holds
 		// that refused can last.
-		d := m.cfg.ttl / 2
+		d := k.ttl / 2
 		for _, v := range a.v {
 			if v < 0 {
 				d = min(d, time.Duration(-v)*time.Millisecond)
@@ -288,18 +384,48 @@ func (m *Mutex) quorumLock(ctx context.Context, wait bool) (bool, error) {
 		} else {
 			t.Reset(d)
 		}
-		if err := m.sleep(ctx, ws, t); err != nil {
-			return false, err
+		if err := sleep(ctx, closed, ws, t); err != nil {
+			undo(all) // the waiting places kept
+			return answers{}, first, err
 		}
 	}
 }
 
+func (m *Mutex) quorumLock(ctx context.Context, wait bool) (bool, error) {
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if owned && m.cfg.local && m.c.reenter(holdKey{m.keys[0], tok}) {
+		return true, nil
+	}
+	if !owned {
+		tok = newToken()
+	}
+	a, start, err := m.c.q.lock(ctx, m.c.closed, &quorumCall{
+		channel: m.keys[0],
+		ttl:     m.cfg.ttl,
+		try: func(i int, id string) (int64, error) {
+			return m.subs[i].attempt(ctx, tok, id, false)
+		},
+		undo: func(i int, id string) { m.subs[i].abandon(ctx, tok, id) },
+	}, tok, wait)
+	if err != nil || a.v == nil {
+		return false, err
+	}
+	m.quorumHeld(tok, owned, a, start)
+	return true, nil
+}
+
 // sleep waits for the timer, a notification on any member, ctx or Close.
-func (m *Mutex) sleep(ctx context.Context, ws []*watcher, t *time.Timer) error {
+func sleep(ctx context.Context, closed chan struct{}, ws []*watcher, t *time.Timer) error {
 	cases := make([]reflect.SelectCase, 0, len(ws)+3)
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(m.c.closed)},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(closed)},
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(t.C)})
 	for _, w := range ws {
 		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.sig)})
@@ -313,39 +439,36 @@ func (m *Mutex) sleep(ctx context.Context, ws []*watcher, t *time.Timer) error {
 	return nil
 }
 
-// undo releases, on every member (or, with only set, on the members whose
-// err is not nil), whatever the attempt id may have taken. It runs detached
-// from ctx and in parallel.
-func (m *Mutex) undo(ctx context.Context, tok, id string, only []error) {
-	m.each(func(i int, sub *Mutex) (int64, error) {
-		if only == nil || only[i] != nil {
-			sub.abandon(ctx, tok, id)
+// quorumHold makes the hold of a quorum grant a: one member hold per
+// granting master, started by sub(i) and renewed by that member, and the
+// hold's own lease, lost when fewer than a majority of member holds are
+// alive.
+func (c *Client) quorumHold(tok string, fence uint64, a answers, start time.Time, sub func(i int) *hold) *hold {
+	h := &hold{tok: tok, fence: fence, count: 1, lease: c.renew.Add(renew.Spec{
+		TTL: foreverTTL, Interval: -1, Start: start,
+	})}
+	h.subs = make([]*hold, len(a.v))
+	for i := range h.subs {
+		if a.err[i] == nil && a.v[i] > 0 {
+			h.subs[i] = sub(i)
 		}
-		return 0, nil
-	})
+	}
+	c.q.watch(h)
+	return h
 }
 
-// quorumHeld records a quorum hold: one member hold per granting master,
-// renewed by that member, and the hold's own lease, lost when fewer than a
-// majority of member holds are alive.
+// quorumHeld records a quorum hold of m.
 func (m *Mutex) quorumHeld(tok string, owned bool, a answers, start time.Time) {
 	fence := uint64(a.max)
 	newHold := func() *hold {
-		h := &hold{tok: tok, fence: fence, count: 1, lease: m.c.renew.Add(renew.Spec{
-			TTL: foreverTTL, Interval: -1, Start: start,
-		})}
-		h.subs = make([]*hold, len(m.subs))
-		for i, sub := range m.subs {
-			if a.err[i] == nil && a.v[i] > 0 {
-				h.subs[i] = sub.c.startHold(&sub.cfg, renew.Spec{
-					Script: mutexRenew,
-					Keys:   sub.keys[:1],
-					Args:   []any{tok, sub.ttlArg},
-				}, tok, uint64(a.v[i]), start)
-			}
-		}
-		m.c.q.watch(h)
-		return h
+		return m.c.quorumHold(tok, fence, a, start, func(i int) *hold {
+			sub := m.subs[i]
+			return sub.c.startHold(&sub.cfg, renew.Spec{
+				Script: mutexRenew,
+				Keys:   sub.keys[:1],
+				Args:   []any{tok, sub.ttlArg},
+			}, tok, uint64(a.v[i]), start)
+		})
 	}
 	if owned {
 		m.c.ownerHold(holdKey{m.keys[0], tok}, fence, newHold)
@@ -357,8 +480,7 @@ func (m *Mutex) quorumHeld(tok string, owned bool, a answers, start time.Time) {
 	m.cur = h
 	m.mu.Unlock()
 	if old != nil {
-		old.release()
-		old.releaseSubs()
+		old.releaseAll()
 	}
 }
 
@@ -429,39 +551,24 @@ func (m *Mutex) quorumUnlock(ctx context.Context) error {
 		h.unlockID = id
 		m.mu.Unlock()
 	}
-	// Every master learns the hold's token (the largest its quorum issued),
-	// so the next hold's token is larger wherever it is granted.
-	var floor any = argNone
-	if h != nil {
-		floor = strconv.FormatUint(h.fence, 10)
-	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	a := m.each(func(_ int, sub *Mutex) (int64, error) {
+	floor := floorArg(h)
+	a := each(m.subs, func(_ int, sub *Mutex) (int64, error) {
 		return sub.c.eval(dctx, mutexUnlock, sub.kargs, tok, id, sub.chanArg, fenceIdleArg, argNone, floor).Int64()
 	})
-	need := m.c.q.need
-	if a.got < need {
+	r, err := a.unlocked(m.c.q.need)
+	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
-		return a.noQuorum(need)
+		return err
 	}
 	if h != nil {
 		m.mu.Lock()
 		h.unlockID = ""
 		m.mu.Unlock()
 	}
-	var released, lowered int
-	for i, v := range a.v {
-		switch {
-		case a.err[i] != nil:
-		case v == 1:
-			released++
-		case v == 2:
-			lowered++
-		}
-	}
 	switch {
-	case lowered >= need:
+	case r == 2:
 		if h != nil && owned {
 			m.c.mu.Lock()
 			h.count--
@@ -469,16 +576,14 @@ func (m *Mutex) quorumUnlock(ctx context.Context) error {
 			m.c.mu.Unlock()
 			if last {
 				m.forget(owned, tok, h)
-				h.release()
-				h.releaseSubs()
+				h.releaseAll()
 			}
 		}
 		return nil
-	case released+lowered >= need:
+	case r == 1:
 		if h != nil {
 			m.forget(owned, tok, h)
-			h.release()
-			h.releaseSubs()
+			h.releaseAll()
 		}
 		return nil
 	case h != nil:
@@ -490,4 +595,73 @@ func (m *Mutex) quorumUnlock(ctx context.Context) error {
 	default:
 		return ErrNotHeld
 	}
+}
+
+// floorArg is the unlock script argument that raises every master's
+// fencing counter to h's token (the largest its quorum issued), so that the
+// next hold's token is larger wherever it is granted; none for a hold
+// without a token or not known here.
+func floorArg(h *hold) any {
+	if h == nil || h.fence == 0 {
+		return argNone
+	}
+	return strconv.FormatUint(h.fence, 10)
+}
+
+// releaseAll releases h and, for a quorum hold, stops renewing its member
+// holds at once (its watcher would, a little later).
+func (h *hold) releaseAll() {
+	h.release()
+	h.releaseSubs()
+}
+
+// quorumLock is RWMutex.lock in quorum mode. A read is granted when a
+// majority of masters granted it, each with its own writer preference; a
+// waiting caller keeps its waiting place on the masters that refused it
+// between attempts, so a waiting writer holds back new readers there and a
+// writer's Unlock there grants a waiting reader (whose next attempt finds
+// the grant). An upgrade refused by any master undoes the call everywhere.
+func (rw *RWMutex) quorumLock(ctx context.Context, mode, tok string, owned, wait bool) (bool, error) {
+	a, start, err := rw.c.q.lock(ctx, rw.c.closed, &quorumCall{
+		channel: rw.keys[0],
+		ttl:     rw.cfg.ttl,
+		try: func(i int, id string) (int64, error) {
+			return rw.subs[i].attempt(ctx, mode, tok, id, wait)
+		},
+		undo: func(i int, id string) { rw.subs[i].abandon(ctx, mode, tok, id) },
+		zero: ErrUpgrade,
+		keep: true,
+	}, tok, wait)
+	if err != nil || a.v == nil {
+		return false, err
+	}
+	fence := uint64(a.max)
+	if mode == modeRead {
+		fence = 0
+	}
+	rw.held(mode, tok, owned, fence, start, &a)
+	return true, nil
+}
+
+// quorumHold makes the quorum hold of grant a in mode.
+func (rw *RWMutex) quorumHold(mode, tok string, fence uint64, a answers, start time.Time) *hold {
+	return rw.c.quorumHold(tok, fence, a, start, func(i int) *hold {
+		sub := rw.subs[i]
+		f := uint64(a.v[i])
+		if mode == modeRead {
+			f = 0
+		}
+		return sub.c.startHold(&sub.cfg, sub.renewSpec(mode, tok), tok, f, start)
+	})
+}
+
+// quorumUnlock runs the unlock script on every master and sums up their
+// replies as one master's reply (see answers.unlocked). An Unlock raises
+// every master's fencing counter to the write hold's token, as for Mutex.
+func (rw *RWMutex) quorumUnlock(ctx context.Context, mode, tok, id string, h *hold) (int64, error) {
+	floor := floorArg(h)
+	a := each(rw.subs, func(_ int, sub *RWMutex) (int64, error) {
+		return rwUnlock.Run(ctx, sub.c.rdb, sub.keys, mode, tok, id, sub.keys[0], ms(finishedKeep), "", floor, ms(fenceIdle)).Int64()
+	})
+	return a.unlocked(rw.c.q.need)
 }

@@ -43,8 +43,7 @@ func hammer(t *testing.T, cs []*dsync.Client, name string, rounds int) {
 	t.Helper()
 	ctx := ctxT(t)
 	var inside, maxInside, total atomic.Int64
-	var mu sync.Mutex
-	var last uint64
+	var tokens rising
 	var wg sync.WaitGroup
 	for _, c := range cs {
 		for range 2 {
@@ -61,17 +60,7 @@ func hammer(t *testing.T, cs []*dsync.Client, name string, rounds int) {
 					if n > maxInside.Load() {
 						maxInside.Store(n)
 					}
-					l, err := m.Lease(ctx)
-					if err != nil {
-						t.Errorf("Lease: %v", err)
-					} else {
-						mu.Lock()
-						if l.Token() <= last {
-							t.Errorf("fencing token %d after %d", l.Token(), last)
-						}
-						last = l.Token()
-						mu.Unlock()
-					}
+					tokens.check(t, ctx, m.Lease)
 					total.Add(1)
 					time.Sleep(200 * time.Microsecond)
 					inside.Add(-1)
@@ -92,24 +81,55 @@ func hammer(t *testing.T, cs []*dsync.Client, name string, rounds int) {
 	}
 }
 
-func TestQuorumMutexMinorityDown(t *testing.T) {
+// rising checks that the fencing tokens of successive holds rise.
+type rising struct {
+	mu   sync.Mutex
+	last uint64
+}
+
+func (r *rising) check(t *testing.T, ctx context.Context, lease func(context.Context) (*dsync.Lease, error)) {
+	l, err := lease(ctx)
+	if err != nil {
+		t.Errorf("Lease: %v", err)
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l.Token() <= r.last {
+		t.Errorf("fencing token %d after %d", l.Token(), r.last)
+	}
+	r.last = l.Token()
+}
+
+// minorityDown runs hammer over two quorum Clients on 5 masters, stops 2
+// of them and runs it again.
+func minorityDown(t *testing.T, hammer func(*testing.T, []*dsync.Client, string, int), rounds int) {
 	ss, rdbs := masters(t, 5)
 	name := redistest.Key(t)
 	cs := []*dsync.Client{newQuorum(t, rdbs), newQuorum(t, rdbs)}
-	hammer(t, cs, name, 10)
+	hammer(t, cs, name, rounds)
 	ss[0].Stop()
 	ss[3].Stop()
-	hammer(t, cs, name, 10)
+	hammer(t, cs, name, rounds)
 }
 
-func TestQuorumMutexMajorityDownFails(t *testing.T) {
+func TestQuorumMutexMinorityDown(t *testing.T) { minorityDown(t, hammer, 10) }
+
+// majorityDown starts 5 masters and stops 0, 2 and 4 of them; it returns
+// them, their clients and a quorum Client over all five.
+func majorityDown(t *testing.T) ([]*redistest.Server, []redis.UniversalClient, *dsync.Client) {
 	ss, rdbs := masters(t, 5)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
 	c := newQuorum(t, rdbs)
 	for _, i := range []int{0, 2, 4} {
 		ss[i].Stop()
 	}
+	return ss, rdbs, c
+}
+
+func TestQuorumMutexMajorityDownFails(t *testing.T) {
+	ss, rdbs, c := majorityDown(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
 	m := c.Mutex(name)
 	if err := m.Lock(ctx); !errors.Is(err, dsync.ErrNoQuorum) {
 		t.Fatalf("Lock with 3 of 5 masters down = %v, want ErrNoQuorum", err)
@@ -225,9 +245,6 @@ func TestQuorumRefusesOtherPrimitives(t *testing.T) {
 	}
 	if err := c.Once("o").Do(ctx, func(context.Context) error { return nil }); !errors.Is(err, dsync.ErrInvalid) {
 		t.Errorf("Once.Do in quorum mode = %v, want ErrInvalid", err)
-	}
-	if err := c.RWMutex("rw").Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
-		t.Errorf("RWMutex.Lock in quorum mode = %v, want ErrInvalid", err)
 	}
 	if n := counter.RoundTrips(); n != 0 {
 		t.Errorf("refused calls sent %d commands, want 0", n)

@@ -42,7 +42,9 @@ const (
 // Client while the hold lives. Each reader has its own: a reader that dies
 // frees its share when its lease runs out, whatever the other readers do.
 // Each fresh write acquisition gets a fencing token larger than every
-// earlier one of the name ([Lease.Token]); read holds carry none.
+// earlier one of the name ([Lease.Token]); read holds carry none. On a
+// Client made by [NewQuorum] every hold, read or write, is granted by a
+// majority of independent masters.
 //
 // Writers are preferred, as in sync.RWMutex: once a writer waits, new
 // readers wait too (an owner re-entering its read hold does not), so a
@@ -58,6 +60,8 @@ type RWMutex struct {
 	// zset, waiting readers hash, finished calls zset
 	keys []string
 	err  error
+
+	subs []*RWMutex // quorum mode: this handle on each member (see quorum.go)
 
 	mu    sync.Mutex
 	w     *hold   // the handle's write hold, without an owner in ctx
@@ -81,11 +85,11 @@ func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	if name == "" {
 		rw.err = fmt.Errorf("%w: empty name", ErrInvalid)
 	}
-	if c != nil && c.q != nil {
-		rw.err = errQuorumOnly
-	}
 	k := rw.cfg.keyOf(name) + ":rw"
 	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x"}
+	if c != nil && c.q != nil {
+		rw.subs = c.q.rwmutexes(name, opts)
+	}
 	return rw
 }
 
@@ -155,6 +159,9 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	if !owned {
 		tok = newToken()
 	}
+	if rw.subs != nil {
+		return rw.quorumLock(ctx, mode, tok, owned, wait)
+	}
 	id := newCallID()
 	start := time.Now()
 	v, err := rw.attempt(ctx, mode, tok, id, wait)
@@ -184,7 +191,7 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	if mode == modeRead {
 		fence = 0
 	}
-	rw.held(mode, tok, owned, fence, start)
+	rw.held(mode, tok, owned, fence, start, nil)
 	return true, nil
 }
 
@@ -260,10 +267,15 @@ func (rw *RWMutex) renewSpec(mode, tok string) renew.Spec {
 	return renew.Spec{Script: rwRenew, Keys: rw.keys[:1], Args: []any{tok, ms(rw.cfg.ttl)}}
 }
 
-// held records a hold taken (or re-entered) by tok.
-func (rw *RWMutex) held(mode, tok string, owned bool, fence uint64, start time.Time) {
-	spec := rw.renewSpec(mode, tok)
-	newHold := func() *hold { return rw.c.startHold(&rw.cfg, spec, tok, fence, start) }
+// held records a hold taken (or re-entered) by tok; q is the grant of a
+// quorum hold, nil on one deployment.
+func (rw *RWMutex) held(mode, tok string, owned bool, fence uint64, start time.Time, q *answers) {
+	newHold := func() *hold {
+		if q != nil {
+			return rw.quorumHold(mode, tok, fence, *q, start)
+		}
+		return rw.c.startHold(&rw.cfg, rw.renewSpec(mode, tok), tok, fence, start)
+	}
 	if owned {
 		rw.c.ownerHold(rw.holdKey(mode, tok), fence, newHold)
 		return
@@ -281,7 +293,7 @@ func (rw *RWMutex) held(mode, tok string, owned bool, fence uint64, start time.T
 	if old != nil {
 		// The previous write hold of this handle is gone, or Lock would
 		// have waited.
-		old.release()
+		old.releaseAll()
 	}
 }
 
@@ -364,7 +376,12 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	}
 	dctx, cancel := detached(ctx)
 	defer cancel()
-	r, err := rwUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, id, rw.keys[0], ms(finishedKeep), "").Int64()
+	var r int64
+	if rw.subs != nil {
+		r, err = rw.quorumUnlock(dctx, mode, tok, id, h)
+	} else {
+		r, err = rwUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, id, rw.keys[0], ms(finishedKeep), "").Int64()
+	}
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		if !owned {
@@ -385,9 +402,10 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 			}
 			if r == 0 {
 				h.lease.MarkLost()
+				h.releaseSubs()
 				return ErrLeaseLost
 			}
-			h.release()
+			h.releaseAll()
 		}
 		return nil
 	case r == 2:
@@ -405,7 +423,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 				// Another process re-entered with this owner and renews
 				// the rest of the hold.
 				rw.c.dropHold(rw.holdKey(mode, tok), h)
-				h.release()
+				h.releaseAll()
 			}
 		}
 		return nil

@@ -15,6 +15,11 @@
 --         cannot take effect later, its waiting place is dropped, and one
 --         level of the hold is released only if that call took or re-entered
 --         it (its id is among the hold's remembered call ids).
+-- ARGV[7] (quorum mode only, else absent or '') the fencing token of the
+--         write hold: this master's counter is raised to it, so the next
+--         writer's token is larger even where another master's clock ran
+--         ahead when it was issued
+-- ARGV[8] (with ARGV[7]) idle expiry of the fence hash (ms)
 -- Reply: 1 released, 2 still held by the owner (its count went down),
 --        0 the owner does not hold it.
 
@@ -77,6 +82,14 @@ end
 local function finish(cid)
   redis.call('ZADD', X, num(now + keep), cid)
   redis.call('PEXPIRE', X, keep)
+end
+
+if ARGV[7] and ARGV[7] ~= '' then
+  local floor = tonumber(ARGV[7])
+  if floor and floor > (tonumber(redis.call('HGET', KEYS[2], 'n')) or 0) then
+    redis.call('HSET', KEYS[2], 'n', ARGV[7])
+    redis.call('PEXPIRE', KEYS[2], ARGV[8])
+  end
 end
 
 -- A repeat of an unlock that released answers as before.

@@ -1,0 +1,333 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// miniMasters returns n miniredis masters, one client each.
+func miniMasters(t *testing.T, n int) []redis.UniversalClient {
+	t.Helper()
+	var rdbs []redis.UniversalClient
+	for range n {
+		rdbs = append(rdbs, redistest.Miniredis(t).NewClient(t))
+	}
+	return rdbs
+}
+
+// rwHammer runs, on every client, two writers and three readers of the
+// RWMutex name, rounds times each, and checks that a writer was alone and
+// that write tokens rose.
+func rwHammer(t *testing.T, cs []*dsync.Client, name string, rounds int) {
+	t.Helper()
+	ctx := ctxT(t)
+	var readers, writers, maxReaders, bad, total atomic.Int64
+	var tokens rising
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		for g := range 5 {
+			rw := c.RWMutex(name)
+			writer := g < 2
+			lock, unlock, in := rw.RLock, rw.RUnlock, &readers
+			if writer {
+				lock, unlock, in = rw.Lock, rw.Unlock, &writers
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					if err := lock(ctx); err != nil {
+						t.Errorf("lock (writer %v): %v", writer, err)
+						return
+					}
+					n := in.Add(1)
+					if writers.Load() > 0 && (readers.Load() > 0 || writers.Load() > 1) {
+						bad.Add(1)
+					}
+					if !writer && n > maxReaders.Load() {
+						maxReaders.Store(n) // a lower bound: racy but never too high
+					}
+					if writer {
+						tokens.check(t, ctx, rw.Lease)
+					}
+					total.Add(1)
+					time.Sleep(time.Millisecond)
+					in.Add(-1)
+					if err := unlock(ctx); err != nil {
+						t.Errorf("unlock (writer %v): %v", writer, err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if n := bad.Load(); n != 0 {
+		t.Errorf("%d times a writer was not alone", n)
+	}
+	if got, want := total.Load(), int64(len(cs)*5*rounds); got != want {
+		t.Errorf("acquisitions = %d, want %d", got, want)
+	}
+	t.Logf("most readers at once: %d", maxReaders.Load())
+}
+
+// Quorum RWMutex on miniredis: readers share, a writer is alone, across two
+// quorum Clients.
+func TestQuorumRWMutexMiniredisHammer(t *testing.T) {
+	rdbs := miniMasters(t, 3)
+	name := redistest.Key(t)
+	rwHammer(t, []*dsync.Client{newQuorum(t, rdbs), newQuorum(t, rdbs)}, name, 8)
+
+	// Readers of two Clients share it; a writer of either is refused.
+	ctx := ctxT(t)
+	a, b := newQuorum(t, rdbs).RWMutex(name), newQuorum(t, rdbs).RWMutex(name)
+	for _, rw := range []*dsync.RWMutex{a, b} {
+		if ok, err := rw.TryRLock(ctx); !ok || err != nil {
+			t.Fatalf("TryRLock beside another reader = %v, %v; want true", ok, err)
+		}
+	}
+	if ok, err := a.TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock while two read = %v, %v; want false, nil", ok, err)
+	}
+	for _, rw := range []*dsync.RWMutex{a, b} {
+		if err := rw.RUnlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := a.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock after the readers left = %v, %v; want true", ok, err)
+	}
+	if ok, err := b.TryRLock(ctx); ok || err != nil {
+		t.Fatalf("TryRLock while a writer holds = %v, %v; want false, nil", ok, err)
+	}
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Fatalf("extra Unlock = %v, want ErrNotHeld", err)
+	}
+}
+
+func TestQuorumRWMutexReentrancyAndLeases(t *testing.T) {
+	rdbs := miniMasters(t, 3)
+	ctx := dsync.WithOwner(ctxT(t))
+	name := redistest.Key(t)
+	rw := newQuorum(t, rdbs).RWMutex(name)
+	other := newQuorum(t, rdbs).RWMutex(name)
+
+	for range 2 {
+		if err := rw.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wl, err := rw.Lease(ctx)
+	if err != nil || wl.Token() == 0 {
+		t.Fatalf("Lease = %v, %v; want a token", wl, err)
+	}
+	// A downgrade: read while writing, then leave the write lock.
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rl, err := rw.RLease(ctx)
+	if err != nil || rl.Token() != 0 {
+		t.Fatalf("RLease = %v, %v; want token 0", rl, err)
+	}
+	if err := rw.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := other.TryRLock(ctxT(t)); ok {
+		t.Fatal("another reader got in while the owner still writes (1 of 2 levels left)")
+	}
+	if err := rw.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wl.Done():
+		if wl.Err() != nil {
+			t.Fatalf("write Lease.Err after Unlock = %v, want nil", wl.Err())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("write lease not done after the last Unlock")
+	}
+	if _, err := rw.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Fatalf("Lease after Unlock = %v, want ErrNotHeld", err)
+	}
+	// The read hold kept by the downgrade is shared, and blocks writers.
+	if ok, err := other.TryRLock(ctxT(t)); !ok || err != nil {
+		t.Fatalf("TryRLock beside the downgraded reader = %v, %v", ok, err)
+	}
+	if ok, _ := newQuorum(t, rdbs).RWMutex(name).TryLock(ctxT(t)); ok {
+		t.Fatal("a writer got in beside two readers")
+	}
+	if err := other.RUnlock(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	// Read re-entry.
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := rw.RUnlock(ctx); err != nil {
+			t.Fatalf("RUnlock %d: %v", i, err)
+		}
+	}
+	if _, err := rw.RLease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Fatalf("RLease after the last RUnlock = %v, want ErrNotHeld", err)
+	}
+	if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Fatalf("extra RUnlock = %v, want ErrNotHeld", err)
+	}
+	if ok, err := other.TryLock(ctxT(t)); !ok || err != nil {
+		t.Fatalf("TryLock after every hold was released = %v, %v", ok, err)
+	}
+	_ = other.Unlock(ctxT(t))
+}
+
+func TestQuorumRWMutexUpgrade(t *testing.T) {
+	rdbs := miniMasters(t, 3)
+	ctx := dsync.WithOwner(ctxT(t))
+	name := redistest.Key(t)
+	rw := newQuorum(t, rdbs).RWMutex(name)
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
+		t.Fatalf("Lock while reading = %v, want ErrUpgrade", err)
+	}
+	if ok, err := rw.TryLock(ctx); ok || !errors.Is(err, dsync.ErrUpgrade) {
+		t.Fatalf("TryLock while reading = %v, %v; want false, ErrUpgrade", ok, err)
+	}
+	// The refused upgrade left no writer place behind: readers still come in.
+	other := newQuorum(t, rdbs).RWMutex(name)
+	if ok, err := other.TryRLock(ctxT(t)); !ok || err != nil {
+		t.Fatalf("TryRLock after a refused upgrade = %v, %v; want true", ok, err)
+	}
+	_ = other.RUnlock(ctxT(t))
+	if err := rw.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Lock(ctx); err != nil {
+		t.Fatalf("Lock after RUnlock = %v", err)
+	}
+	_ = rw.Unlock(ctx)
+}
+
+// A waiting reader is woken by the writer's Unlock, and a waiting writer by
+// the last reader's RUnlock, not by a timer (the TTL is long).
+func TestQuorumRWMutexWakesOnRelease(t *testing.T) {
+	rdbs := miniMasters(t, 3)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	w := newQuorum(t, rdbs).RWMutex(name)
+	r := newQuorum(t, rdbs).RWMutex(name)
+	await := func(what string, got chan error, unlock func() error) {
+		t.Helper()
+		time.Sleep(30 * time.Millisecond)
+		select {
+		case err := <-got:
+			t.Fatalf("%s before the release: %v", what, err)
+		default:
+		}
+		if err := unlock(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s not woken by the release", what)
+		}
+	}
+	if err := w.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- r.RLock(ctx) }()
+	await("RLock", got, func() error { return w.Unlock(ctx) })
+	go func() { got <- w.Lock(ctx) }()
+	await("Lock", got, func() error { return r.RUnlock(ctx) })
+	// While the writer waited it held back new readers; now it holds.
+	if ok, _ := r.TryRLock(ctx); ok {
+		t.Fatal("a reader got in while the writer holds")
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A cancelled waiter leaves nothing behind.
+	if err := w.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := r.RLock(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("RLock with a short ctx = %v, want DeadlineExceeded", err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := w.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock after the cancelled reader = %v, %v; want true", ok, err)
+	}
+	_ = w.Unlock(ctx)
+}
+
+func TestQuorumRWMutexMinorityDown(t *testing.T) { minorityDown(t, rwHammer, 6) }
+
+func TestQuorumRWMutexMajorityDownFails(t *testing.T) {
+	ss, rdbs, c := majorityDown(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	rw := c.RWMutex(name)
+	try := func(f func(context.Context) (bool, error)) func(context.Context) error {
+		return func(ctx context.Context) error {
+			ok, err := f(ctx)
+			if ok {
+				return errors.New("granted")
+			}
+			return err
+		}
+	}
+	for what, call := range map[string]func(context.Context) error{
+		"Lock": rw.Lock, "RLock": rw.RLock, "TryLock": try(rw.TryLock), "TryRLock": try(rw.TryRLock),
+	} {
+		if err := call(ctx); !errors.Is(err, dsync.ErrNoQuorum) {
+			t.Fatalf("%s with 3 of 5 masters down = %v, want ErrNoQuorum", what, err)
+		}
+	}
+	for what, lease := range map[string]func(context.Context) (*dsync.Lease, error){"Lease": rw.Lease, "RLease": rw.RLease} {
+		if _, err := lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("%s after the failed calls = %v, want ErrNotHeld", what, err)
+		}
+	}
+	// The two live masters hold nothing of it: no writer, reader or place.
+	k := "dsync:{" + name + "}:rw"
+	for _, i := range []int{1, 3} {
+		for _, key := range []string{k, k + ":r", k + ":ww", k + ":rq"} {
+			if n, err := rdbs[i].Exists(ctx, key).Result(); n != 0 || err != nil {
+				t.Errorf("master %d: %s exists = %d, %v; want 0", i, key, n, err)
+			}
+		}
+	}
+	// A restarted master rejoins: three of five answer again.
+	ss[2].Start()
+	if err := rw.RLock(ctx); err != nil {
+		t.Fatalf("RLock after a master rejoined = %v", err)
+	}
+	if ok, _ := newQuorum(t, rdbs).RWMutex(name).TryLock(ctx); ok {
+		t.Fatal("another client took the write lock beside a reader")
+	}
+	if err := rw.RUnlock(ctx); err != nil {
+		t.Fatalf("RUnlock = %v", err)
+	}
+}
