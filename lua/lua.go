@@ -15,18 +15,29 @@ import (
 //go:embed *.lua
 var files embed.FS
 
+// libs names the scripts that begin with the shared definitions of a
+// *_lib.lua file.
+var libs = map[string]string{
+	"semaphore_acquire": "semaphore_lib",
+	"semaphore_release": "semaphore_lib",
+	"semaphore_abandon": "semaphore_lib",
+	"rwmutex_lock":      "rwmutex_lib",
+	"rwmutex_unlock":    "rwmutex_lib",
+	"mutex_lock":        "mutex_lib",
+	"mutex_unlock":      "mutex_lib",
+}
+
 // Source returns the source of the script called name (its file name
-// without ".lua"), as dsync runs it: the semaphore's acquire, release and
-// abandon scripts begin with the shared definitions of semaphore_lib.lua. It
-// panics if there is no such script, a programming error.
+// without ".lua"), as dsync runs it: some scripts begin with the shared
+// definitions of their primitive's *_lib.lua. It panics if there is no such
+// script, a programming error.
 func Source(name string) string {
 	b, err := files.ReadFile(name + ".lua")
 	if err != nil {
 		panic(fmt.Sprintf("lua: no script %q", name))
 	}
-	switch name {
-	case "semaphore_acquire", "semaphore_release", "semaphore_abandon":
-		return Source("semaphore_lib") + string(b)
+	if lib, ok := libs[name]; ok {
+		return Source(lib) + string(b)
 	}
 	return string(b)
 }

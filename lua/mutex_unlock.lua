@@ -17,23 +17,6 @@
 --        went down), 0 the owner does not hold it.
 
 local tok, id, ch, idle, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
--- Call ids. A field holds the ids of the last few calls, space-separated,
--- so that a go-redis retry that arrives after other calls of the same owner
--- is still recognised as a repeat.
-local function seen(list, id)
-  return list ~= nil and list ~= false and string.find(' ' .. list .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
-end
-local function remember(list, id)
-  if not list or list == '' then
-    return id
-  end
-  local l = list .. ' ' .. id
-  local _, n = string.gsub(l, ' ', ' ')
-  if n >= 16 then
-    l = string.sub(l, string.find(l, ' ', 1, true) + 1)
-  end
-  return l
-end
 local function forget(list, id)
   local l = ' ' .. list .. ' '
   local i = string.find(l, ' ' .. id .. ' ', 1, true)
