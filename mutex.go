@@ -261,33 +261,9 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if m.subs != nil {
 		return m.quorumUnlock(ctx)
 	}
-	tok, owned, err := owner(ctx)
-	if err != nil {
+	tok, owned, h, id, done, err := m.unlockTarget(ctx)
+	if done || err != nil {
 		return err
-	}
-	var h *hold
-	if owned {
-		if m.cfg.local && m.c.leave(holdKey{m.keys[0], tok}) {
-			return nil
-		}
-		h = m.c.lookupHold(holdKey{m.keys[0], tok})
-	} else {
-		m.mu.Lock()
-		h = m.cur
-		m.mu.Unlock()
-		if h == nil {
-			return ErrNotHeld
-		}
-		tok = h.tok
-	}
-	id := newCallID()
-	if h != nil {
-		m.mu.Lock()
-		if h.unlockID != "" {
-			id = h.unlockID
-		}
-		h.unlockID = id
-		m.mu.Unlock()
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
@@ -329,6 +305,42 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	default:
 		return ErrNotHeld
 	}
+}
+
+// unlockTarget finds what an Unlock with ctx releases: the owner's token
+// and this process's record of its hold (nil if another process took it),
+// or the handle's hold; and the call id, reused from an earlier Unlock whose
+// reply was lost. done reports an inner unlock of client reentrancy, which
+// needs no round trip.
+func (m *Mutex) unlockTarget(ctx context.Context) (tok string, owned bool, h *hold, id string, done bool, err error) {
+	tok, owned, err = owner(ctx)
+	if err != nil {
+		return "", false, nil, "", false, err
+	}
+	if owned {
+		if m.cfg.local && m.c.leave(holdKey{m.keys[0], tok}) {
+			return "", false, nil, "", true, nil
+		}
+		h = m.c.lookupHold(holdKey{m.keys[0], tok})
+	} else {
+		m.mu.Lock()
+		h = m.cur
+		m.mu.Unlock()
+		if h == nil {
+			return "", false, nil, "", false, ErrNotHeld
+		}
+		tok = h.tok
+	}
+	id = newCallID()
+	if h != nil {
+		m.mu.Lock()
+		if h.unlockID != "" {
+			id = h.unlockID
+		}
+		h.unlockID = id
+		m.mu.Unlock()
+	}
+	return tok, owned, h, id, false, nil
 }
 
 func (m *Mutex) forget(owned bool, tok string, h *hold) {

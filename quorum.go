@@ -523,33 +523,9 @@ func (h *hold) releaseSubs() {
 }
 
 func (m *Mutex) quorumUnlock(ctx context.Context) error {
-	tok, owned, err := owner(ctx)
-	if err != nil {
+	tok, owned, h, id, done, err := m.unlockTarget(ctx)
+	if done || err != nil {
 		return err
-	}
-	var h *hold
-	if owned {
-		if m.cfg.local && m.c.leave(holdKey{m.keys[0], tok}) {
-			return nil
-		}
-		h = m.c.lookupHold(holdKey{m.keys[0], tok})
-	} else {
-		m.mu.Lock()
-		h = m.cur
-		m.mu.Unlock()
-		if h == nil {
-			return ErrNotHeld
-		}
-		tok = h.tok
-	}
-	id := newCallID()
-	if h != nil {
-		m.mu.Lock()
-		if h.unlockID != "" {
-			id = h.unlockID
-		}
-		h.unlockID = id
-		m.mu.Unlock()
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
