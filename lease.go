@@ -1,6 +1,8 @@
 package dsync
 
 import (
+	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -141,4 +143,40 @@ func (c *Client) dropHold(k holdKey, h *hold) {
 		delete(c.holds, k)
 	}
 	c.mu.Unlock()
+}
+
+// handleHold is what a call finds through a handle: the hold of ctx's
+// owner, recorded under key, or without an owner the handle's own hold *cur,
+// guarded by mu.
+func (c *Client) handleHold(ctx context.Context, key string, mu *sync.Mutex, cur **hold) (*hold, error) {
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var h *hold
+	if owned {
+		h = c.lookupHold(holdKey{key, tok})
+	} else {
+		mu.Lock()
+		h = *cur
+		mu.Unlock()
+	}
+	if h == nil {
+		return nil, ErrNotHeld
+	}
+	return h, nil
+}
+
+// forgetHold forgets h, the hold of owner tok recorded under key, or the
+// handle's own hold *cur.
+func (c *Client) forgetHold(key string, owned bool, tok string, h *hold, mu *sync.Mutex, cur **hold) {
+	if owned {
+		c.dropHold(holdKey{key, tok}, h)
+		return
+	}
+	mu.Lock()
+	if *cur == h {
+		*cur = nil
+	}
+	mu.Unlock()
 }

@@ -344,15 +344,7 @@ func (m *Mutex) unlockTarget(ctx context.Context) (tok string, owned bool, h *ho
 }
 
 func (m *Mutex) forget(owned bool, tok string, h *hold) {
-	if owned {
-		m.c.dropHold(holdKey{m.keys[0], tok}, h)
-		return
-	}
-	m.mu.Lock()
-	if m.cur == h {
-		m.cur = nil
-	}
-	m.mu.Unlock()
+	m.c.forgetHold(m.keys[0], owned, tok, h, &m.mu, &m.cur)
 }
 
 // Lease returns the lease of the current hold of ctx's owner on m or,
@@ -362,20 +354,9 @@ func (m *Mutex) Lease(ctx context.Context) (*Lease, error) {
 	if err := m.check(); err != nil {
 		return nil, err
 	}
-	tok, owned, err := owner(ctx)
+	h, err := m.c.handleHold(ctx, m.keys[0], &m.mu, &m.cur)
 	if err != nil {
 		return nil, err
-	}
-	var h *hold
-	if owned {
-		h = m.c.lookupHold(holdKey{m.keys[0], tok})
-	} else {
-		m.mu.Lock()
-		h = m.cur
-		m.mu.Unlock()
-	}
-	if h == nil {
-		return nil, ErrNotHeld
 	}
 	return h.leaseView(), nil
 }

@@ -394,15 +394,7 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 }
 
 func (s *Semaphore) forget(owned bool, tok string, h *hold) {
-	if owned {
-		s.c.dropHold(holdKey{s.keys[0], tok}, h)
-		return
-	}
-	s.mu.Lock()
-	if s.cur == h {
-		s.cur = nil
-	}
-	s.mu.Unlock()
+	s.c.forgetHold(s.keys[0], owned, tok, h, &s.mu, &s.cur)
 }
 
 // Lease returns the lease of the permits held by ctx's owner or, without
@@ -412,20 +404,9 @@ func (s *Semaphore) Lease(ctx context.Context) (*Lease, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	tok, owned, err := owner(ctx)
+	h, err := s.c.handleHold(ctx, s.keys[0], &s.mu, &s.cur)
 	if err != nil {
 		return nil, err
-	}
-	var h *hold
-	if owned {
-		h = s.c.lookupHold(holdKey{s.keys[0], tok})
-	} else {
-		s.mu.Lock()
-		h = s.cur
-		s.mu.Unlock()
-	}
-	if h == nil {
-		return nil, ErrNotHeld
 	}
 	return h.leaseView(), nil
 }
