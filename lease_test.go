@@ -407,3 +407,35 @@ func TestLeaseAfterLongWaitIsLive(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLeaseRenewalManyNames keeps holds on names in many hash slots alive
+// together: their renewals share calls, grouped by slot on a cluster.
+func TestLeaseRenewalManyNames(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		c := newClient(t, b, dsync.TTL(900*time.Millisecond))
+		other := newClient(t, b)
+		base := redistest.Key(t)
+		var ms []*dsync.Mutex
+		for i := 0; i < 12; i++ {
+			m := c.Mutex(base + "-" + string(rune('a'+i)))
+			if err := m.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			ms = append(ms, m)
+		}
+		time.Sleep(2700 * time.Millisecond) // three TTLs
+		for i, m := range ms {
+			l, err := m.Lease(ctx)
+			if err != nil || l.Err() != nil {
+				t.Fatalf("hold %d: Lease = %v, %v", i, l, err)
+			}
+			if ok, _ := other.Mutex(base + "-" + string(rune('a'+i))).TryLock(ctx); ok {
+				t.Fatalf("hold %d expired: renewal failed", i)
+			}
+			if err := m.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}

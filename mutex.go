@@ -230,6 +230,7 @@ func (m *Mutex) held(tok string, owned bool, fence uint64, start time.Time) {
 	newHold := func() *hold {
 		return m.c.startHold(&m.cfg, renew.Spec{
 			Script: mutexRenew,
+			Batch:  mutexRenews,
 			Keys:   m.keys[:1],
 			Args:   []any{tok, m.ttlArg},
 		}, tok, fence, start)

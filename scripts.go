@@ -14,6 +14,7 @@ var (
 	mutexLock   = newScript(lua.Script("mutex_lock"))
 	mutexUnlock = newScript(lua.Script("mutex_unlock"))
 	mutexRenew  = lua.Script("mutex_renew")
+	mutexRenews = lua.Script("mutex_renew_batch")
 
 	rwLock   = lua.Script("rwmutex_lock")
 	rwUnlock = lua.Script("rwmutex_unlock")

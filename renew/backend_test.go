@@ -22,6 +22,18 @@ const renewScript = `if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0`
 
+// renewBatchScript is renewScript for many holds at once (Spec.Batch).
+const renewBatchScript = `local out = {}
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out`
+
 // backend is one Redis to test against.
 type backend struct {
 	name  string

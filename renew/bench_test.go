@@ -16,6 +16,16 @@ import (
 // Renewer against a real redis-server: round trips and time per pass, and
 // the renewer's heap per hold.
 func BenchmarkTick10000(b *testing.B) {
+	for _, batch := range []*redis.Script{nil, batchScript} {
+		name := "batch=none"
+		if batch != nil {
+			name = "batch=script"
+		}
+		b.Run(name, func(b *testing.B) { benchTick(b, batch) })
+	}
+}
+
+func benchTick(b *testing.B, batch *redis.Script) {
 	const (
 		holds = 10000
 		ttl   = 30 * time.Second
@@ -36,7 +46,7 @@ func BenchmarkTick10000(b *testing.B) {
 	for i := range specs {
 		key := fmt.Sprintf("bench:{lock-%d}", i)
 		owner := fmt.Sprintf("owner-%d", i)
-		specs[i] = renew.Spec{Script: script, Keys: []string{key},
+		specs[i] = renew.Spec{Script: script, Batch: batch, Keys: []string{key},
 			Args: []any{owner, ttl.Milliseconds()}, TTL: ttl, Start: start}
 		pipe.Set(ctx, key, owner, ttl)
 	}

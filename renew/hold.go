@@ -27,6 +27,7 @@ var closedChan = func() chan struct{} {
 type Hold struct {
 	r      *Renewer
 	script *redis.Script
+	batch  *redis.Script // renews many holds at once, or nil
 	keys   []string
 	args   []any
 	cmd    []any // EVALSHA sha numkeys keys... args..., boxed at the first renewal

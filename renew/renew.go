@@ -40,6 +40,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -70,6 +71,13 @@ type Spec struct {
 	Script *redis.Script
 	Keys   []string
 	Args   []any
+	// Batch, if set, renews many holds of this kind in one call: its KEYS
+	// are the Keys of each hold in turn, its ARGV their Args in turn (every
+	// hold of one Batch script has as many Keys and Args), and it replies
+	// with an array of 1 or 0, one per hold, in order. Holds due together
+	// share one call per round trip (on Redis Cluster, one per hash slot)
+	// instead of one call each.
+	Batch *redis.Script
 	// TTL is the lease length the acquire (and each renewal) set on the server.
 	TTL time.Duration
 	// Interval between renewals; 0 means TTL/3. Negative means never renew:
@@ -155,6 +163,8 @@ type Renewer struct {
 	// Owned by the scheduler.
 	parked []*Hold
 
+	cluster bool // batches are grouped by hash slot
+
 	// Used by the sender's round trips.
 	loadMu sync.Mutex
 	loaded map[*redis.Script]bool // scripts loaded since the last NOSCRIPT
@@ -189,6 +199,7 @@ func New(c Client, opts ...Option) *Renewer {
 		loaded: make(map[*redis.Script]bool),
 		armed:  math.MaxInt64,
 	}
+	_, r.cluster = c.(*redis.ClusterClient)
 	go r.run()
 	go r.sender()
 	return r
@@ -206,6 +217,7 @@ func (r *Renewer) Add(s Spec) *Hold {
 	h := &Hold{
 		r:        r,
 		script:   s.Script,
+		batch:    s.Batch,
 		keys:     s.Keys,
 		args:     s.Args,
 		ttl:      int64(s.TTL),
@@ -606,13 +618,20 @@ func (r *Renewer) load(ctx context.Context, hs []*Hold, idx []int) error {
 		}
 		scripts = append(scripts, s)
 	}
+	addHold := func(h *Hold) {
+		if h.batch != nil {
+			add(h.batch)
+		} else {
+			add(h.script)
+		}
+	}
 	if idx == nil {
 		for _, h := range hs {
-			add(h.script)
+			addHold(h)
 		}
 	} else {
 		for _, i := range idx {
-			add(hs[i].script)
+			addHold(hs[i])
 		}
 	}
 	for _, s := range scripts {
@@ -635,12 +654,41 @@ func contains(ss []*redis.Script, s *redis.Script) bool {
 }
 
 // exec sends the renewals of hs[idx] in one pipeline and stores their
-// outcomes in res[idx].
+// outcomes in res[idx]. Holds with a Batch script share one command per
+// script (and, on a cluster, per hash slot).
 func (r *Renewer) exec(ctx context.Context, hs []*Hold, idx []int, res []result) {
 	pipe := r.c.Pipeline()
+	type group struct {
+		cmd  *redis.Cmd
+		idx  []int // into hs, in the order of the batch's replies
+		args []any
+	}
+	type groupKey struct {
+		s    *redis.Script
+		slot int
+	}
+	var groups map[groupKey]*group
+	var order []*group
 	cmds := make([]*redis.Cmd, len(idx))
 	for j, i := range idx {
 		h := hs[i]
+		if h.batch != nil {
+			k := groupKey{h.batch, -1}
+			if r.cluster {
+				k.slot = slot(h.keys[0])
+			}
+			if groups == nil {
+				groups = make(map[groupKey]*group)
+			}
+			g := groups[k]
+			if g == nil {
+				g = &group{}
+				groups[k] = g
+				order = append(order, g)
+			}
+			g.idx = append(g.idx, i)
+			continue
+		}
 		if h.cmd == nil {
 			// Built once, at the first renewal: most holds end before it.
 			h.cmd = make([]any, 0, 3+len(h.keys)+len(h.args))
@@ -653,11 +701,43 @@ func (r *Renewer) exec(ctx context.Context, hs []*Hold, idx []int, res []result)
 		cmds[j] = redis.NewCmd(ctx, h.cmd...)
 		_ = pipe.Process(ctx, cmds[j])
 	}
+	for _, g := range order {
+		first := hs[g.idx[0]]
+		nk, na := len(first.keys), len(first.args)
+		a := make([]any, 0, 3+len(g.idx)*(nk+na))
+		a = append(a, "evalsha", first.batch.Hash(), len(g.idx)*nk)
+		for _, i := range g.idx {
+			for _, k := range hs[i].keys {
+				a = append(a, k)
+			}
+		}
+		for _, i := range g.idx {
+			a = append(a, hs[i].args...)
+		}
+		g.cmd = redis.NewCmd(ctx, a...)
+		_ = pipe.Process(ctx, g.cmd)
+	}
 	sent := r.now()
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	for j, i := range idx {
+		if cmds[j] == nil {
+			continue
+		}
 		v, err := cmds[j].Int64()
 		res[i] = result{sent: sent, err: err, val: v}
+	}
+	for _, g := range order {
+		vs, err := g.cmd.Int64Slice()
+		if err == nil && len(vs) != len(g.idx) {
+			err = fmt.Errorf("renew: batch replied %d values for %d holds", len(vs), len(g.idx))
+		}
+		for n, i := range g.idx {
+			if err != nil {
+				res[i] = result{sent: sent, err: err}
+				continue
+			}
+			res[i] = result{sent: sent, val: vs[n]}
+		}
 	}
 }
 

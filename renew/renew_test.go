@@ -18,7 +18,10 @@ import (
 
 var errTestLost = errors.New("test: lease lost")
 
-var script = redis.NewScript(renewScript)
+var (
+	script      = redis.NewScript(renewScript)
+	batchScript = redis.NewScript(renewBatchScript)
+)
 
 var keySeq atomic.Int64
 

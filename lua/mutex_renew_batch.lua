@@ -1,0 +1,18 @@
+-- mutex_renew_batch: mutex_renew.lua for many holds in one call.
+--
+-- KEYS[i] lock hash of hold i
+-- ARGV[2i-1] owner token of hold i
+-- ARGV[2i]   lease TTL of hold i (ms)
+-- Reply: an array with, for each hold in order, 1 extended or 0 the owner
+--        no longer holds it.
+
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
