@@ -424,7 +424,49 @@ func TestLeaseRenewalManyNames(t *testing.T) {
 			}
 			ms = append(ms, m)
 		}
+		// Holds of the other primitives, renewed by their own batch scripts.
+		rw := c.RWMutex(base + "-rw")
+		if err := rw.RLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		rwx := c.RWMutex(base + "-rwx")
+		if err := rwx.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sem := c.Semaphore(base+"-sem", 2)
+		if err := sem.Acquire(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		onceRan := make(chan struct{})
+		onceDone := make(chan error, 1)
+		go func() {
+			onceDone <- c.Once(base+"-once").Do(ctx, func(fctx context.Context) error {
+				close(onceRan)
+				select {
+				case <-time.After(2700 * time.Millisecond):
+					return nil
+				case <-fctx.Done():
+					return context.Cause(fctx)
+				}
+			})
+		}()
+		<-onceRan
 		time.Sleep(2700 * time.Millisecond) // three TTLs
+		if ok, _ := other.RWMutex(base + "-rw").TryLock(ctx); ok {
+			t.Fatal("read hold expired: renewal failed")
+		}
+		if ok, _ := other.RWMutex(base + "-rwx").TryRLock(ctx); ok {
+			t.Fatal("write hold expired: renewal failed")
+		}
+		if ok, _ := other.Semaphore(base+"-sem", 2).TryAcquire(ctx, 1); ok {
+			t.Fatal("permits expired: renewal failed")
+		}
+		if err := <-onceDone; err != nil {
+			t.Fatalf("Once.Do = %v: the run lease was not kept", err)
+		}
+		_ = rw.RUnlock(ctx)
+		_ = rwx.Unlock(ctx)
+		_ = sem.Release(ctx, 2)
 		for i, m := range ms {
 			l, err := m.Lease(ctx)
 			if err != nil || l.Err() != nil {

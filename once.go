@@ -302,6 +302,7 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(context.Context) ([]byte, error)) (val []byte, err error) {
 	h := o.c.startHold(&o.cfg, renew.Spec{
 		Script: onceRenew,
+		Batch:  onceRenews,
 		Keys:   o.keys[:1],
 		Args:   []any{tok, ms(o.cfg.ttl)},
 	}, tok, 0, start)

@@ -262,9 +262,9 @@ func (rw *RWMutex) holdKey(mode, tok string) holdKey {
 // renewSpec describes the renewal of tok's hold in mode.
 func (rw *RWMutex) renewSpec(mode, tok string) renew.Spec {
 	if mode == modeRead {
-		return renew.Spec{Script: rwRRenew, Keys: rw.keys[2:4], Args: []any{tok, ms(rw.cfg.ttl)}}
+		return renew.Spec{Script: rwRRenew, Batch: rwRRenews, Keys: rw.keys[2:4], Args: []any{tok, ms(rw.cfg.ttl)}}
 	}
-	return renew.Spec{Script: rwRenew, Keys: rw.keys[:1], Args: []any{tok, ms(rw.cfg.ttl)}}
+	return renew.Spec{Script: rwRenew, Batch: mutexRenews, Keys: rw.keys[:1], Args: []any{tok, ms(rw.cfg.ttl)}}
 }
 
 // held records a hold taken (or re-entered) by tok; q is the grant of a

@@ -287,6 +287,7 @@ func (s *Semaphore) held(tok string, owned bool, fence uint64, start time.Time) 
 	newHold := func() *hold {
 		return s.c.startHold(&s.cfg, renew.Spec{
 			Script: semRenew,
+			Batch:  semRenews,
 			Keys:   s.rkeys,
 			Args:   []any{tok, s.ttlArg},
 		}, tok, fence, start)

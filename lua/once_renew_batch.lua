@@ -1,0 +1,17 @@
+-- once_renew_batch: once_renew.lua for many run leases in one call.
+--
+-- KEYS[i] run hash of lease i
+-- ARGV[2i-1] token of the runner's call of lease i
+-- ARGV[2i]   lease TTL of lease i (ms)
+-- Reply: an array with, for each lease in order, 1 extended or 0 gone.
+
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('HGET', KEYS[i], 't') == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out

@@ -1,0 +1,33 @@
+-- rwmutex_rrenew_batch: rwmutex_rrenew.lua for many read holds in one call.
+--
+-- KEYS[2i-1] readers zset of hold i, KEYS[2i] its readers hash
+-- ARGV[2i-1] owner token of hold i
+-- ARGV[2i]   lease TTL of hold i (ms)
+-- Reply: an array with, for each hold in order, 1 extended or 0 gone.
+
+local t = redis.call('TIME')
+local now = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+local out = {}
+for i = 1, #KEYS / 2 do
+  local z, h = KEYS[2 * i - 1], KEYS[2 * i]
+  local tok, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local s = redis.call('ZSCORE', z, tok)
+  if not s or tonumber(s) <= now then
+    if s then
+      -- Expired: its share is gone even if no script pruned it yet.
+      redis.call('ZREM', z, tok)
+      redis.call('HDEL', h, tok)
+    end
+    out[i] = 0
+  else
+    if now + ttl > tonumber(s) then
+      redis.call('ZADD', z, string.format('%.0f', now + ttl), tok)
+    end
+    if redis.call('PTTL', z) < ttl then
+      redis.call('PEXPIRE', z, ttl)
+      redis.call('PEXPIRE', h, ttl)
+    end
+    out[i] = 1
+  end
+end
+return out

@@ -1,0 +1,30 @@
+-- semaphore_renew_batch: semaphore_renew.lua for many holdings in one call.
+--
+-- KEYS[2i-1] state hash of holding i, KEYS[2i] its holders zset
+-- ARGV[2i-1] holder token of holding i
+-- ARGV[2i]   lease TTL of holding i (ms)
+-- Reply: an array with, for each holding in order, 1 extended or 0 gone.
+
+local t = redis.call('TIME')
+local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+local out = {}
+for i = 1, #KEYS / 2 do
+  local st, hz = KEYS[2 * i - 1], KEYS[2 * i]
+  local tok, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local cur = redis.call('ZSCORE', hz, tok)
+  if not cur or tonumber(cur) <= now_ms or redis.call('HEXISTS', st, tok) == 0 then
+    out[i] = 0
+  else
+    local d = now_ms + ttl
+    if tonumber(cur) < d then
+      redis.call('ZADD', hz, string.format('%.0f', d), tok)
+    end
+    for _, k in ipairs({st, hz}) do
+      if redis.call('PTTL', k) < ttl then
+        redis.call('PEXPIRE', k, ttl)
+      end
+    end
+    out[i] = 1
+  end
+end
+return out
