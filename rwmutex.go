@@ -374,7 +374,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 		h.unlockID = id
 		rw.mu.Unlock()
 	}
-	dctx, cancel := detached(ctx)
+	dctx, cancel := releaseContext(ctx)
 	defer cancel()
 	var r int64
 	if rw.subs != nil {
