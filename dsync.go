@@ -200,6 +200,23 @@ func Prefix(p string) Option {
 	}
 }
 
+// handleConfig returns the configuration of a primitive called name made by
+// c (which may be nil) with opts, and the bad-input error every call on it
+// reports, if any.
+func (c *Client) handleConfig(name string, opts []Option) (config, error) {
+	cfg := defaultConfig()
+	if c != nil {
+		cfg = c.cfg
+	}
+	cfg.err = nil
+	cfg.apply(opts)
+	err := cfg.err
+	if name == "" {
+		err = fmt.Errorf("%w: empty name", ErrInvalid)
+	}
+	return cfg, err
+}
+
 // keyOf returns the base key of a primitive: the prefix and the name as a
 // hash tag, so that every key of one primitive lives in one cluster slot.
 func (cfg *config) keyOf(name string) string {

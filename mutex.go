@@ -61,17 +61,7 @@ var (
 // every call on the handle fail with [ErrInvalid].
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m := &Mutex{c: c, name: name}
-	if c != nil {
-		m.cfg = c.cfg
-	} else {
-		m.cfg = defaultConfig()
-	}
-	m.cfg.err = nil
-	m.cfg.apply(opts)
-	m.err = m.cfg.err
-	if name == "" {
-		m.err = fmt.Errorf("%w: empty name", ErrInvalid)
-	}
+	m.cfg, m.err = c.handleConfig(name, opts)
 	k := m.cfg.keyOf(name)
 	m.keys = []string{k, k + ":f", k + ":q", k + ":qd"}
 	m.kargs = boxKeys(m.keys)

@@ -49,17 +49,7 @@ type Once struct {
 // A Once and a Mutex of the same name are independent: their keys differ.
 func (c *Client) Once(name string, opts ...Option) *Once {
 	o := &Once{c: c, name: name}
-	if c != nil {
-		o.cfg = c.cfg
-	} else {
-		o.cfg = defaultConfig()
-	}
-	o.cfg.err = nil
-	o.cfg.apply(opts)
-	o.err = o.cfg.err
-	if name == "" {
-		o.err = fmt.Errorf("%w: empty name", ErrInvalid)
-	}
+	o.cfg, o.err = c.handleConfig(name, opts)
 	if c != nil && c.q != nil {
 		o.err = errQuorumOnly
 	}

@@ -74,17 +74,7 @@ type RWMutex struct {
 // of the same name are distinct locks.
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw := &RWMutex{c: c, name: name}
-	if c != nil {
-		rw.cfg = c.cfg
-	} else {
-		rw.cfg = defaultConfig()
-	}
-	rw.cfg.err = nil
-	rw.cfg.apply(opts)
-	rw.err = rw.cfg.err
-	if name == "" {
-		rw.err = fmt.Errorf("%w: empty name", ErrInvalid)
-	}
+	rw.cfg, rw.err = c.handleConfig(name, opts)
 	k := rw.cfg.keyOf(name) + ":rw"
 	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x"}
 	if c != nil && c.q != nil {

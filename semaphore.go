@@ -70,17 +70,7 @@ const (
 // fail with [ErrInvalid].
 func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
 	s := &Semaphore{c: c, name: name, size: size}
-	if c != nil {
-		s.cfg = c.cfg
-	} else {
-		s.cfg = defaultConfig()
-	}
-	s.cfg.err = nil
-	s.cfg.apply(opts)
-	s.err = s.cfg.err
-	if name == "" {
-		s.err = fmt.Errorf("%w: empty name", ErrInvalid)
-	}
+	s.cfg, s.err = c.handleConfig(name, opts)
 	if c != nil && c.q != nil {
 		s.err = errQuorumOnly
 	}
