@@ -87,6 +87,8 @@ func BenchmarkRawFloor(b *testing.B) {
 	})
 }
 
+// BenchmarkMutexFixed is BenchmarkMutex on a Client with FixedLease (no
+// renewal): two round trips.
 func BenchmarkMutexFixed(b *testing.B) {
 	c, counter := benchClient(b, dsync.FixedLease())
 	m := c.Mutex(redistest.Key(b))
@@ -101,16 +103,21 @@ func BenchmarkMutexFixed(b *testing.B) {
 	})
 }
 
+// reentrancyModes are the reentrancy modes the re-entry benchmarks run in:
+// script (the default, the count lives in Redis) and client
+// (dsync.ClientReentrancy, the count lives in the process).
+var reentrancyModes = []struct {
+	name string
+	opts []dsync.Option
+}{
+	{"script", nil},
+	{"client", []dsync.Option{dsync.ClientReentrancy()}},
+}
+
 // BenchmarkMutexReentry is one re-entry (Lock+Unlock by an owner that
 // already holds the lock) in each reentrancy mode.
 func BenchmarkMutexReentry(b *testing.B) {
-	for _, mode := range []struct {
-		name string
-		opts []dsync.Option
-	}{
-		{"script", nil},
-		{"client", []dsync.Option{dsync.ClientReentrancy()}},
-	} {
+	for _, mode := range reentrancyModes {
 		b.Run("mode="+mode.name, func(b *testing.B) {
 			c, counter := benchClient(b, mode.opts...)
 			m := c.Mutex(redistest.Key(b))

@@ -20,13 +20,16 @@ func BenchmarkDistinct(b *testing.B) {
 	}
 }
 
-// BenchmarkContended is one Mutex fought over by 8 or 32 goroutines spread
+// BenchmarkContended is one lock fought over by 8 or 32 goroutines spread
 // over 4 Clients, each unlocking at once, for a fixed window per iteration
-// ($DSYNC_BENCH_WINDOW, default 2s; run with -benchtime=1x). See
-// lockbench.Contended for the metrics; violations must be 0.
+// ($DSYNC_BENCH_WINDOW, default 2s; run with -benchtime=1x): a Mutex
+// (lib=dsync), the write lock of an RWMutex (lib=dsync-rwmutex) and a
+// Semaphore of size 1 taken with Acquire(1) and given back with Release(1)
+// (lib=dsync-semaphore). See lockbench.Contended for the metrics; violations
+// must be 0.
 func BenchmarkContended(b *testing.B) {
 	const clients = 4
-	for _, lib := range []lockbench.Lib{lockbench.Dsync()} {
+	for _, lib := range []lockbench.Lib{lockbench.Dsync(), lockbench.DsyncRWMutex(), lockbench.DsyncSemaphore()} {
 		for _, g := range []int{8, 32} {
 			b.Run(fmt.Sprintf("lib=%s/G=%d", lib.Name, g), func(b *testing.B) {
 				lockbench.Contended(b, lib, benchDial(b), redistest.Key(b), clients, g)

@@ -26,6 +26,38 @@ func BenchmarkRWMutexRead(b *testing.B) {
 	})
 }
 
+// BenchmarkRWMutexReentry is one re-entry of an RWMutex by an owner that
+// already holds it, in each reentrancy mode (mode=script, mode=client): an
+// RLock+RUnlock while the owner holds a read lock (lock=read), or a
+// Lock+Unlock while it holds the write lock (lock=write).
+func BenchmarkRWMutexReentry(b *testing.B) {
+	for _, mode := range reentrancyModes {
+		for _, lock := range []string{"read", "write"} {
+			b.Run("mode="+mode.name+"/lock="+lock, func(b *testing.B) {
+				c, counter := benchClient(b, mode.opts...)
+				rw := c.RWMutex(redistest.Key(b))
+				ctx := dsync.WithOwner(context.Background())
+				acquire, release := rw.RLock, rw.RUnlock
+				if lock == "write" {
+					acquire, release = rw.Lock, rw.Unlock
+				}
+				if err := acquire(ctx); err != nil {
+					b.Fatal(err)
+				}
+				defer release(ctx)
+				reportRoundTrips(b, counter, func() {
+					if err := acquire(ctx); err != nil {
+						b.Fatal(err)
+					}
+					if err := release(ctx); err != nil {
+						b.Fatal(err)
+					}
+				})
+			})
+		}
+	}
+}
+
 // BenchmarkRWMutexReadHeavy is a read-heavy mix, 90% reads and 10% writes,
 // from 8 goroutines over 4 Clients (processes) on one name; an op is one
 // lock and its unlock.

@@ -7,7 +7,8 @@
 #
 # Environment: COUNT (rounds of the uncontended benchmarks, each library
 # once a round, median taken; default 3), BENCHTIME (per run; default 2s), DSYNC_BENCH_WINDOW (measuring
-# window of each contended benchmark; default 2s), PIN=0 to not pin the
+# window of each contended benchmark; default 2s), ONCE_ROUNDS (rounds of
+# the contended Once benchmark; default 300), PIN=0 to not pin the
 # server and the benchmarks to separate cores. Progress goes to stderr.
 set -euo pipefail
 
@@ -16,6 +17,7 @@ repo=$(cd "$here/.." && pwd)
 count=${COUNT:-3}
 benchtime=${BENCHTIME:-2s}
 export DSYNC_BENCH_WINDOW=${DSYNC_BENCH_WINDOW:-2s}
+once_rounds=${ONCE_ROUNDS:-300}
 
 for bin in go redis-server redis-cli; do
 	command -v "$bin" >/dev/null || { echo "run.sh: $bin not on PATH" >&2; exit 1; }
@@ -83,13 +85,17 @@ for round in $(seq 1 "$count"); do
 	run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.benchtime "$benchtime" \
 		-test.bench '^(BenchmarkRawFloor|BenchmarkMutex|BenchmarkMutexFixed|BenchmarkRWMutexRead|BenchmarkRWMutexWrite|BenchmarkOnceDone)$'
 	run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.benchtime "$benchtime" \
-		-test.bench '^(BenchmarkMutexReentry|BenchmarkSemaphore|BenchmarkDistinct)$/^(mode=.*|op=uncontended|lib=.*)$'
+		-test.bench '^(BenchmarkMutexReentry|BenchmarkRWMutexReentry|BenchmarkSemaphore|BenchmarkDistinct)$/^(mode=.*|op=uncontended|lib=.*)$'
 	echo "run.sh: round $round of $count: peers, uncontended and distinct names" >&2
 	run "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchmem -test.benchtime "$benchtime" \
 		-test.bench '^(BenchmarkUncontended|BenchmarkDistinct)$'
 done
 echo "run.sh: peers, contended" >&2
 run "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchtime 1x -test.bench '^BenchmarkContended$'
+echo "run.sh: dsync primitives, contended" >&2
+run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchtime 1x \
+	-test.bench '^BenchmarkContended$/^lib=dsync-(rwmutex|semaphore)$'
+run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchtime "${once_rounds}x" -test.bench '^BenchmarkOnceContended$'
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 commandstats=$(redis-cli -p "$port" info commandstats | tr -d '\r' | grep -E 'cmdstat_(evalsha|eval|set|publish|subscribe)' || true)
@@ -107,7 +113,7 @@ cat <<EOT
 - $(redis-server --version | cut -d' ' -f1-3) (\`--save '' --appendonly no\`, loopback), $(go version | cut -d' ' -f3-4), go-redis $(cd "$repo" && go list -m -f '{{.Version}}' github.com/redis/go-redis/v9)
 - peers: $(cd "$here/peers" && go list -m -f '{{.Path}} {{.Version}}' github.com/go-redsync/redsync/v4 github.com/bsm/redislock | paste -sd ',' | sed 's/,/, /')
 - load average (1, 5, 15 min): $load_start at start, $load_end at end
-- $count rounds of ${benchtime} per uncontended benchmark, libraries interleaved (median); one ${DSYNC_BENCH_WINDOW} window per contended benchmark
+- $count rounds of ${benchtime} per uncontended benchmark, libraries interleaved (median); one ${DSYNC_BENCH_WINDOW} window per contended benchmark; ${once_rounds} rounds per contended Once
 
 EOT
 "$work/benchtable" "$work/root.txt" "$work/peers.txt"

@@ -1,7 +1,9 @@
 // Package lockbench holds the lock benchmarks that dsync and the peer
 // libraries (bench/peers) run alike, so that every library is measured by
 // the same code in the same run: uncontended Lock+Unlock pairs, pairs on
-// many distinct names, and contended hand-off of one name.
+// many distinct names, and contended hand-off of one name. dsync's RWMutex
+// (write lock) and Semaphore (size 1) are wrapped as lockers too, so that
+// their contended hand-off is measured by the same code as the Mutex's.
 package lockbench
 
 import (
@@ -72,6 +74,30 @@ func Dsync(opts ...dsync.Option) Lib {
 		return func(name string) Locker { return c.Mutex(name) }, func() { c.Close() }
 	}}
 }
+
+// DsyncRWMutex is the write lock of dsync's RWMutex (Lock and Unlock), one
+// dsync.Client per go-redis client.
+func DsyncRWMutex(opts ...dsync.Option) Lib {
+	return Lib{Name: "dsync-rwmutex", Open: func(rdb redis.UniversalClient) (func(string) Locker, func()) {
+		c := dsync.New(rdb, opts...)
+		return func(name string) Locker { return c.RWMutex(name) }, func() { c.Close() }
+	}}
+}
+
+// DsyncSemaphore is dsync's Semaphore of size 1 used as a lock: Lock is
+// Acquire(1) and Unlock is Release(1). One dsync.Client per go-redis client.
+func DsyncSemaphore(opts ...dsync.Option) Lib {
+	return Lib{Name: "dsync-semaphore", Open: func(rdb redis.UniversalClient) (func(string) Locker, func()) {
+		c := dsync.New(rdb, opts...)
+		return func(name string) Locker { return semLock{c.Semaphore(name, 1)} }, func() { c.Close() }
+	}}
+}
+
+// semLock is a Semaphore of size 1 as a Locker.
+type semLock struct{ s *dsync.Semaphore }
+
+func (l semLock) Lock(ctx context.Context) error   { return l.s.Acquire(ctx, 1) }
+func (l semLock) Unlock(ctx context.Context) error { return l.s.Release(ctx, 1) }
 
 // Raw is the floor for a correct lock: SET NX PX with a random token and a
 // compare-and-delete script, two round trips a pair. It does not wait: Lock
@@ -309,10 +335,10 @@ func Contended(b *testing.B, lib Lib, dial Dial, name string, clients, goroutine
 		fair = float64(lo) / float64(hi)
 	}
 	b.ReportMetric(float64(inWindow)/measured.Seconds(), "acq/s")
-	b.ReportMetric(ms(quantile(waits, 0.50)), "wait-p50-ms")
-	b.ReportMetric(ms(quantile(waits, 0.99)), "wait-p99-ms")
-	b.ReportMetric(ms(quantile(waits, 1)), "wait-max-ms")
-	b.ReportMetric(float64(quantile(handoffs, 0.5))/float64(time.Microsecond), "handoff-us")
+	b.ReportMetric(ms(Quantile(waits, 0.50)), "wait-p50-ms")
+	b.ReportMetric(ms(Quantile(waits, 0.99)), "wait-p99-ms")
+	b.ReportMetric(ms(Quantile(waits, 1)), "wait-max-ms")
+	b.ReportMetric(float64(Quantile(handoffs, 0.5))/float64(time.Microsecond), "handoff-us")
 	b.ReportMetric(fair, "fairness")
 	b.ReportMetric(100*float64(retakes)/math.Max(1, float64(total)), "retake-%")
 	b.ReportMetric(float64(violation.Load()), "violations")
@@ -404,8 +430,8 @@ func runWindow(ctx context.Context, b *testing.B, lockers []Locker, window time.
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// quantile returns the q-quantile of sorted ds (nearest rank), 0 if empty.
-func quantile(ds []time.Duration, q float64) time.Duration {
+// Quantile returns the q-quantile of sorted ds (nearest rank), 0 if empty.
+func Quantile(ds []time.Duration, q float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}

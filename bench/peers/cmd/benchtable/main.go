@@ -1,7 +1,8 @@
 // Command benchtable reads the output of bench/run.sh's benchmark runs and
 // prints the markdown tables of docs/performance.md, with every ratio taken
 // within the run: uncontended and distinct-name pairs against the raw floor,
-// contended hand-off against the best peer variant.
+// contended hand-off against the best peer variant, and dsync's primitives
+// (RWMutex, Semaphore, Once) uncontended and contended.
 //
 // Usage: benchtable ROOT_OUTPUT PEERS_OUTPUT
 package main
@@ -187,6 +188,10 @@ func main() {
 		{"Mutex re-entry, client reentrancy", "BenchmarkMutexReentry/mode=client"},
 		{"RWMutex RLock+RUnlock", "BenchmarkRWMutexRead"},
 		{"RWMutex Lock+Unlock", "BenchmarkRWMutexWrite"},
+		{"RWMutex read re-entry, script reentrancy", "BenchmarkRWMutexReentry/mode=script/lock=read"},
+		{"RWMutex read re-entry, client reentrancy", "BenchmarkRWMutexReentry/mode=client/lock=read"},
+		{"RWMutex write re-entry, script reentrancy", "BenchmarkRWMutexReentry/mode=script/lock=write"},
+		{"RWMutex write re-entry, client reentrancy", "BenchmarkRWMutexReentry/mode=client/lock=write"},
 		{"Semaphore Acquire+Release", "BenchmarkSemaphore/op=uncontended"},
 		{"Once.Do, done", "BenchmarkOnceDone"},
 		{"1000 names × 16 goroutines: raw", "BenchmarkDistinct/lib=raw"},
@@ -204,6 +209,44 @@ func main() {
 			ratio(raw, ns), num(root.get(row.name, "roundtrips/op")),
 			num(root.get(row.name, "allocs/op")), num(root.get(row.name, "B/op")))
 	}
+	fmt.Println()
+
+	// dsync's primitives contended, from the root package; the Mutex rows
+	// are the peers run's.
+	fmt.Println("### dsync primitives, contended: G goroutines over 4 clients")
+	fmt.Println()
+	fmt.Println("| primitive | G | acq/s (Once: Do/s) | wait p50 ms | wait p99 ms | wait max ms | fairness | violations | allocs/acq | round trips/acq |")
+	fmt.Println("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, g := range []int{8, 32} {
+		for _, row := range []struct {
+			label, name string
+			res         results
+		}{
+			{"Mutex (peers run)", "BenchmarkContended/lib=dsync", peers},
+			{"RWMutex, write lock", "BenchmarkContended/lib=dsync-rwmutex", root},
+			{"Semaphore, size 1", "BenchmarkContended/lib=dsync-semaphore", root},
+		} {
+			name := fmt.Sprintf("%s/G=%d", row.name, g)
+			if row.res.runs(name) == 0 {
+				continue
+			}
+			get := func(unit string) string { return num(row.res.get(name, unit)) }
+			fmt.Printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", row.label, g,
+				get("acq/s"), get("wait-p50-ms"), get("wait-p99-ms"), get("wait-max-ms"),
+				get("fairness"), get("violations"), get("allocs/acq"), get("roundtrips/acq"))
+		}
+		if name := fmt.Sprintf("BenchmarkOnceContended/G=%d", g); root.runs(name) > 0 {
+			get := func(unit string) string { return num(root.get(name, unit)) }
+			fmt.Printf("| Once.Do, all at once on a fresh name | %d | %s | %s | %s | %s | – | 0 | %s | %s |\n", g,
+				get("Do/s"), get("round-p50-ms"), get("round-p99-ms"), get("round-max-ms"),
+				get("allocs/Do"), get("roundtrips/Do"))
+		}
+	}
+	fmt.Println()
+	fmt.Println("Once rows: per round, G calls of Do on one fresh name at once (f sleeps 1 ms);")
+	fmt.Println("wait is the time from the start of a round until every Do returned, allocations and")
+	fmt.Println("round trips are per Do. A round in which f did not run exactly once fails the")
+	fmt.Println("benchmark, so a row here means no violation.")
 	fmt.Println()
 	script := root.get("BenchmarkMutexReentry/mode=script", "ns/op")
 	client := root.get("BenchmarkMutexReentry/mode=client", "ns/op")
