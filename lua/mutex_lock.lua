@@ -20,13 +20,13 @@
 
 local tok, ttl, id = ARGV[1], ARGV[2], ARGV[3]
 
-
 -- A call its caller abandoned must not take effect when it arrives late.
-if seen(redis.call('HGET', KEYS[2], 'x'), id) then
+local fence = redis.call('HMGET', KEYS[2], 'x', 'n')
+if seen(fence[1], id) then
   return -1
 end
 
-local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f')
+local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f', ':w')
 if cur[1] then
   -- Re-entry, or a repeat of this very call (a retry after a lost reply,
   -- or a hold handed to this waiter): a repeat changes nothing.
@@ -38,17 +38,14 @@ if cur[1] then
   return tonumber(cur[3])
 end
 
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
-
 -- The queue head whose place has not lapsed; lapsed places are dropped.
 local function head()
   for _ = 1, 1000 do
-    local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    local h = redis.call('ZRANGE', KEYS[3], '0', '0')[1]
     if not h then
       return nil
     end
+    clock()
     local d = redis.call('HGET', KEYS[4], h)
     if d then
       local dl = tonumber(string.match(d, '^(%d+)'))
@@ -64,6 +61,7 @@ end
 
 local function enqueue()
   -- The place lasts one lease TTL and is refreshed by every attempt.
+  clock()
   redis.call('ZADD', KEYS[3], 'NX', now_us, tok)
   redis.call('HSET', KEYS[4], tok, string.format('%.0f %s %s', now_ms + tonumber(ttl), ttl, id))
   for i = 3, 4 do
@@ -75,7 +73,9 @@ end
 
 if cur[3] then
   -- Held by another owner (every hold has a fencing token).
-  redis.call('HSET', KEYS[1], ':w', 1)
+  if not cur[4] then
+    redis.call('HSET', KEYS[1], ':w', '1')
+  end
   if ARGV[4] == '1' or redis.call('EXISTS', KEYS[3]) == 1 then
     enqueue()
   end
@@ -98,19 +98,13 @@ if h then
   redis.call('HDEL', KEYS[4], tok)
 end
 
--- Fresh acquisition: next fencing token = max(last + 1, server time in µs),
--- so tokens keep rising even after the fence hash expired.
-local f = redis.call('HINCRBY', KEYS[2], 'n', 1)
-if f < now_us then
-  redis.call('HSET', KEYS[2], 'n', now_us)
-  f = now_us
-end
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
+-- Fresh acquisition.
+local f = next_token(fence[2], ARGV[5])
 if h then
   -- Others may still be queued behind: make the release notify them.
-  redis.call('HSET', KEYS[1], tok, 1, ':f', f, ':c', id, ':w', 1)
+  redis.call('HSET', KEYS[1], tok, '1', ':f', f, ':c', id, ':w', '1')
 else
-  redis.call('HSET', KEYS[1], tok, 1, ':f', f, ':c', id)
+  redis.call('HSET', KEYS[1], tok, '1', ':f', f, ':c', id)
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
-return f
+return tonumber(f)

@@ -27,36 +27,27 @@ local function forget(list, id)
   return string.sub(l, 2, -2)
 end
 
-local now_us, now_ms
-local function clock()
-  local t = redis.call('TIME')
-  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  now_ms = math.floor(now_us / 1000)
-end
-
 if ARGV[6] and ARGV[6] ~= '' then
   local floor = tonumber(ARGV[6])
   if floor and floor > (tonumber(redis.call('HGET', KEYS[2], 'n')) or 0) then
     redis.call('HSET', KEYS[2], 'n', ARGV[6])
-    redis.call('PEXPIRE', KEYS[2], idle)
+    keep_fence(idle)
   end
 end
 
 -- A repeat of an unlock that released answers as before.
-if seen(redis.call('HGET', KEYS[2], 'r'), id) then
+local fence = redis.call('HMGET', KEYS[2], 'r', 'n')
+if seen(fence[1], id) then
   return 1
 end
 
 local function head()
-  if redis.call('EXISTS', KEYS[3]) == 0 then
-    return nil
-  end
-  clock()
   for _ = 1, 1000 do
-    local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    local h = redis.call('ZRANGE', KEYS[3], '0', '0')[1]
     if not h then
       return nil
     end
+    clock()
     local d = redis.call('HGET', KEYS[4], h)
     if d and tonumber(string.match(d, '^(%d+)')) > now_ms then
       return h, d
@@ -70,7 +61,7 @@ end
 local calls -- the ids in ':c', once read
 if guard ~= '' then
   redis.call('HSET', KEYS[2], 'x', remember(redis.call('HGET', KEYS[2], 'x'), guard))
-  redis.call('PEXPIRE', KEYS[2], idle)
+  keep_fence(idle)
   local d = redis.call('HGET', KEYS[4], tok)
   if d and string.match(d, '(%S+)$') == guard then
     redis.call('ZREM', KEYS[3], tok)
@@ -104,8 +95,8 @@ if tonumber(cnt) > 1 then
   return 2
 end
 
-redis.call('HSET', KEYS[2], 'r', remember(redis.call('HGET', KEYS[2], 'r'), id))
-redis.call('PEXPIRE', KEYS[2], idle)
+redis.call('HSET', KEYS[2], 'r', remember(fence[1], id))
+keep_fence(idle)
 local waited = cur[3]
 redis.call('DEL', KEYS[1])
 
@@ -122,12 +113,8 @@ end
 local ttl, cid = string.match(d, '^%d+ (%d+) (%S+)$')
 redis.call('ZREM', KEYS[3], h)
 redis.call('HDEL', KEYS[4], h)
-local f = redis.call('HINCRBY', KEYS[2], 'n', 1)
-if f < now_us then
-  redis.call('HSET', KEYS[2], 'n', now_us)
-  f = now_us
-end
-redis.call('HSET', KEYS[1], h, 1, ':f', f, ':c', cid, ':w', 1)
+local f = next_token(fence[2], idle)
+redis.call('HSET', KEYS[1], h, '1', ':f', f, ':c', cid, ':w', '1')
 redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PUBLISH', ch, h .. ' ' .. string.format('%.0f', f))
+redis.call('PUBLISH', ch, h .. ' ' .. f)
 return 1
