@@ -186,13 +186,18 @@ func (n *notifier) deliver(m any) {
 		if ch == nil {
 			return
 		}
+		// A plain release wakes every waiter; a hand-over only the waiter
+		// it went to (the others have no reason to look: the lock is held
+		// again, and their timers keep running).
 		to, _ := splitHandover(m.Payload)
 		for w := range ch.watchers {
+			if to != "" && to != w.tok {
+				continue
+			}
 			w.mu.Lock()
-			switch {
-			case to == "":
+			if to == "" {
 				w.retry = true
-			case to == w.tok:
+			} else {
 				w.handed = m.Payload
 			}
 			w.mu.Unlock()
