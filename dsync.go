@@ -21,8 +21,10 @@ const (
 	DefaultPrefix = "dsync"
 
 	// fenceIdle is how long the per-name bookkeeping (the fencing counter)
-	// lives after its last use. Tokens stay monotonic past it because the
-	// next token is at least the server time in µs.
+	// lives after its last use, at least half of it: the scripts rewrite the
+	// expiry only once half has passed. Tokens stay monotonic past it: the
+	// first token after it is the server time in µs, and the counter never
+	// runs ahead of server time.
 	fenceIdle = 24 * time.Hour
 	// releaseTimeout bounds an unlock or cleanup that runs detached from
 	// the caller's ctx.
@@ -179,7 +181,11 @@ func MaxHold(d time.Duration) Option {
 
 // ClientReentrancy makes an owner's re-entries count in this process rather
 // than in Redis: Redis sees only an owner's first Lock and last Unlock, so a
-// re-entry or an inner Unlock costs no round trip. The price: a token carried
+// re-entry or an inner Unlock costs no round trip. An [RWMutex] counts its
+// read and write holds apart: Redis sees the first RLock and the last
+// RUnlock, and the first Lock and the last Unlock; a downgrade (RLock while
+// writing) is a first RLock, and an upgrade is refused with [ErrUpgrade] as
+// without this option. The price: a token carried
 // to another process (see [WithOwnerToken]) does not re-enter there — it
 // waits like any other owner. The default is script reentrancy, where the
 // count lives in Redis and works across processes. It changes nothing for
