@@ -331,3 +331,54 @@ func TestQuorumRWMutexMajorityDownFails(t *testing.T) {
 		t.Fatalf("RUnlock = %v", err)
 	}
 }
+
+func TestQuorumRWMutexClientReentrancy(t *testing.T) {
+	rdbs := miniMasters(t, 3)
+	counters := make([]*redistest.Counter, len(rdbs))
+	for i, rdb := range rdbs {
+		counters[i] = &redistest.Counter{}
+		rdb.AddHook(counters[i])
+	}
+	trips := func() (n int64) {
+		for _, c := range counters {
+			n += c.RoundTrips()
+			c.Reset()
+		}
+		return n
+	}
+	ctx := dsync.WithOwner(ctxT(t))
+	name := redistest.Key(t)
+	rw := newQuorum(t, rdbs, dsync.ClientReentrancy()).RWMutex(name)
+	steps := []struct {
+		what string
+		call func(context.Context) error
+		rt   int64 // round trips over all masters
+	}{
+		{"first Lock", rw.Lock, 3},
+		{"Lock re-entry", rw.Lock, 0},
+		{"RLock by the writer", rw.RLock, 3},
+		{"RLock re-entry", rw.RLock, 0},
+		{"inner Unlock", rw.Unlock, 0},
+		{"last Unlock", rw.Unlock, 3},
+		{"inner RUnlock", rw.RUnlock, 0},
+		{"last RUnlock", rw.RUnlock, 3},
+	}
+	// Load the scripts on every master.
+	for _, f := range []func(context.Context) error{rw.Lock, rw.RLock, rw.RUnlock, rw.Unlock} {
+		if err := f(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trips()
+	for _, s := range steps {
+		if err := s.call(ctx); err != nil {
+			t.Fatalf("%s: %v", s.what, err)
+		}
+		if got := trips(); got != s.rt {
+			t.Errorf("%s took %d round trips, want %d", s.what, got, s.rt)
+		}
+	}
+	if ok, err := newQuorum(t, rdbs).RWMutex(name).TryLock(ctxT(t)); !ok || err != nil {
+		t.Fatalf("TryLock after the owner left = %v, %v; want true", ok, err)
+	}
+}

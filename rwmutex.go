@@ -36,7 +36,9 @@ const (
 // unlock), and only the owner may unlock. An owner that holds the write lock
 // may also RLock and then Unlock, keeping a read hold (a downgrade); an owner
 // that holds a read lock and asks for the write lock gets [ErrUpgrade] at
-// once, where sync.RWMutex would deadlock.
+// once, where sync.RWMutex would deadlock. With [ClientReentrancy] an owner's
+// re-entries of either mode are counted in the process and cost no round
+// trip.
 //
 // Unlike sync.RWMutex, every hold has a lease (see [TTL]), renewed by the
 // Client while the hold lives. Each reader has its own: a reader that dies
@@ -146,6 +148,11 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
+	if owned && rw.cfg.local && rw.c.reenter(rw.holdKey(mode, tok)) {
+		// Client reentrancy: the owner holds rw in mode through this
+		// process, which counts the re-entry without a round trip.
+		return true, nil
+	}
 	if !owned {
 		tok = newToken()
 	}
@@ -188,11 +195,14 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 // attempt runs the lock script once: > 0 held (the fencing token of a write
 // hold), 0 an upgrade refused, < 0 minus the ms to wait at most.
 func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id string, wait bool) (int64, error) {
-	w := "0"
+	w, local := "0", "0"
 	if wait {
 		w = "1"
 	}
-	return rwLock.Run(ctx, rw.c.rdb, rw.keys, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle)).Int64()
+	if rw.cfg.local {
+		local = "1"
+	}
+	return rwLock.Run(ctx, rw.c.rdb, rw.keys, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle), local).Int64()
 }
 
 // wait retries after notifications until the lock is held, refused as an
@@ -348,6 +358,10 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	}
 	var h *hold
 	if owned {
+		if rw.cfg.local && rw.c.leave(rw.holdKey(mode, tok)) {
+			// Client reentrancy: an inner unlock, counted in this process.
+			return nil
+		}
 		h = rw.c.lookupHold(rw.holdKey(mode, tok))
 	} else {
 		if h = rw.take(mode); h == nil {

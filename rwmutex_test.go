@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -1066,6 +1067,217 @@ func TestRWMutexLongWaitKeepsLease(t *testing.T) {
 		}
 		if err := w2.Unlock(ctx); err != nil {
 			t.Fatalf("Unlock = %v", err)
+		}
+	})
+}
+
+// TestRWMutexClientReentrancy runs one history of an owner in both
+// reentrancy modes (reentrancyModes, index 0 script, 1 client): the outcomes
+// are the same, and with client reentrancy a re-entry or an inner unlock of
+// either mode costs no round trip.
+func TestRWMutexClientReentrancy(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for mi, mode := range reentrancyModes {
+			t.Run(mode.name, func(t *testing.T) {
+				ctx := dsync.WithOwner(ctxT(t))
+				name := redistest.Key(t)
+				rdb := b.NewClient(t)
+				counter := &redistest.Counter{}
+				rdb.AddHook(counter)
+				c := dsync.New(rdb, mode.opts...)
+				defer c.Close()
+				rw := c.RWMutex(name)
+				other := newClient(t, b).RWMutex(name)
+				octx := dsync.WithOwner(context.Background())
+				check := b.NewClient(t)
+				tok := dsync.OwnerToken(ctx)
+				// Load the scripts where the name lives.
+				for _, f := range []func(context.Context) error{rw.RLock, rw.RUnlock, rw.Lock, rw.Unlock} {
+					if err := f(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+
+				// step runs one call of the owner and checks its error and
+				// its round trips: rt[0] with script reentrancy, rt[1] with
+				// client reentrancy.
+				step := func(what string, rt [2]int64, want error, call func() error) {
+					t.Helper()
+					counter.Reset()
+					if err := call(); !errors.Is(err, want) || (want == nil && err != nil) {
+						t.Fatalf("%s = %v, want %v", what, err, want)
+					}
+					if got := counter.RoundTrips(); got != rt[mi] {
+						t.Errorf("%s took %d round trips, want %d", what, got, rt[mi])
+					}
+				}
+				try := func(f func(context.Context) (bool, error), want bool) func() error {
+					return func() error {
+						ok, err := f(ctx)
+						if err == nil && ok != want {
+							return fmt.Errorf("got %v, want %v", ok, want)
+						}
+						return err
+					}
+				}
+				otherGetsIn := func() bool {
+					ok, err := other.TryLock(octx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ok {
+						if err := other.Unlock(octx); err != nil {
+							t.Fatal(err)
+						}
+					}
+					return ok
+				}
+				redisCount := func(key, field string) string {
+					v, _ := check.HGet(context.Background(), key, field).Result()
+					n, _, _ := strings.Cut(v, " ")
+					return n
+				}
+				wantCount := []string{"3", "1"}[mi]
+
+				// Read: three levels, one of them by TryRLock.
+				step("first RLock", [2]int64{1, 1}, nil, func() error { return rw.RLock(ctx) })
+				step("RLock re-entry", [2]int64{1, 0}, nil, func() error { return rw.RLock(ctx) })
+				step("TryRLock re-entry", [2]int64{1, 0}, nil, try(rw.TryRLock, true))
+				if got := redisCount(rwKey(name, ":rc"), tok); got != wantCount {
+					t.Errorf("read count in Redis = %q, want %s", got, wantCount)
+				}
+				for i := 0; i < 2; i++ {
+					step("inner RUnlock", [2]int64{1, 0}, nil, func() error { return rw.RUnlock(ctx) })
+					if otherGetsIn() {
+						t.Fatalf("write lock free after %d of 3 RUnlocks", i+1)
+					}
+				}
+				step("last RUnlock", [2]int64{1, 1}, nil, func() error { return rw.RUnlock(ctx) })
+				step("extra RUnlock", [2]int64{1, 1}, dsync.ErrNotHeld, func() error { return rw.RUnlock(ctx) })
+				if !otherGetsIn() {
+					t.Fatal("write lock not free after the last RUnlock")
+				}
+
+				// Write: three levels with one fencing token.
+				step("first Lock", [2]int64{1, 1}, nil, func() error { return rw.Lock(ctx) })
+				l, err := rw.Lease(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fence := l.Token()
+				step("Lock re-entry", [2]int64{1, 0}, nil, func() error { return rw.Lock(ctx) })
+				step("TryLock re-entry", [2]int64{1, 0}, nil, try(rw.TryLock, true))
+				if l, err := rw.Lease(ctx); err != nil || l.Token() != fence {
+					t.Fatalf("Lease after re-entries = %v, %v; want token %d", l, err, fence)
+				}
+				if got := redisCount(rwKey(name, ""), tok); got != wantCount {
+					t.Errorf("write count in Redis = %q, want %s", got, wantCount)
+				}
+				step("inner Unlock", [2]int64{1, 0}, nil, func() error { return rw.Unlock(ctx) })
+				step("inner Unlock", [2]int64{1, 0}, nil, func() error { return rw.Unlock(ctx) })
+				if ok, _ := other.TryRLock(octx); ok {
+					t.Fatal("read lock free while one write level is held")
+				}
+
+				// Downgrade: the writer reads, then lets go of the write lock.
+				step("RLock by the writer", [2]int64{1, 1}, nil, func() error { return rw.RLock(ctx) })
+				step("RLock re-entry by the writer", [2]int64{1, 0}, nil, func() error { return rw.RLock(ctx) })
+				step("last Unlock", [2]int64{1, 1}, nil, func() error { return rw.Unlock(ctx) })
+				if _, err := rw.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+					t.Errorf("Lease after the downgrade = %v, want ErrNotHeld", err)
+				}
+				if l, err := rw.RLease(ctx); err != nil || l.Err() != nil {
+					t.Fatalf("RLease after the downgrade = %v, %v; want live", l, err)
+				}
+				if otherGetsIn() {
+					t.Fatal("write lock free while the downgraded owner reads")
+				}
+
+				// Upgrade: refused at once, as with script reentrancy.
+				step("Lock while reading", [2]int64{1, 1}, dsync.ErrUpgrade, func() error { return rw.Lock(ctx) })
+				step("TryLock while reading", [2]int64{1, 1}, dsync.ErrUpgrade, try(rw.TryLock, false))
+				step("inner RUnlock", [2]int64{1, 0}, nil, func() error { return rw.RUnlock(ctx) })
+				step("last RUnlock", [2]int64{1, 1}, nil, func() error { return rw.RUnlock(ctx) })
+				ok, err := other.TryLock(octx)
+				if !ok || err != nil {
+					t.Fatalf("TryLock after the owner left = %v, %v", ok, err)
+				}
+				if l, _ := other.Lease(octx); l.Token() <= fence {
+					t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
+				}
+				if err := other.Unlock(octx); err != nil {
+					t.Fatal(err)
+				}
+				assertRWReleased(t, b, name)
+			})
+		}
+	})
+}
+
+// TestRWMutexClientReentrancyLeaseLoss loses a hold of three levels behind
+// its owner's back: in both reentrancy modes the first unlock reports the
+// loss and the others find nothing held.
+func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, mode := range reentrancyModes {
+			for _, lock := range []string{"read", "write"} {
+				t.Run(mode.name+"/"+lock, func(t *testing.T) {
+					ctx := dsync.WithOwner(ctxT(t))
+					name := redistest.Key(t)
+					const ttl = 600 * time.Millisecond
+					rw := newClient(t, b, append([]dsync.Option{dsync.TTL(ttl)}, mode.opts...)...).RWMutex(name)
+					acquire, release, lease := rw.Lock, rw.Unlock, rw.Lease
+					keys := []string{rwKey(name, "")}
+					if lock == "read" {
+						acquire, release, lease = rw.RLock, rw.RUnlock, rw.RLease
+						keys = []string{rwKey(name, ":r"), rwKey(name, ":rc")}
+					}
+					for i := 0; i < 3; i++ {
+						if err := acquire(ctx); err != nil {
+							t.Fatal(err)
+						}
+					}
+					l, err := lease(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					// The hold vanishes behind the owner's back.
+					if err := b.NewClient(t).Del(ctx, keys...).Err(); err != nil {
+						t.Fatal(err)
+					}
+					waitDone(t, l, 3*ttl)
+					if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+						t.Errorf("Err = %v, want ErrLeaseLost", l.Err())
+					}
+					// Each of the three levels is gone: the first unlock says
+					// so, the others find nothing.
+					if err := release(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
+						t.Errorf("first unlock after the loss = %v, want ErrLeaseLost", err)
+					}
+					for i := 0; i < 2; i++ {
+						if err := release(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+							t.Errorf("unlock %d after the loss = %v, want ErrNotHeld", i+2, err)
+						}
+					}
+					if _, err := lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+						t.Errorf("lease after the loss = %v, want ErrNotHeld", err)
+					}
+					// A new lock is a fresh hold, released by one unlock.
+					if err := acquire(ctx); err != nil {
+						t.Fatal(err)
+					}
+					if l2, err := lease(ctx); err != nil || l2.Err() != nil {
+						t.Fatalf("lease of the new hold = %v, %v; want live", l2, err)
+					}
+					if err := release(ctx); err != nil {
+						t.Fatal(err)
+					}
+					if err := release(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+						t.Errorf("extra unlock = %v, want ErrNotHeld", err)
+					}
+					assertRWReleased(t, b, name)
+				})
+			}
 		}
 	})
 }

@@ -19,12 +19,15 @@
 -- ARGV[4] call id (the same for every attempt of one lock call)
 -- ARGV[5] '1' when the caller waits if refused (it takes a place), '0' for a try
 -- ARGV[6] idle expiry of the fence hash (ms)
+-- ARGV[7] '1' when the owner counts re-entries itself (client reentrancy):
+--         a re-entry then leaves the count in Redis at 1
 -- Reply: > 0 held: the fencing token for a write hold, 1 for a read hold;
 --        0 write refused because the owner holds a read lock (an upgrade);
 --        < 0 refused: minus the number of ms after which to try again.
 
 local mode, tok, ttl, id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local wait = ARGV[5] == '1'
+local counted = ARGV[7] ~= '1' -- re-entries are counted here
 local function retry_at(deadline)
   return -math.max(deadline - now, 1)
 end
@@ -42,7 +45,7 @@ if mode == 'r' then
     -- a hold granted to this waiter by a writer's unlock): a repeat changes
     -- nothing.
     local cnt, ids = string.match(rec, '^(%d+) (.*)$')
-    if not seen(ids, id) then
+    if counted and not seen(ids, id) then
       redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) + 1, remember(ids, id)))
       local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
       if now + ttl > s then
@@ -86,7 +89,7 @@ local cnt = redis.call('HGET', W, tok)
 if cnt then
   -- Re-entry, or a repeat of a recent call: a repeat changes nothing.
   local ids = redis.call('HGET', W, ':c')
-  if not seen(ids, id) then
+  if counted and not seen(ids, id) then
     redis.call('HINCRBY', W, tok, 1)
     redis.call('HSET', W, ':c', remember(ids, id))
     redis.call('PEXPIRE', W, ttl)
