@@ -131,6 +131,10 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 		tok = newToken()
 		id = tok
 	}
+	var mk mark
+	if wait {
+		mk = m.c.notify.mark(m.keys[0])
+	}
 	start := time.Now()
 	v, err := m.attempt(ctx, tok, id, false)
 	if err != nil {
@@ -140,7 +144,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	if v <= 0 && wait {
 		// The lease of a hold taken (or handed over) while waiting began
 		// after the last attempt was sent.
-		v, start, err = m.wait(ctx, tok, id, start, v)
+		v, start, err = m.wait(ctx, tok, id, start, v, mk)
 		if err != nil {
 			m.abandon(ctx, tok, id)
 			return false, err
@@ -164,13 +168,16 @@ func (m *Mutex) attempt(ctx context.Context, tok, id string, starving bool) (int
 }
 
 // wait retries after notifications until the lock is held or ctx is done.
-func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int64) (int64, time.Time, error) {
-	w := m.c.notify.watch(m.keys[0], tok)
+// The first attempt, which returned v, was sent at start, after mk.
+func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int64, mk mark) (int64, time.Time, error) {
+	// Unless the name's channel was subscribed before the first attempt
+	// and has delivered nothing for this waiter since, a release may have
+	// been missed: try again once subscribed.
+	w, retry := m.c.notify.watchSince(m.keys[0], tok, mk)
 	defer m.c.notify.unwatch(w)
 	w.awaitReady(ctx, m.c.closed)
-	t := time.NewTimer(0)
+	t := time.NewTimer(m.sleepFor(v))
 	defer t.Stop()
-	retry := true // the subscription is new: a release may have been missed
 	sent := start
 	for {
 		if retry {
@@ -180,10 +187,7 @@ func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int
 			if err != nil || v > 0 {
 				return v, sent, err
 			}
-			// Sleep no longer than the hold (or the queue place) can last,
-			// and refresh the queue place within its TTL.
-			d := min(time.Duration(-v)*time.Millisecond, m.cfg.ttl/2)
-			t.Reset(max(d, time.Millisecond))
+			t.Reset(m.sleepFor(v))
 		}
 		select {
 		case <-ctx.Done():
@@ -204,6 +208,14 @@ func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int
 			retry = w.shouldRetry()
 		}
 	}
+}
+
+// sleepFor is how long a waiter sleeps at most after an attempt that
+// returned v ≤ 0: no longer than the hold (or the queue place) can last,
+// and so that the queue place is refreshed within its TTL.
+func (m *Mutex) sleepFor(v int64) time.Duration {
+	d := min(time.Duration(-v)*time.Millisecond, m.cfg.ttl/2)
+	return max(d, time.Millisecond)
 }
 
 // abandon undoes whatever a failed Lock call may have done on the server:

@@ -58,6 +58,30 @@ type channel struct {
 	ready     chan struct{} // closed once the subscription is confirmed
 	confirmed bool
 	idle      time.Time // when the last watcher left
+
+	// What was delivered, so that a waiter that registers after an attempt
+	// can tell whether it missed something since it sent the attempt (see
+	// mark): seq counts the notifications, retried is the seq of the last
+	// plain release or resubscription, handed the last hand-overs.
+	seq     uint64
+	retried uint64
+	handed  [handedKept]handedMsg
+}
+
+// handedKept is how many hand-overs a channel remembers for waiters that
+// register late.
+const handedKept = 8
+
+type handedMsg struct {
+	seq     uint64
+	payload string
+}
+
+// A mark is what a channel had delivered at one moment, taken before an
+// attempt is sent.
+type mark struct {
+	ch  *channel // nil: the name was not subscribed then
+	seq uint64
 }
 
 // A watcher is one waiter's interest in a channel.
@@ -81,15 +105,38 @@ func newNotifier(rdb redis.UniversalClient) *notifier {
 	}
 }
 
+// mark notes what channel name has delivered so far, if it is subscribed.
+// Taken before an attempt is sent and handed to watch after the attempt
+// failed, it spares the waiter a second attempt when nothing that concerns
+// it was delivered in between.
+func (n *notifier) mark(name string) mark {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if ch := n.chans[name]; ch != nil && ch.confirmed {
+		return mark{ch: ch, seq: ch.seq}
+	}
+	return mark{}
+}
+
 // watch registers interest in channel name for a waiter with owner token
 // tok. The caller must call unwatch.
 func (n *notifier) watch(name, tok string) *watcher {
+	w, _ := n.watchSince(name, tok, mark{})
+	return w
+}
+
+// watchSince is watch for a waiter that took mk before its last attempt.
+// It reports whether the waiter must try again at once: unless since mk
+// the channel stayed subscribed and delivered no plain release,
+// resubscription or hand-over to tok (a hand-over to tok is passed on to
+// the watcher), a notification may have been missed.
+func (n *notifier) watchSince(name, tok string, mk mark) (*watcher, bool) {
 	w := &watcher{name: name, tok: tok, sig: make(chan struct{}, 1)}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
 		w.ready = closedChan
-		return w
+		return w, true
 	}
 	if n.ps == nil {
 		n.ps = n.rdb.Subscribe(context.Background())
@@ -110,7 +157,29 @@ func (n *notifier) watch(name, tok string) *watcher {
 	}
 	ch.watchers[w] = struct{}{}
 	w.ready = ch.ready
-	return w
+	return w, ch.missed(w, mk)
+}
+
+// missed reports whether w may have missed a notification since mk (see
+// watch), and passes on a hand-over to w delivered since.
+func (ch *channel) missed(w *watcher, mk mark) bool {
+	if mk.ch != ch || !ch.confirmed || ch.retried > mk.seq {
+		return true
+	}
+	if ch.seq-mk.seq > handedKept {
+		return true // more hand-overs than remembered
+	}
+	for _, h := range ch.handed {
+		if h.seq > mk.seq {
+			if to, _ := splitHandover(h.payload); to == w.tok {
+				w.mu.Lock()
+				w.handed = h.payload
+				w.mu.Unlock()
+				w.signal()
+			}
+		}
+	}
+	return false
 }
 
 func (n *notifier) unwatch(w *watcher) {
@@ -174,6 +243,8 @@ func (n *notifier) deliver(m any) {
 			close(ch.ready)
 		}
 		if ch != nil {
+			ch.seq++
+			ch.retried = ch.seq
 			for w := range ch.watchers {
 				w.mu.Lock()
 				w.retry = true
@@ -190,6 +261,12 @@ func (n *notifier) deliver(m any) {
 		// it went to (the others have no reason to look: the lock is held
 		// again, and their timers keep running).
 		to, _ := splitHandover(m.Payload)
+		ch.seq++
+		if to == "" {
+			ch.retried = ch.seq
+		} else {
+			ch.handed[ch.seq%handedKept] = handedMsg{seq: ch.seq, payload: m.Payload}
+		}
 		for w := range ch.watchers {
 			if to != "" && to != w.tok {
 				continue

@@ -1,0 +1,79 @@
+package dsync
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// TestWatchSinceMark checks when a waiter that registers after its first
+// attempt must try again: only if, since the mark taken before the attempt,
+// the channel was not subscribed, or delivered a plain release, a
+// resubscription or more hand-overs than it remembers; a hand-over to the
+// waiter itself is passed on.
+func TestWatchSinceMark(t *testing.T) {
+	n := newNotifier(redistest.Miniredis(t).NewClient(t))
+	t.Cleanup(n.close)
+	const name = "chan"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Subscribe the channel and wait for the confirmation.
+	first := n.watch(name, "first")
+	first.awaitReady(ctx, nil)
+	select {
+	case <-first.ready:
+	default:
+		t.Fatal("channel not subscribed")
+	}
+	n.unwatch(first)
+
+	msg := func(payload string) { n.deliver(&redis.Message{Channel: name, Payload: payload}) }
+	cases := []struct {
+		name   string
+		mk     func() mark
+		send   func()
+		retry  bool
+		handed uint64
+	}{
+		{"nothing delivered", func() mark { return n.mark(name) }, func() {}, false, 0},
+		{"plain release", func() mark { return n.mark(name) }, func() { msg("") }, true, 0},
+		{"hand-over to another", func() mark { return n.mark(name) }, func() { msg("other 7") }, false, 0},
+		{"hand-over to the waiter", func() mark { return n.mark(name) }, func() { msg("other 7"); msg("me 9"); msg("x 11") }, false, 9},
+		{"more hand-overs than kept", func() mark { return n.mark(name) }, func() {
+			for i := range handedKept + 1 {
+				msg(fmt.Sprintf("other %d", i+1))
+			}
+		}, true, 0},
+		{"resubscription", func() mark { return n.mark(name) }, func() {
+			n.deliver(&redis.Subscription{Kind: "subscribe", Channel: name, Count: 1})
+		}, true, 0},
+		{"not subscribed at the mark", func() mark { return n.mark("elsewhere") }, func() {}, true, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mk := c.mk()
+			c.send()
+			w, retry := n.watchSince(name, "me", mk)
+			defer n.unwatch(w)
+			if retry != c.retry {
+				t.Errorf("retry = %v, want %v", retry, c.retry)
+			}
+			f, ok := w.handover()
+			if ok != (c.handed != 0) || f != c.handed {
+				t.Errorf("handover() = %d, %v; want %d", f, ok, c.handed)
+			}
+			if c.handed != 0 {
+				select {
+				case <-w.sig:
+				default:
+					t.Error("hand-over passed on without a signal")
+				}
+			}
+		})
+	}
+}
