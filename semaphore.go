@@ -150,10 +150,14 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 		tok = s.handleToken()
 	}
 	id := newCallID()
+	var mk mark
+	if wait {
+		mk = s.c.notify.mark(s.keys[0])
+	}
 	sent := time.Now()
 	st, v, err := s.attempt(ctx, tok, id, n, wait)
 	if err == nil && st == semWait && wait {
-		v, err = s.wait(ctx, tok, id, n, &sent)
+		v, err = s.wait(ctx, tok, id, n, v, mk, &sent)
 		st = semHeld
 	}
 	if err != nil {
@@ -206,17 +210,23 @@ func (s *Semaphore) attempt(ctx context.Context, tok, id string, n int64, queue 
 }
 
 // wait keeps the call's place in the queue until the permits are handed to
-// it or ctx is done, and returns the fencing token of the holding. *sent is
+// it or ctx is done, and returns the fencing token of the holding. The
+// first attempt, taken after mk, replied v (ms to wait at most). *sent is
 // set to the time of the last attempt, which precedes any hand-over.
-func (s *Semaphore) wait(ctx context.Context, tok, id string, n int64, sent *time.Time) (int64, error) {
+func (s *Semaphore) wait(ctx context.Context, tok, id string, n, v int64, mk mark, sent *time.Time) (int64, error) {
 	// Hand-overs name the call, not the holder: one holder may have several
-	// calls waiting.
-	w := s.c.notify.watch(s.keys[0], id)
+	// calls waiting. Unless the channel was subscribed before the first
+	// attempt and delivered nothing for this call since, a hand-over may
+	// have been missed: try again once subscribed.
+	w, retry := s.c.notify.watchSince(s.keys[0], id, mk)
 	defer s.c.notify.unwatch(w)
 	w.awaitReady(ctx, s.c.closed)
 	t := time.NewTimer(0)
 	defer t.Stop()
-	next := time.Now() // the subscription is new: a hand-over may have been missed
+	next := time.Now()
+	if !retry {
+		next = next.Add(s.sleepFor(v))
+	}
 	for {
 		if now := time.Now(); !now.Before(next) {
 			*sent = now
@@ -234,10 +244,7 @@ func (s *Semaphore) wait(ctx context.Context, tok, id string, n int64, sent *tim
 			default:
 				return 0, fmt.Errorf("dsync: semaphore acquire replied %d", st)
 			}
-			// Sleep no longer than a lease (or the place ahead) can last,
-			// and refresh the place within its TTL.
-			d := min(time.Duration(r)*time.Millisecond, s.cfg.ttl/2)
-			next = time.Now().Add(max(d, time.Millisecond))
+			next = time.Now().Add(s.sleepFor(r))
 		}
 		t.Reset(time.Until(next))
 		select {
@@ -258,6 +265,14 @@ func (s *Semaphore) wait(ctx context.Context, tok, id string, n int64, sent *tim
 			}
 		}
 	}
+}
+
+// sleepFor is how long a waiter sleeps at most after an attempt that
+// replied to wait r ms: no longer than a lease (or the place ahead) can
+// last, and so that the place is refreshed within its TTL.
+func (s *Semaphore) sleepFor(r int64) time.Duration {
+	d := min(time.Duration(r)*time.Millisecond, s.cfg.ttl/2)
+	return max(d, time.Millisecond)
 }
 
 // abandon undoes whatever a failed Acquire or TryAcquire call may have done
