@@ -27,8 +27,9 @@
 //     function when its lease is lost.
 //   - Waiting is event-driven (Redis pub/sub, one connection per Client), with
 //     the remaining lease time as the only fallback. Mutex and Semaphore
-//     waiters queue in Redis so that newcomers wait behind long waiters;
-//     RWMutex gives writers preference over new readers.
+//     waiters, and RWMutex writers, queue in Redis so that newcomers wait
+//     behind long waiters; RWMutex gives writers preference over new
+//     readers.
 //   - A call whose ctx ends returns an error matching ctx.Err() and leaves
 //     nothing held; releases run even with a done ctx.
 //   - Every state change is one Lua script, and scripts are idempotent

@@ -602,7 +602,10 @@ func (rw *RWMutex) quorumLock(ctx context.Context, mode, tok string, owned, wait
 		channel: rw.keys[0],
 		ttl:     rw.cfg.ttl,
 		try: func(i int, id string) (int64, error) {
-			return rw.subs[i].attempt(ctx, mode, tok, id, wait)
+			// Never starving: quorum writers do not queue. Each master
+			// would order its queue by the arrivals it saw and hand the
+			// lock to different writers, splitting the grants.
+			return rw.subs[i].attempt(ctx, mode, tok, id, wait, false)
 		},
 		undo: func(i int, id string) { rw.subs[i].abandon(ctx, mode, tok, id) },
 		zero: ErrUpgrade,

@@ -52,14 +52,21 @@ const (
 // readers wait too (an owner re-entering its read hold does not), so a
 // stream of readers cannot starve a writer; and a writer's Unlock makes
 // every reader that waited for it a holder at once, so a stream of writers
-// cannot starve readers. Writers are not ordered among themselves. Waiters
-// are woken by notifications, not by polling.
+// cannot starve readers. No writer starves other writers either: as in
+// sync.Mutex's starvation mode, a writer that has waited more than a
+// millisecond takes a place in a queue kept in Redis, newcomer writers
+// (including one that just unlocked) queue behind it, and the release that
+// frees the lock (the last RUnlock, or an Unlock with no reader waiting)
+// hands it straight to the first in line. Waiters are woken by
+// notifications, not by polling. On a Client made by [NewQuorum] writers do
+// not queue.
 type RWMutex struct {
 	c    *Client
 	cfg  config
 	name string
 	// writer hash, fence hash, readers zset, readers hash, waiting writers
-	// zset, waiting readers hash, finished calls zset
+	// zset, waiting readers hash, finished calls zset, writers' queue zset,
+	// queued writers hash
 	keys []string
 	err  error
 
@@ -78,7 +85,7 @@ func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw := &RWMutex{c: c, name: name}
 	rw.cfg, rw.err = c.handleConfig(name, opts)
 	k := rw.cfg.keyOf(name) + ":rw"
-	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x"}
+	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x", k + ":wq", k + ":wd"}
 	if c != nil && c.q != nil {
 		rw.subs = c.q.rwmutexes(name, opts)
 	}
@@ -116,7 +123,8 @@ func (rw *RWMutex) TryRLock(ctx context.Context) (bool, error) {
 }
 
 // Lock locks rw for writing, waiting until no reader and no other writer
-// holds it, or until ctx is done. While it waits, new readers wait too. On
+// holds it, or until ctx is done. While it waits, new readers wait too;
+// once it has waited a while, newcomer writers wait behind it. On
 // success the hold lasts until Unlock, renewed by the Client; with an owner
 // in ctx that already writes rw, Lock re-enters at once. If ctx's owner
 // holds a read lock on rw (and not the write lock), Lock returns
@@ -130,9 +138,10 @@ func (rw *RWMutex) Lock(ctx context.Context) error {
 }
 
 // TryLock tries to lock rw for writing once, without waiting, and reports
-// whether it succeeded. It fails while anyone else reads or writes rw, and
-// returns [ErrUpgrade] if ctx's owner reads it. An error means the attempt
-// could not be made or its outcome is unknown; then no hold is left behind.
+// whether it succeeded. It fails while anyone else reads or writes rw or
+// writers are queued for it, and returns [ErrUpgrade] if ctx's owner reads
+// it. An error means the attempt could not be made or its outcome is
+// unknown; then no hold is left behind.
 func (rw *RWMutex) TryLock(ctx context.Context) (bool, error) {
 	return rw.lock(ctx, modeWrite, false)
 }
@@ -161,9 +170,9 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	}
 	id := newCallID()
 	start := time.Now()
-	v, err := rw.attempt(ctx, mode, tok, id, wait)
+	v, err := rw.attempt(ctx, mode, tok, id, wait, false)
 	if err == nil && v < 0 && wait {
-		v, start, err = rw.wait(ctx, mode, tok, id, v, start)
+		v, start, err = rw.wait(ctx, mode, tok, id, start)
 	}
 	if err != nil {
 		rw.abandon(ctx, mode, tok, id)
@@ -193,53 +202,68 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 }
 
 // attempt runs the lock script once: > 0 held (the fencing token of a write
-// hold), 0 an upgrade refused, < 0 minus the ms to wait at most.
-func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id string, wait bool) (int64, error) {
-	w, local := "0", "0"
+// hold), 0 an upgrade refused, < 0 minus the ms to wait at most. A waiting
+// writer that is starving queues if refused.
+func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id string, wait, starving bool) (int64, error) {
+	w, local, s := "0", "0", "0"
 	if wait {
 		w = "1"
 	}
 	if rw.cfg.local {
 		local = "1"
 	}
-	return rwLock.Run(ctx, rw.c.rdb, rw.keys, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle), local).Int64()
+	if starving {
+		s = "1"
+	}
+	return rwLock.Run(ctx, rw.c.rdb, rw.keys, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle), local, s).Int64()
 }
 
 // wait retries after notifications until the lock is held, refused as an
-// upgrade, or ctx is done. sent is when the attempt that returned v was
-// sent. With a hold, wait also returns a time no later than the start of its
-// lease: the send time of the attempt before the one that found it, since a
-// writer's Unlock may have granted it in between.
-func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, v int64, sent time.Time) (int64, time.Time, error) {
-	w := rw.c.notify.watch(rw.keys[0], tok)
+// upgrade, or ctx is done; start is when the call's first attempt was sent.
+// A writer that has waited past the starvation threshold queues, and may
+// be handed the lock by a release: the notification names its call, which
+// then holds the lock without another attempt. With a hold, wait also
+// returns a time no later than the start of its lease: the send time of the
+// last refused attempt, since a release may have granted the hold (or
+// handed it over) after it.
+func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, start time.Time) (int64, time.Time, error) {
+	// A hand-over names the lock call, not only the owner: two calls of one
+	// owner may wait at once.
+	w := rw.c.notify.watch(rw.keys[0], tok+" "+id)
 	defer rw.c.notify.unwatch(w)
 	w.awaitReady(ctx, rw.c.closed)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	retry := true // the subscription is new: a release may have been missed
+	sent := start
 	for {
 		if retry {
 			now := time.Now()
-			var err error
-			v, err = rw.attempt(ctx, mode, tok, id, true)
+			v, err := rw.attempt(ctx, mode, tok, id, true, now.Sub(start) >= starvation)
 			if err != nil || v >= 0 {
 				return v, sent, err
 			}
 			sent = now
+			// Sleep no longer than the blocking hold (or writer's place) can
+			// last, and refresh the caller's own place within its TTL.
+			d := min(time.Duration(-v)*time.Millisecond, rw.cfg.ttl/2)
+			t.Reset(max(d, time.Millisecond))
 		}
-		// Sleep no longer than the blocking hold (or writer's place) can
-		// last, and refresh the caller's own place within its TTL.
-		d := min(time.Duration(-v)*time.Millisecond, rw.cfg.ttl/2)
-		t.Reset(max(d, time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return 0, sent, ctx.Err()
 		case <-rw.c.closed:
 			return 0, sent, ErrClosed
 		case <-t.C:
+			retry = true
 		case <-w.sig:
+			if f, ok := w.handover(); ok {
+				return int64(f), sent, nil
+			}
+			// A plain release (or a resubscription) invites a retry; the
+			// timer set after the last attempt keeps running otherwise.
+			retry = w.shouldRetry()
 		}
-		retry = true
 	}
 }
 
@@ -249,7 +273,7 @@ func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, v int64, sent
 func (rw *RWMutex) abandon(ctx context.Context, mode, tok, id string) {
 	dctx, cancel := detached(ctx)
 	defer cancel()
-	_ = rwUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id).Err()
+	_ = rwUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id, "", ms(fenceIdle)).Err()
 }
 
 func (rw *RWMutex) holdKey(mode, tok string) holdKey {
@@ -384,7 +408,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	if rw.subs != nil {
 		r, err = rw.quorumUnlock(dctx, mode, tok, id, h)
 	} else {
-		r, err = rwUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, id, rw.keys[0], ms(finishedKeep), "").Int64()
+		r, err = rwUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, id, rw.keys[0], ms(finishedKeep), "", "", ms(fenceIdle)).Int64()
 	}
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.

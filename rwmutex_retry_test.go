@@ -280,11 +280,14 @@ func TestRWMutexLateRLockRetryAfterRUnlock(t *testing.T) {
 	})
 }
 
+// rwKeyCount is the number of keys of an RWMutex script.
+const rwKeyCount = 9
+
 // rwLockCallID returns the call id a recorded RWMutex lock script carries.
 func rwLockCallID(t *testing.T, args []any) string {
 	t.Helper()
-	// evalsha, sha, 7, seven keys, mode, token, ttl, call id, ...
-	id, ok := args[13].(string)
+	// evalsha, sha, 9, nine keys, mode, token, ttl, call id, ...
+	id, ok := args[3+rwKeyCount+3].(string)
 	if !ok {
 		t.Fatalf("no call id in %v", args)
 	}
@@ -308,12 +311,12 @@ func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
 			if err := lock(r.ctx); err != nil {
 				t.Fatal(err)
 			}
-			keys := make([]string, 7)
+			keys := make([]string, rwKeyCount)
 			for i := range keys {
 				keys[i] = args[3+i].(string)
 			}
 			tok := dsync.OwnerToken(r.ctx)
-			got, err := lua.Script("rwmutex_unlock").Run(context.Background(), r.rdb, keys, mode, tok, "cleanup-"+mode, keys[0], 10000, rwLockCallID(t, args)).Int64()
+			got, err := lua.Script("rwmutex_unlock").Run(context.Background(), r.rdb, keys, mode, tok, "cleanup-"+mode, keys[0], 10000, rwLockCallID(t, args), "", 86400000).Int64()
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,12 +1,14 @@
 -- rwmutex_lib: definitions shared by rwmutex_lock.lua and rwmutex_unlock.lua,
 -- which begin with this file (lua.Source puts it in front). It names the
--- keys, reads the server clock, and drops what has expired.
+-- keys, reads the server clock, drops what has expired, and keeps the
+-- writers' queue.
 --
 -- KEYS[1] writer hash, KEYS[2] fence hash, KEYS[3] readers zset, KEYS[4]
 -- readers hash, KEYS[5] waiting writers zset, KEYS[6] waiting readers hash,
--- KEYS[7] finished calls zset (see rwmutex_lock.lua)
+-- KEYS[7] finished calls zset, KEYS[8] writers' queue zset, KEYS[9] queued
+-- writers hash (see rwmutex_lock.lua)
 
-local W, F, R, RC, WW, RQ, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local W, F, R, RC, WW, RQ, X, WQ, WD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(now_us / 1000)
@@ -69,3 +71,80 @@ local function remember(ids, cid)
   return ids
 end
 
+-- The next fencing token of a fresh write hold: max(last + 1, server time
+-- in µs), so tokens keep rising even after the fence hash expired.
+local function next_fence(idle)
+  local f = redis.call('HINCRBY', F, 'n', 1)
+  if f < now_us then
+    f = now_us
+    redis.call('HSET', F, 'n', num(f))
+  end
+  redis.call('PEXPIRE', F, idle)
+  return f
+end
+
+-- The writers' queue, as sync.Mutex's starvation mode: a writer that has
+-- waited past a threshold queues in arrival order (WQ), with its lock call's
+-- TTL and id (WD), and newcomer writers queue behind it. A queued writer
+-- also has a waiting place (WW), refreshed by each of its attempts; its
+-- queue place lives only as long as that place, so a dead writer's place
+-- lapses and is dropped here when met.
+
+-- The first queued writer whose place lives, its place deadline and its
+-- "<ttl> <call id>"; lapsed places before it are dropped.
+local function head()
+  for _ = 1, 1000 do
+    local h = redis.call('ZRANGE', WQ, 0, 0)[1]
+    if not h then
+      return nil
+    end
+    local dl = redis.call('ZSCORE', WW, h)
+    local d = redis.call('HGET', WD, h)
+    if dl and d and tonumber(dl) > now then
+      return h, tonumber(dl), d
+    end
+    redis.call('ZREM', WQ, h)
+    redis.call('HDEL', WD, h)
+  end
+  return nil
+end
+
+-- Drops writer w's waiting place and its queue place.
+local function unplace(w)
+  if redis.call('ZREM', WW, w) == 1 then
+    fit(WW)
+  end
+  redis.call('ZREM', WQ, w)
+  redis.call('HDEL', WD, w)
+end
+
+-- Hands the free lock (no writer, no reader) to the first queued writer:
+-- it holds the lock now, with its own TTL and its lock call's id, so that
+-- the call's next attempt finds the hold and changes nothing, and the
+-- notification "<token> <call id> <fencing token>" tells that call, which
+-- then owns the lock without another attempt. Reports whether it did.
+local function hand_over(ch, idle)
+  for _ = 1, 100 do
+    local h, _, d = head()
+    if not h then
+      return false
+    end
+    unplace(h)
+    local ttl, cid = string.match(d, '^(%d+) (%S+)$')
+    -- A call abandoned by its caller must not get the lock.
+    if ttl and not redis.call('ZSCORE', X, cid) then
+      local f = next_fence(idle)
+      redis.call('HSET', W, h, 1, ':f', num(f), ':c', cid)
+      redis.call('PEXPIRE', W, ttl)
+      redis.call('PUBLISH', ch, h .. ' ' .. cid .. ' ' .. num(f))
+      -- A writer that waits without a queue place (it was not starving
+      -- yet when it last tried, and no queue existed) is told to try
+      -- again, and then queues: no hand-over would wake it.
+      if redis.call('ZCARD', WW) > redis.call('ZCARD', WQ) then
+        redis.call('PUBLISH', ch, '')
+      end
+      return true
+    end
+  end
+  return false
+end

@@ -8,11 +8,17 @@
 -- KEYS[3] readers zset: reader token -> lease deadline (server ms)
 -- KEYS[4] readers hash: reader token -> "<reentry count> <ids of the last
 --         calls applied>" (as ':c' above)
--- KEYS[5] waiting writers zset: writer token -> place deadline (ms)
+-- KEYS[5] waiting writers zset: writer token -> place deadline (ms); while
+--         one lives, new readers wait
 -- KEYS[6] waiting readers hash: reader token -> "<place deadline ms> <ttl ms> <call id>"
 -- KEYS[7] finished calls zset: call id -> when it may be forgotten (ms); holds
 --         the ids of full releases (a repeat answers as before) and of
 --         abandoned calls (a late arrival must not take effect)
+-- KEYS[8] writers' queue zset: queued writer token -> arrival (server µs);
+--         a writer queues once it has waited past the starvation threshold,
+--         or when others are queued, and the queue's head gets the lock first
+-- KEYS[9] queued writers hash: queued writer token -> "<ttl ms> <call id>";
+--         a queue place lives as long as the writer's place in KEYS[5]
 -- ARGV[1] 'r' to read, 'w' to write
 -- ARGV[2] owner token
 -- ARGV[3] lease TTL (ms)
@@ -21,6 +27,8 @@
 -- ARGV[6] idle expiry of the fence hash (ms)
 -- ARGV[7] '1' when the owner counts re-entries itself (client reentrancy):
 --         a re-entry then leaves the count in Redis at 1
+-- ARGV[8] '1' when the caller (a waiting writer) has waited past the
+--         starvation threshold: a refused attempt then queues it
 -- Reply: > 0 held: the fencing token for a write hold, 1 for a read hold;
 --        0 write refused because the owner holds a read lock (an upgrade);
 --        < 0 refused: minus the number of ms after which to try again.
@@ -99,9 +107,7 @@ end
 
 if redis.call('HEXISTS', RC, tok) == 1 then
   -- The owner reads: waiting for the write lock would wait for itself.
-  if redis.call('ZREM', WW, tok) == 1 then
-    fit(WW)
-  end
+  unplace(tok)
   return 0
 end
 
@@ -110,6 +116,17 @@ local function enqueue()
   -- it lives, new readers wait.
   redis.call('ZADD', WW, num(now + ttl), tok)
   fit(WW)
+  if ARGV[8] == '1' or redis.call('EXISTS', WQ) == 1 then
+    -- Starving, or behind writers that starve: keep the arrival order. The
+    -- queue keys outlive every place in them; each place lapses alone.
+    redis.call('ZADD', WQ, 'NX', num(now_us), tok)
+    redis.call('HSET', WD, tok, string.format('%d %s', ttl, id))
+    for _, k in ipairs({WQ, WD}) do
+      if redis.call('PTTL', k) < ttl then
+        redis.call('PEXPIRE', k, ttl)
+      end
+    end
+  end
 end
 
 if redis.call('EXISTS', W) == 1 then
@@ -123,22 +140,24 @@ if first[2] then
   if wait then
     enqueue()
   end
-  -- Readers wake the writer when the last one leaves; one that dies
-  -- without leaving is gone at its deadline.
+  -- The last reader to leave hands the lock to the queue's head or wakes
+  -- the writers; one that dies without leaving is gone at its deadline.
   return retry_at(tonumber(first[2]))
 end
+local h, dl = head()
+if h and h ~= tok then
+  -- Free, but a starving writer is first in line: queue behind it and
+  -- wait until it takes the lock (its attempt is due: the lock was freed
+  -- without a hand-over, by an expiry) or its place lapses.
+  if wait then
+    enqueue()
+  end
+  return retry_at(dl)
+end
 
--- Fresh write hold: next fencing token = max(last + 1, server time in µs),
--- so tokens keep rising even after the fence hash expired.
-local f = redis.call('HINCRBY', F, 'n', 1)
-if f < now_us then
-  redis.call('HSET', F, 'n', now_us)
-  f = now_us
-end
-redis.call('PEXPIRE', F, ARGV[6])
-redis.call('HSET', W, tok, 1, ':f', f, ':c', id)
+-- Fresh write hold.
+local f = next_fence(ARGV[6])
+redis.call('HSET', W, tok, 1, ':f', num(f), ':c', id)
 redis.call('PEXPIRE', W, ttl)
-if redis.call('ZREM', WW, tok) == 1 then
-  fit(WW)
-end
+unplace(tok)
 return f

@@ -40,6 +40,8 @@ import (
 //	<base>:rw:ww     zset  waiting writer token -> place deadline (ms)
 //	<base>:rw:rq     hash  waiting reader token -> "<place deadline ms> <ttl ms> <call id>"
 //	<base>:rw:x      zset  finished call ids
+//	<base>:rw:wq     zset  queued writer token -> arrival (server µs)
+//	<base>:rw:wd     hash  queued writer token -> "<ttl ms> <call id>"
 //
 // Semaphore (lua/semaphore_lib.lua):
 //
@@ -132,7 +134,7 @@ type layout struct {
 
 var layouts = []layout{
 	{mode: "mutex", keys: []string{"", ":q", ":qd", ":f"}, primary: 2, read: readMutex},
-	{mode: "rwmutex", keys: []string{":rw", ":rw:r", ":rw:ww", ":rw:rq", ":rw:rc", ":rw:f", ":rw:x"}, primary: 4, read: readRWMutex},
+	{mode: "rwmutex", keys: []string{":rw", ":rw:r", ":rw:ww", ":rw:rq", ":rw:rc", ":rw:f", ":rw:x", ":rw:wq", ":rw:wd"}, primary: 4, read: readRWMutex},
 	{mode: "semaphore", keys: []string{":s", ":sh", ":sq", ":sqd", ":f"}, primary: 3, read: readSemaphore},
 	{mode: "once", keys: []string{":once", ":once:done"}, primary: 2, read: readOnce},
 }
@@ -317,13 +319,15 @@ func readRWMutex(ctx context.Context, rdb redis.UniversalClient, base string, st
 	readers := pipe.ZRangeWithScores(ctx, k+":r", 0, maxShown-1)
 	writers := pipe.ZRangeWithScores(ctx, k+":ww", 0, maxShown-1)
 	nWriters := pipe.ZCard(ctx, k+":ww")
+	queued := pipe.ZRangeWithScores(ctx, k+":wq", 0, maxShown-1)
 	nReaders := pipe.HLen(ctx, k+":rq")
 	waitingReaders := pipe.HScan(ctx, k+":rq", 0, "", maxShown)
 	now := pipe.Time(ctx)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return err
 	}
-	nowMS := now.Val().UnixMilli()
+	nowUS := now.Val().UnixMicro()
+	nowMS := nowUS / 1000
 	st.Holders = append(st.Holders, ownerCounts(fields.Val(), "write")...)
 	if len(st.Holders) > 0 {
 		st.TTLMillis = pttl(ttl.Val())
@@ -352,9 +356,20 @@ func readRWMutex(ctx context.Context, rdb redis.UniversalClient, base string, st
 	if len(st.Holders) > 0 {
 		st.State = "held"
 	}
+	// A writer that waited past the starvation threshold is queued, with
+	// its arrival time.
+	arrived := map[string]int64{}
+	for _, z := range queued.Val() {
+		tok, _ := z.Member.(string)
+		arrived[tok] = int64(z.Score)
+	}
 	for _, z := range writers.Val() {
 		tok, _ := z.Member.(string)
-		st.Waiters = append(st.Waiters, waiter{Owner: tok, Kind: "write", WaitedMillis: -1, PlaceMillis: max(int64(z.Score)-nowMS, 0)})
+		w := waiter{Owner: tok, Kind: "write", WaitedMillis: -1, PlaceMillis: max(int64(z.Score)-nowMS, 0)}
+		if a, ok := arrived[tok]; ok {
+			w.WaitedMillis = (nowUS - a) / 1000
+		}
+		st.Waiters = append(st.Waiters, w)
 	}
 	kv, _ := waitingReaders.Val()
 	for i := 0; i+1 < len(kv) && len(st.Waiters) < 2*maxShown; i += 2 {
