@@ -109,6 +109,13 @@ func TestPropertyCatchesSeededBugs(t *testing.T) {
 			{"rwmutex_lock", "local gone = redis.call('ZRANGEBYSCORE', R, '-inf', num(now))", "local gone = {}"},
 			{"rwmutex_unlock", "local gone = redis.call('ZRANGEBYSCORE', R, '-inf', num(now))", "local gone = {}"},
 		}},
+		{"rwmutex re-entry not counted", "rwmutex", []swap{
+			{"rwmutex_lock", "local counted = ARGV[7] ~= '1'", "local counted = false"},
+		}},
+		{"rwmutex fencing token not raised", "rwmutex", []swap{
+			{"rwmutex_lock", "local f = redis.call('HINCRBY', F, 'n', 1)", "local f = tonumber(redis.call('HGET', F, 'n')) or 0"},
+			{"rwmutex_unlock", "local f = redis.call('HINCRBY', F, 'n', 1)", "local f = tonumber(redis.call('HGET', F, 'n')) or 0"},
+		}},
 		{"semaphore counting an expired holder", "semaphore", []swap{
 			{"semaphore_acquire", "redis.call('HINCRBY', KEYS[1], ':used', -c)", ""},
 			{"semaphore_release", "redis.call('HINCRBY', KEYS[1], ':used', -c)", ""},
