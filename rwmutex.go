@@ -169,10 +169,14 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 		return rw.quorumLock(ctx, mode, tok, owned, wait)
 	}
 	id := newCallID()
+	var mk mark
+	if wait {
+		mk = rw.c.notify.mark(rw.keys[0])
+	}
 	start := time.Now()
 	v, err := rw.attempt(ctx, mode, tok, id, wait, false)
 	if err == nil && v < 0 && wait {
-		v, start, err = rw.wait(ctx, mode, tok, id, start)
+		v, start, err = rw.wait(ctx, mode, tok, id, start, v, mk)
 	}
 	if err != nil {
 		rw.abandon(ctx, mode, tok, id)
@@ -219,22 +223,23 @@ func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id string, wait, star
 }
 
 // wait retries after notifications until the lock is held, refused as an
-// upgrade, or ctx is done; start is when the call's first attempt was sent.
-// A writer that has waited past the starvation threshold queues, and may
+// upgrade, or ctx is done. The call's first attempt, sent at start after
+// mk, replied v. A writer that has waited past the starvation threshold queues, and may
 // be handed the lock by a release: the notification names its call, which
 // then holds the lock without another attempt. With a hold, wait also
 // returns a time no later than the start of its lease: the send time of the
 // last refused attempt, since a release may have granted the hold (or
 // handed it over) after it.
-func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, start time.Time) (int64, time.Time, error) {
+func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, start time.Time, v int64, mk mark) (int64, time.Time, error) {
 	// A hand-over names the lock call, not only the owner: two calls of one
-	// owner may wait at once.
-	w := rw.c.notify.watch(rw.keys[0], tok+" "+id)
+	// owner may wait at once. Unless the channel was subscribed before the
+	// first attempt and delivered nothing for this call since, a release
+	// may have been missed: try again once subscribed.
+	w, retry := rw.c.notify.watchSince(rw.keys[0], tok+" "+id, mk)
 	defer rw.c.notify.unwatch(w)
 	w.awaitReady(ctx, rw.c.closed)
-	t := time.NewTimer(0)
+	t := time.NewTimer(rw.sleepFor(v))
 	defer t.Stop()
-	retry := true // the subscription is new: a release may have been missed
 	sent := start
 	for {
 		if retry {
@@ -244,10 +249,7 @@ func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, start time.Ti
 				return v, sent, err
 			}
 			sent = now
-			// Sleep no longer than the blocking hold (or writer's place) can
-			// last, and refresh the caller's own place within its TTL.
-			d := min(time.Duration(-v)*time.Millisecond, rw.cfg.ttl/2)
-			t.Reset(max(d, time.Millisecond))
+			t.Reset(rw.sleepFor(v))
 		}
 		select {
 		case <-ctx.Done():
@@ -265,6 +267,14 @@ func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, start time.Ti
 			retry = w.shouldRetry()
 		}
 	}
+}
+
+// sleepFor is how long a waiter sleeps at most after an attempt that
+// returned v < 0: no longer than the blocking hold (or writer's place) can
+// last, and so that the caller's own place is refreshed within its TTL.
+func (rw *RWMutex) sleepFor(v int64) time.Duration {
+	d := min(time.Duration(-v)*time.Millisecond, rw.cfg.ttl/2)
+	return max(d, time.Millisecond)
 }
 
 // abandon undoes whatever a failed lock call may have done on the server: a
