@@ -29,8 +29,9 @@ const (
 	// releaseTimeout bounds an unlock or cleanup that runs detached from
 	// the caller's ctx.
 	releaseTimeout = 5 * time.Second
-	// starvation is how long a waiter waits before it takes a place in the
-	// lock's queue, as in sync.Mutex's starvation mode.
+	// starvation is how long an RWMutex writer waits before it takes a
+	// place in the writers' queue, as in sync.Mutex's starvation mode. (A
+	// Mutex waiter queues from its first refused attempt.)
 	starvation = time.Millisecond
 )
 

@@ -26,10 +26,11 @@ import (
 // earlier one of the name ([Lease.Token]).
 //
 // Waiters are woken by the release, not by polling. As in sync.Mutex's
-// starvation mode, a waiter that has waited more than a millisecond takes a
-// place in a queue kept in Redis; newcomers, including the goroutine that
+// starvation mode (here from the first refused attempt on), a waiter takes
+// a place in a queue kept in Redis; newcomers, including the goroutine that
 // just unlocked, then queue behind it, and an unlock hands the lock straight
-// to the first in line.
+// to the first in line, which owns it without another round trip. TryLock
+// never queues.
 type Mutex struct {
 	c    *Client
 	cfg  config
@@ -136,7 +137,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 		mk = m.c.notify.mark(m.keys[0])
 	}
 	start := time.Now()
-	v, err := m.attempt(ctx, tok, id, false)
+	v, err := m.attempt(ctx, tok, id, wait)
 	if err != nil {
 		m.abandon(ctx, tok, id)
 		return false, err
@@ -158,10 +159,11 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 }
 
 // attempt runs the lock script once: > 0 is the fencing token of a hold,
-// ≤ 0 minus the ms to wait at most.
-func (m *Mutex) attempt(ctx context.Context, tok, id string, starving bool) (int64, error) {
+// ≤ 0 minus the ms to wait at most. With queue, a refused caller takes (or
+// keeps) a place in the queue.
+func (m *Mutex) attempt(ctx context.Context, tok, id string, queue bool) (int64, error) {
 	s := argNo
-	if starving {
+	if queue {
 		s = argYes
 	}
 	return m.c.acquire(ctx, &m.cfg, mutexLock, m.kargs, tok, m.ttlArg, id, s, fenceIdleArg, m.localArg)
@@ -183,7 +185,7 @@ func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int
 		if retry {
 			var err error
 			sent = time.Now()
-			v, err = m.attempt(ctx, tok, id, sent.Sub(start) >= starvation)
+			v, err = m.attempt(ctx, tok, id, true)
 			if err != nil || v > 0 {
 				return v, sent, err
 			}

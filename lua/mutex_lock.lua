@@ -11,7 +11,8 @@
 -- ARGV[1] owner token
 -- ARGV[2] lease TTL (ms)
 -- ARGV[3] call id (the same for every attempt of one Lock call)
--- ARGV[4] '1' when the caller has waited past the starvation threshold
+-- ARGV[4] '1' when the caller waits (Lock): refused, it takes (or keeps) a
+--         place in the queue; '0' (TryLock, quorum mode) never queues
 -- ARGV[5] idle expiry of the fence hash (ms)
 -- ARGV[6] '1' when the owner counts re-entries itself (client reentrancy):
 --         a re-entry then leaves the count in Redis at 1
@@ -76,7 +77,7 @@ if cur[3] then
   if not cur[4] then
     redis.call('HSET', KEYS[1], ':w', '1')
   end
-  if ARGV[4] == '1' or redis.call('EXISTS', KEYS[3]) == 1 then
+  if ARGV[4] == '1' then
     enqueue()
   end
   local p = redis.call('PTTL', KEYS[1])
@@ -88,9 +89,11 @@ end
 
 local h, dl = head()
 if h and h ~= tok then
-  -- Free, but a starving waiter is first in line: queue behind it and wait
-  -- until it takes the lock or its place lapses.
-  enqueue()
+  -- Free, but a waiter is first in line: queue behind it and wait until it
+  -- takes the lock or its place lapses.
+  if ARGV[4] == '1' then
+    enqueue()
+  end
   return -math.max(dl - now_ms, 1)
 end
 if h then
