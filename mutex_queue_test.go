@@ -140,3 +140,53 @@ func TestMutexWaiterNotStalledByHandOvers(t *testing.T) {
 		}
 	})
 }
+
+// TestRWMutexTryLockTakesNoQueuePlace is TestMutexTryLockTakesNoQueuePlace
+// for the writers' queue of an RWMutex.
+func TestRWMutexTryLockTakesNoQueuePlace(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		places := func() int64 {
+			n, err := rdb.ZCard(ctx, "dsync:{"+name+"}:rw:wq").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		holder := newClient(t, b).RWMutex(name)
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waiter := newClient(t, b).RWMutex(name)
+		got := make(chan error, 1)
+		go func() { got <- waiter.Lock(ctx) }()
+		deadline := time.Now().Add(5 * time.Second)
+		for places() != 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("writers' queue has %d places, want 1", places())
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		try := newClient(t, b).RWMutex(name)
+		if ok, err := try.TryLock(ctx); ok || err != nil {
+			t.Fatalf("TryLock = %v, %v; want false, nil", ok, err)
+		}
+		if n := places(); n != 1 {
+			t.Fatalf("after a failed TryLock the writers' queue has %d places, want 1", n)
+		}
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+		if err := waiter.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := newClient(t, b).RWMutex(name).TryLock(ctx); !ok || err != nil {
+			t.Fatalf("TryLock after the queue drained = %v, %v; want true, nil", ok, err)
+		}
+	})
+}
