@@ -2,6 +2,8 @@ package dsync
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,7 +51,7 @@ type notifier struct {
 	chans   map[string]*channel
 	pending map[string]int // SUBSCRIBEs sent and not yet confirmed
 	closed  bool
-	done    chan struct{} // closed when the dispatcher exits
+	done    chan struct{} // closed when the receiver exits
 	stop    chan struct{}
 }
 
@@ -141,7 +143,7 @@ func (n *notifier) watchSince(name, tok string, mk mark) (*watcher, bool) {
 	if n.ps == nil {
 		n.ps = n.rdb.Subscribe(context.Background())
 		n.done = make(chan struct{})
-		go n.dispatch(n.ps.ChannelWithSubscriptions(redis.WithChannelSize(256)))
+		go n.receive(n.ps)
 	}
 	ch := n.chans[name]
 	if ch == nil {
@@ -195,24 +197,57 @@ func (n *notifier) unwatch(w *watcher) {
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// dispatch delivers messages to watchers until the pub/sub closes.
-func (n *notifier) dispatch(msgs <-chan any) {
+// receive delivers the pub/sub's messages to watchers until it closes. It
+// reads the connection itself, so that a notification reaches its waiter
+// with one goroutine switch (go-redis's Channel adds two: its reader and
+// its health check). A connection quiet for linger is pinged: go-redis
+// reconnects and subscribes again when that fails. Idle channels are swept
+// every linger.
+func (n *notifier) receive(ps *redis.PubSub) {
 	defer close(n.done)
-	sweep := time.NewTicker(linger)
-	defer sweep.Stop()
+	ctx := context.Background()
+	lastSweep := time.Now()
+	var failed int
 	for {
+		m, err := ps.ReceiveTimeout(ctx, linger)
 		select {
-		case m, ok := <-msgs:
-			if !ok {
-				return
-			}
-			n.deliver(m)
-		case <-sweep.C:
-			n.sweep()
 		case <-n.stop:
 			return
+		default:
+		}
+		switch {
+		case err == nil:
+			failed = 0
+			n.deliver(m)
+		case errors.Is(err, redis.ErrClosed):
+			return
+		case isTimeout(err):
+			pctx, cancel := context.WithTimeout(ctx, subscribeWait)
+			_ = ps.Ping(pctx)
+			cancel()
+		default:
+			// go-redis has dropped the connection and dials a new one on the
+			// next call; back off if that keeps failing.
+			failed++
+			if failed > 1 {
+				select {
+				case <-n.stop:
+					return
+				case <-time.After(min(time.Duration(failed)*50*time.Millisecond, time.Second)):
+				}
+			}
+		}
+		if time.Since(lastSweep) >= linger {
+			n.sweep()
+			lastSweep = time.Now()
 		}
 	}
+}
+
+// isTimeout reports whether err is a read timeout.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 func (n *notifier) deliver(m any) {
