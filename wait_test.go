@@ -72,3 +72,57 @@ func TestSlowSubscriptionDoesNotSlowLaterWaits(t *testing.T) {
 		}
 	}
 }
+
+// TestWaiterSurvivesPubSubKill: the server drops the pub/sub connection
+// while a waiter sleeps (CLIENT KILL); the notifier reconnects and
+// subscribes again, and the release that follows still wakes the waiter at
+// once, not after the 30 s TTL.
+func TestWaiterSurvivesPubSubKill(t *testing.T) {
+	b := realOnly(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	holder := newClient(t, b).Mutex(name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := newClient(t, b).Mutex(name)
+	got := make(chan error, 1)
+	go func() { got <- m.Lock(ctx) }()
+	admin := b.NewClient(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := admin.PubSubNumSub(ctx, "dsync:{"+name+"}").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n["dsync:{"+name+"}"] > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never subscribed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the notifier reconnects meanwhile
+	released := time.Now()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not woken within 10 s of the release")
+	}
+	if d := time.Since(released); d > 2*time.Second {
+		t.Errorf("the waiter got the lock %v after the release, want well under 2s", d)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
