@@ -24,7 +24,6 @@ func ScriptSource(name string) (string, error) {
 // and must not run while other tests use the scripts.
 func SwapScript(name, src string) (restore func()) {
 	s := redis.NewScript(src)
-	// Scripts the package runs through a *script wrapper.
 	var w **script
 	switch name {
 	case "mutex_lock":
@@ -35,26 +34,18 @@ func SwapScript(name, src string) (restore func()) {
 		w = &semAcquire
 	case "semaphore_release":
 		w = &semRelease
-	}
-	if w != nil {
-		old := *w
-		*w = newScript(s)
-		return func() { *w = old }
-	}
-	var p **redis.Script
-	switch name {
 	case "rwmutex_lock":
-		p = &rwLock
+		w = &rwLock
 	case "rwmutex_unlock":
-		p = &rwUnlock
+		w = &rwUnlock
 	case "once_do":
-		p = &onceDo
+		w = &onceDo
 	case "once_release":
-		p = &onceRelease
+		w = &onceRelease
 	default:
 		panic(fmt.Sprintf("SwapScript: unknown script %q", name))
 	}
-	old := *p
-	*p = s
-	return func() { *p = old }
+	old := *w
+	*w = newScript(s)
+	return func() { *w = old }
 }

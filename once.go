@@ -34,11 +34,12 @@ import (
 // should give it a Period, or Redis keeps one small key per name forever.
 // Everything else a Once writes expires with the run lease.
 type Once struct {
-	c    *Client
-	cfg  config
-	name string
-	keys []string // run hash, done hash
-	err  error
+	c     *Client
+	cfg   config
+	name  string
+	keys  []string // run hash, done hash
+	kargs []any    // keys boxed once (see boxKeys)
+	err   error
 }
 
 // Once returns a handle on the Once called name. Options override the
@@ -55,6 +56,7 @@ func (c *Client) Once(name string, opts ...Option) *Once {
 	}
 	k := o.cfg.keyOf(name) + ":once"
 	o.keys = []string{k, k + ":done"}
+	o.kargs = boxKeys(o.keys)
 	return o
 }
 
@@ -198,7 +200,7 @@ type onceReply struct {
 
 // attempt runs the do script once.
 func (o *Once) attempt(ctx context.Context, tok string) (onceReply, error) {
-	v, err := onceDo.Run(ctx, o.c.rdb, o.keys, tok, ms(o.cfg.ttl)).Slice()
+	v, err := o.c.eval(ctx, onceDo, o.kargs, tok, ms(o.cfg.ttl)).Slice()
 	if err != nil {
 		return onceReply{}, err
 	}
@@ -281,7 +283,7 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 		period = ms(o.cfg.period)
 	}
 	for i := 1; ; i++ {
-		r, err := onceRelease.Run(dctx, o.c.rdb, o.keys, tok, mode, value, period, o.keys[0], ms(o.cfg.ttl)).Int64()
+		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.keys[0], ms(o.cfg.ttl)).Int64()
 		if err == nil || i == releaseTries || dctx.Err() != nil {
 			return r, err
 		}

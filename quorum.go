@@ -640,7 +640,7 @@ func (rw *RWMutex) quorumHold(mode, tok string, fence uint64, a answers, start t
 func (rw *RWMutex) quorumUnlock(ctx context.Context, mode, tok, id string, h *hold) (int64, error) {
 	floor := floorArg(h)
 	a := each(rw.subs, func(_ int, sub *RWMutex) (int64, error) {
-		return rwUnlock.Run(ctx, sub.c.rdb, sub.keys, mode, tok, id, sub.keys[0], ms(finishedKeep), "", floor, ms(fenceIdle)).Int64()
+		return sub.c.eval(ctx, rwUnlock, sub.kargs, mode, tok, id, sub.keys[0], ms(finishedKeep), "", floor, ms(fenceIdle)).Int64()
 	})
 	return a.unlocked(rw.c.q.need)
 }

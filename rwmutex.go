@@ -67,8 +67,9 @@ type RWMutex struct {
 	// writer hash, fence hash, readers zset, readers hash, waiting writers
 	// zset, waiting readers hash, finished calls zset, writers' queue zset,
 	// queued writers hash
-	keys []string
-	err  error
+	keys  []string
+	kargs []any // keys boxed once (see boxKeys)
+	err   error
 
 	subs []*RWMutex // quorum mode: this handle on each member (see quorum.go)
 
@@ -86,6 +87,7 @@ func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw.cfg, rw.err = c.handleConfig(name, opts)
 	k := rw.cfg.keyOf(name) + ":rw"
 	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x", k + ":wq", k + ":wd"}
+	rw.kargs = boxKeys(rw.keys)
 	if c != nil && c.q != nil {
 		rw.subs = c.q.rwmutexes(name, opts)
 	}
@@ -219,7 +221,7 @@ func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id string, wait, star
 	if starving {
 		s = "1"
 	}
-	return rwLock.Run(ctx, rw.c.rdb, rw.keys, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle), local, s).Int64()
+	return rw.c.eval(ctx, rwLock, rw.kargs, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle), local, s).Int64()
 }
 
 // wait retries after notifications until the lock is held, refused as an
@@ -283,7 +285,7 @@ func (rw *RWMutex) sleepFor(v int64) time.Duration {
 func (rw *RWMutex) abandon(ctx context.Context, mode, tok, id string) {
 	dctx, cancel := detached(ctx)
 	defer cancel()
-	_ = rwUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id, "", ms(fenceIdle)).Err()
+	_ = rw.c.eval(dctx, rwUnlock, rw.kargs, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id, "", ms(fenceIdle)).Err()
 }
 
 func (rw *RWMutex) holdKey(mode, tok string) holdKey {
@@ -418,7 +420,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	if rw.subs != nil {
 		r, err = rw.quorumUnlock(dctx, mode, tok, id, h)
 	} else {
-		r, err = rwUnlock.Run(dctx, rw.c.rdb, rw.keys, mode, tok, id, rw.keys[0], ms(finishedKeep), "", "", ms(fenceIdle)).Int64()
+		r, err = rw.c.eval(dctx, rwUnlock, rw.kargs, mode, tok, id, rw.keys[0], ms(finishedKeep), "", "", ms(fenceIdle)).Int64()
 	}
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.

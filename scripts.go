@@ -16,8 +16,8 @@ var (
 	mutexRenew  = lua.Script("mutex_renew")
 	mutexRenews = lua.Script("mutex_renew_batch")
 
-	rwLock   = lua.Script("rwmutex_lock")
-	rwUnlock = lua.Script("rwmutex_unlock")
+	rwLock   = newScript(lua.Script("rwmutex_lock"))
+	rwUnlock = newScript(lua.Script("rwmutex_unlock"))
 	rwRenew  = lua.Script("rwmutex_renew")
 	rwRRenew = lua.Script("rwmutex_rrenew")
 	// The write hold's renewal is mutex_renew's (a field of the hash), so
@@ -30,8 +30,8 @@ var (
 	semRenew   = lua.Script("semaphore_renew")
 	semRenews  = lua.Script("semaphore_renew_batch")
 
-	onceDo      = lua.Script("once_do")
-	onceRelease = lua.Script("once_release")
+	onceDo      = newScript(lua.Script("once_do"))
+	onceRelease = newScript(lua.Script("once_release"))
 	onceRenew   = lua.Script("once_renew")
 	onceRenews  = lua.Script("once_renew_batch")
 )
