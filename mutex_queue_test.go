@@ -2,6 +2,8 @@ package dsync_test
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -9,67 +11,121 @@ import (
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
-// queued returns the number of places in name's Mutex queue.
-func queued(t *testing.T, b redistest.Backend, name string) int64 {
-	t.Helper()
-	n, err := b.NewClient(t).ZCard(context.Background(), "dsync:{"+name+"}:q").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
+// A locker is what the queue tests need of a Mutex or an RWMutex's write
+// lock.
+type locker interface {
+	Lock(ctx context.Context) error
+	TryLock(ctx context.Context) (bool, error)
+	Unlock(ctx context.Context) error
 }
 
-// waitMutexQueued waits, boundedly, until name's Mutex queue has n places.
-func waitMutexQueued(t *testing.T, b redistest.Backend, name string, n int64) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for queued(t, b, name) != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("queue has %d places, want %d", queued(t, b, name), n)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// TestMutexTryLockTakesNoQueuePlace checks that a TryLock that fails while
+// TestTryLockTakesNoQueuePlace checks that a TryLock that fails while
 // waiters are queued leaves no place behind: a place would later be handed
 // the lock with nobody there to use it, blocking the name for a TTL.
-func TestMutexTryLockTakesNoQueuePlace(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		holder := newClient(t, b).Mutex(name)
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		waiter := newClient(t, b).Mutex(name)
-		got := make(chan error, 1)
-		go func() { got <- waiter.Lock(ctx) }()
-		waitMutexQueued(t, b, name, 1)
+func TestTryLockTakesNoQueuePlace(t *testing.T) {
+	for _, kind := range []struct {
+		name  string
+		queue string // key suffix of the queue zset
+		open  func(c *dsync.Client, name string) locker
+	}{
+		{"Mutex", ":q", func(c *dsync.Client, name string) locker { return c.Mutex(name) }},
+		{"RWMutex", ":rw:wq", func(c *dsync.Client, name string) locker { return c.RWMutex(name) }},
+	} {
+		t.Run(kind.name, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, b redistest.Backend) {
+				ctx := ctxT(t)
+				name := redistest.Key(t)
+				rdb := b.NewClient(t)
+				places := func() int64 {
+					n, err := rdb.ZCard(ctx, "dsync:{"+name+"}"+kind.queue).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					return n
+				}
+				holder := kind.open(newClient(t, b), name)
+				if err := holder.Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				waiter := kind.open(newClient(t, b), name)
+				got := make(chan error, 1)
+				go func() { got <- waiter.Lock(ctx) }()
+				deadline := time.Now().Add(5 * time.Second)
+				for places() != 1 {
+					if time.Now().After(deadline) {
+						t.Fatalf("queue has %d places, want 1", places())
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
 
-		try := newClient(t, b).Mutex(name)
-		if ok, err := try.TryLock(ctx); ok || err != nil {
-			t.Fatalf("TryLock = %v, %v; want false, nil", ok, err)
-		}
-		if n := queued(t, b, name); n != 1 {
-			t.Fatalf("after a failed TryLock the queue has %d places, want 1", n)
-		}
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-got; err != nil {
-			t.Fatal(err)
-		}
-		if err := waiter.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		// The name is free now: nothing was handed to the TryLock caller.
-		ctx2, cancel := context.WithTimeout(ctx, 3*time.Second)
-		defer cancel()
-		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx2); !ok || err != nil {
-			t.Fatalf("TryLock after the queue drained = %v, %v; want true, nil", ok, err)
-		}
-	})
+				if ok, err := kind.open(newClient(t, b), name).TryLock(ctx); ok || err != nil {
+					t.Fatalf("TryLock = %v, %v; want false, nil", ok, err)
+				}
+				if n := places(); n != 1 {
+					t.Fatalf("after a failed TryLock the queue has %d places, want 1", n)
+				}
+				if err := holder.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-got; err != nil {
+					t.Fatal(err)
+				}
+				if err := waiter.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				// The name is free now: nothing was handed to the TryLock caller.
+				if ok, err := kind.open(newClient(t, b), name).TryLock(ctx); !ok || err != nil {
+					t.Fatalf("TryLock after the queue drained = %v, %v; want true, nil", ok, err)
+				}
+			})
+		})
+	}
+}
+
+// contend runs one goroutine per locker, each locking and at once
+// unlocking for d, and returns the fewest and most acquisitions of a
+// goroutine and how many times two held the lock at once.
+func contend(t *testing.T, ctx context.Context, lockers []locker, d time.Duration) (lo, hi, overlaps int64) {
+	t.Helper()
+	counts := make([]atomic.Int64, len(lockers))
+	var inside, bad atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g, l := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100000; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := l.Lock(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				if inside.Add(1) != 1 {
+					bad.Add(1)
+				}
+				counts[g].Add(1)
+				inside.Add(-1)
+				if err := l.Unlock(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(d)
+	close(stop)
+	wg.Wait()
+	lo, hi = 1<<62, 0
+	for g := range counts {
+		n := counts[g].Load()
+		lo, hi = min(lo, n), max(hi, n)
+	}
+	return lo, hi, bad.Load()
 }
 
 // TestMutexWaiterNotStalledByHandOvers checks that a waiter that found the
@@ -137,56 +193,6 @@ func TestMutexWaiterNotStalledByHandOvers(t *testing.T) {
 		// a few ms; 1 s leaves room for a slow machine.
 		if d := at.Sub(released); d > time.Second {
 			t.Errorf("the late waiter got the lock %v after the release, want under 1s", d)
-		}
-	})
-}
-
-// TestRWMutexTryLockTakesNoQueuePlace is TestMutexTryLockTakesNoQueuePlace
-// for the writers' queue of an RWMutex.
-func TestRWMutexTryLockTakesNoQueuePlace(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		rdb := b.NewClient(t)
-		places := func() int64 {
-			n, err := rdb.ZCard(ctx, "dsync:{"+name+"}:rw:wq").Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-		holder := newClient(t, b).RWMutex(name)
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		waiter := newClient(t, b).RWMutex(name)
-		got := make(chan error, 1)
-		go func() { got <- waiter.Lock(ctx) }()
-		deadline := time.Now().Add(5 * time.Second)
-		for places() != 1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("writers' queue has %d places, want 1", places())
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-		try := newClient(t, b).RWMutex(name)
-		if ok, err := try.TryLock(ctx); ok || err != nil {
-			t.Fatalf("TryLock = %v, %v; want false, nil", ok, err)
-		}
-		if n := places(); n != 1 {
-			t.Fatalf("after a failed TryLock the writers' queue has %d places, want 1", n)
-		}
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-got; err != nil {
-			t.Fatal(err)
-		}
-		if err := waiter.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := newClient(t, b).RWMutex(name).TryLock(ctx); !ok || err != nil {
-			t.Fatalf("TryLock after the queue drained = %v, %v; want true, nil", ok, err)
 		}
 	})
 }

@@ -285,41 +285,15 @@ func TestMutexNoStarvation(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		const G = 4
-		counts := make([]atomic.Int64, G)
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
+		var ls []locker
 		for g := 0; g < G; g++ {
-			m := newClient(t, b).Mutex(name)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; i < 100000; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if err := m.Lock(ctx); err != nil {
-						t.Error(err)
-						return
-					}
-					counts[g].Add(1)
-					if err := m.Unlock(ctx); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			}()
+			ls = append(ls, newClient(t, b).Mutex(name))
 		}
-		time.Sleep(1500 * time.Millisecond)
-		close(stop)
-		wg.Wait()
-		var lo, hi int64 = 1 << 62, 0
-		for g := range counts {
-			n := counts[g].Load()
-			lo, hi = min(lo, n), max(hi, n)
-		}
+		lo, hi, bad := contend(t, ctx, ls, 1500*time.Millisecond)
 		t.Logf("acquisitions per goroutine: fewest %d, most %d", lo, hi)
+		if bad != 0 {
+			t.Errorf("two holders at once %d times", bad)
+		}
 		if lo == 0 || float64(lo) < 0.3*float64(hi) {
 			t.Errorf("fewest/most = %d/%d, want ≥ 0.3 (no starvation)", lo, hi)
 		}

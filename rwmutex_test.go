@@ -1534,47 +1534,13 @@ func TestRWMutexNoWriterStarvation(t *testing.T) {
 		for i := 0; i < clients; i++ {
 			cs = append(cs, newClient(t, b))
 		}
-		counts := make([]atomic.Int64, G)
-		var inside, bad atomic.Int64
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
+		var ls []locker
 		for g := 0; g < G; g++ {
-			rw := cs[g%clients].RWMutex(name)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; i < 100000; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if err := rw.Lock(ctx); err != nil {
-						t.Error(err)
-						return
-					}
-					if inside.Add(1) != 1 {
-						bad.Add(1)
-					}
-					counts[g].Add(1)
-					inside.Add(-1)
-					if err := rw.Unlock(ctx); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			}()
+			ls = append(ls, cs[g%clients].RWMutex(name))
 		}
-		time.Sleep(1500 * time.Millisecond)
-		close(stop)
-		wg.Wait()
-		var lo, hi int64 = 1 << 62, 0
-		for g := range counts {
-			n := counts[g].Load()
-			lo, hi = min(lo, n), max(hi, n)
-		}
+		lo, hi, n := contend(t, ctx, ls, 1500*time.Millisecond)
 		t.Logf("acquisitions per writer: fewest %d, most %d", lo, hi)
-		if n := bad.Load(); n != 0 {
+		if n != 0 {
 			t.Errorf("two writers held the lock at once %d times", n)
 		}
 		if lo == 0 || float64(lo) < 0.5*float64(hi) {
