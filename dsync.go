@@ -22,9 +22,8 @@ const (
 
 	// fenceIdle is how long the per-name bookkeeping (the fencing counter)
 	// lives after its last use, at least half of it: the scripts rewrite the
-	// expiry only once half has passed. Tokens stay monotonic past it: the
-	// first token after it is the server time in µs, and the counter never
-	// runs ahead of server time.
+	// expiry only once half has passed. Tokens stay monotonic past it
+	// because the next token is at least the server time in µs.
 	fenceIdle = 24 * time.Hour
 	// releaseTimeout bounds an unlock or cleanup that runs detached from
 	// the caller's ctx.

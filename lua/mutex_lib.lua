@@ -19,7 +19,7 @@ local function remember(list, id)
   return l
 end
 
--- Server time, read only where it is needed (a queue, or a first token).
+-- Server time, read once and only where it is needed (a queue, a token).
 local now_us, now_ms
 local function clock()
   if not now_us then
@@ -39,20 +39,15 @@ local function keep_fence(idle)
 end
 
 -- Issues the next fencing token, given the fence hash's 'n' (the last
--- token, or false when the hash is gone), and returns it as a string. The
--- next token is the last + 1; with no last one, the server time in µs.
--- Tokens keep rising across the hash's expiry: the hash outlives idle/2
--- without a new token, and the counter never runs ahead of server time,
--- since issuing a token takes a script run of more than a µs, and each
--- hold runs at least one script more to end.
+-- token, or false when the hash is gone), and returns it as a string: the
+-- larger of the last + 1 and the server time in µs. Tokens so keep rising
+-- across the hash's expiry, and track server time, so that they keep
+-- rising where a counter alone would not: on a promoted replica that
+-- missed the last writes, or in quorum mode on masters that missed a
+-- release.
 local function next_token(n, idle)
-  local f = tonumber(n)
-  if f then
-    f = f + 1
-  else
-    clock()
-    f = now_us
-  end
+  clock()
+  local f = math.max((tonumber(n) or 0) + 1, now_us)
   local s = string.format('%.0f', f)
   redis.call('HSET', KEYS[2], 'n', s)
   keep_fence(idle)
