@@ -126,3 +126,40 @@ func TestWaiterSurvivesPubSubKill(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWaiterAfterServerRestart: the server restarts empty while a holder
+// holds (default 30 s TTL) and a waiter waits. The hold is gone with the
+// data, and the waiter must find that out soon after the server is back —
+// the notifier reconnects, subscribes again and the waiter retries — not
+// after the TTL.
+func TestWaiterAfterServerRestart(t *testing.T) {
+	srv := redistest.StartStandalone(t)
+	ctx := ctxT(t)
+	holder := dsync.New(srv.Client(t))
+	defer holder.Close()
+	c := dsync.New(srv.Client(t))
+	defer c.Close()
+	if err := holder.Mutex("restart").Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := c.Mutex("restart")
+	got := make(chan error, 1)
+	go func() { got <- m.Lock(ctx) }()
+	time.Sleep(100 * time.Millisecond) // the waiter subscribes and sleeps
+	srv.Restart()
+	restarted := time.Now()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter did not get the lock within 15 s of the restart")
+	}
+	if d := time.Since(restarted); d > 5*time.Second {
+		t.Errorf("the waiter got the lock %v after the restart, want well under 5s", d)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
