@@ -93,8 +93,9 @@ type lockState struct {
 	ValueBytes    int   `json:"value_bytes,omitempty"`
 	DoneTTLMillis int64 `json:"done_ttl_ms,omitempty"`
 	// Waiters lists the first waiters; WaitersTotal counts all of them.
-	// Mutex waiters appear once they waited past the starvation threshold
-	// (1 ms) and joined the queue; Once waiters are not recorded.
+	// Mutex waiters appear from their first refused attempt (they queue
+	// then), RWMutex writers once they waited past 1 ms; Once waiters are
+	// not recorded.
 	Waiters      []waiter `json:"waiters"`
 	WaitersTotal int64    `json:"waiters_total"`
 }
@@ -676,8 +677,9 @@ fencing token of the hold and the last one given out, and waiters (owner,
 time queued, how long the place lasts). Tokens of holders started by
 "dsync run" read HOST/PID/RANDOM.
 
-Mutex waiters appear once they have waited past the starvation threshold
-(1 ms) and joined the lock's queue; waiters of a Once are not recorded.
+Mutex waiters appear from their first refused attempt, when they join the
+lock's queue; RWMutex writers once they have waited past 1 ms; waiters of a
+Once are not recorded.
 `
 
 const inspectTail = `Exit status: 0 (also for a name that is free or absent), 1 on an error,
