@@ -16,28 +16,27 @@
 local tok, n, id, idle, ch = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 
 prune()
-if not find(redis.call('HGET', KEYS[2], 'sx'), id) then
-  redis.call('HSET', KEYS[2], 'sx', push(redis.call('HGET', KEYS[2], 'sx'), id))
+local sx = fence_get('sx')
+if not find(sx, id) then
+  redis.call('HSET', KEYS[2], 'sx', push(sx, id))
 end
-redis.call('PEXPIRE', KEYS[2], idle)
+keep_fence(idle)
 unqueue(id)
 
-local cnt = tonumber(redis.call('HGET', KEYS[1], tok) or '0')
-local f = redis.call('HGET', KEYS[1], ':f:' .. tok) or '0'
-local list = redis.call('HGET', KEYS[1], ':c:' .. tok)
+local h = hold(tok)
+local cnt, f, list = h.n, h.f or '0', h.c
 if cnt > 0 and find(list, id) then
   local back = math.min(n, cnt)
   if back == cnt then
     finish(tok, cnt)
   else
-    redis.call('HINCRBY', KEYS[1], tok, -back)
-    redis.call('HINCRBY', KEYS[1], ':used', -back)
-    redis.call('HSET', KEYS[1], ':c:' .. tok, drop(list, id))
+    h.n, h.c, used = cnt - back, drop(list, id), used - back
+    redis.call('HSET', KEYS[1], tok, fmt(h.n), ':c:' .. tok, h.c, ':used', fmt(used))
   end
   cnt = cnt - back
 end
-grant(ch, idle, '')
-tidy()
+local _, head = grant(ch, idle, '')
+tidy(head)
 if cnt == 0 then
   return { 0, tonumber(f) }
 end

@@ -21,34 +21,34 @@ local tok, n, size, ttl, id = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARG
 local queue, idle, ch = ARGV[6] == '1', ARGV[7], ARGV[8]
 
 -- An attempt that arrives after its caller gave up must not take effect.
-if find(redis.call('HGET', KEYS[2], 'sx'), id) then
+if find(fence_get('sx'), id) then
   return { 3, 0 }
 end
 
 prune()
+local h = hold(tok)
 -- Earlier waiters first, this call among them if it was queued.
-local served = grant(ch, idle, id)
+local served, head = grant(ch, idle, id)
 if served then
   return { 1, tonumber(served) }
 end
 
 -- A repeat of this call (a retry after a lost reply, or an attempt after
 -- the permits were handed to it) changes nothing.
-if redis.call('HEXISTS', KEYS[1], tok) == 1 and find(redis.call('HGET', KEYS[1], ':c:' .. tok), id) then
-  return { 1, tonumber(redis.call('HGET', KEYS[1], ':f:' .. tok)) }
+h = hold(tok)
+if h.n > 0 and find(h.c, id) then
+  return { 1, tonumber(h.f) }
 end
 
-tidy()
-local cur = redis.call('HGET', KEYS[1], ':size')
-if cur and tonumber(cur) ~= size then
-  return { 2, tonumber(cur) }
+tidy(head)
+if in_force and in_force ~= size then
+  return { 2, in_force }
 end
 
 -- Fits and nobody waits: take the permits. (If anyone waits, the head did
 -- not fit, or grant would have served it: this call queues behind it.)
-if redis.call('EXISTS', KEYS[4]) == 0 and used() + n <= size then
-  redis.call('HSET', KEYS[1], ':size', size)
-  return { 1, tonumber(take(tok, n, ttl, id, idle)) }
+if not head and used + n <= size then
+  return { 1, tonumber(take(tok, n, ttl, id, idle, ARGV[3])) }
 end
 
 if not queue then
@@ -57,12 +57,15 @@ end
 
 -- Take (or refresh) a place: it lasts one TTL and every attempt renews it,
 -- so a dead waiter's place lapses alone. Arrival scores strictly increase.
-redis.call('HSETNX', KEYS[1], ':size', size)
+if not in_force then
+  redis.call('HSET', KEYS[1], ':size', ARGV[3])
+  in_force = size
+end
 if not redis.call('ZSCORE', KEYS[4], id) then
   local a = now_us
-  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
-  if last and tonumber(last) >= a then
-    a = tonumber(last) + 1
+  local tail = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+  if tail and tonumber(tail) >= a then
+    a = tonumber(tail) + 1
   end
   redis.call('ZADD', KEYS[4], fmt(a), id)
 end

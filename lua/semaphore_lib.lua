@@ -37,7 +37,8 @@ end
 
 -- Lists are space-separated items "<id>" or "<id>:<value>", newest first.
 local function find(list, id)
-  if not list then
+  -- Most lookups miss: a plain search rules those out at once.
+  if not list or not string.find(list, id, 1, true) then
     return nil
   end
   for item in string.gmatch(list, '%S+') do
@@ -49,17 +50,19 @@ local function find(list, id)
   return nil
 end
 
+-- Puts item first, keeping at most RECENT items in all.
 local function push(list, item)
-  local out = { item }
-  if list then
-    for it in string.gmatch(list, '%S+') do
-      if #out >= RECENT then
-        break
-      end
-      out[#out + 1] = it
+  if not list or list == '' then
+    return item
+  end
+  local p = 0
+  for _ = 1, RECENT - 1 do
+    p = string.find(list, ' ', p + 1, true)
+    if not p then
+      return item .. ' ' .. list
     end
   end
-  return table.concat(out, ' ')
+  return item .. ' ' .. string.sub(list, 1, p - 1)
 end
 
 local function drop(list, id)
@@ -74,17 +77,77 @@ local function drop(list, id)
   return table.concat(out, ' ')
 end
 
-local function used()
-  return tonumber(redis.call('HGET', KEYS[1], ':used') or '0')
+-- What this script knows of the state hash: ':size' (nil when unset),
+-- ':used', and per holder token {n = permits, f = fencing token, c = call
+-- ids}. It is read once, by the first hold() (after prune), and kept up to
+-- date by every write below, so that no field is read twice.
+local in_force, used
+local hashed -- the state hash had ':size' or ':used' when read
+local held = {}
+local wiped = false -- tidy deleted the keys in this script
+
+-- tok's holding, read with ':size' and ':used' on the first call.
+local function hold(tok)
+  local h = held[tok]
+  if h then
+    return h
+  end
+  if wiped then
+    h = { n = 0 }
+  elseif used == nil then
+    local r = redis.call('HMGET', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok, ':size', ':used')
+    h = { n = tonumber(r[1]) or 0, f = r[2] or nil, c = r[3] or nil }
+    in_force, used = tonumber(r[4]), tonumber(r[5]) or 0
+    hashed = r[4] or r[5]
+  else
+    local r = redis.call('HMGET', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok)
+    h = { n = tonumber(r[1]) or 0, f = r[2] or nil, c = r[3] or nil }
+  end
+  held[tok] = h
+  return h
+end
+
+-- The fence hash's 'n' (the last fencing token) as read by fence_get.
+local last
+
+-- Reads one list field of the fence hash, with 'n'.
+local function fence_get(field)
+  local r = redis.call('HMGET', KEYS[2], field, 'n')
+  last = r[2] or nil
+  return r[1] or nil
+end
+
+-- Expiries (PTTL, ms) known in this script, so that a key's expiry is read
+-- at most once and not written twice. A key whose fields may have been
+-- removed is forgotten here (it may be gone, and written anew after).
+local known = {}
+
+local function pttl(key)
+  if known[key] == nil then
+    known[key] = redis.call('PTTL', key)
+  end
+  return known[key]
 end
 
 local function extend(key, ttl)
-  if redis.call('PTTL', key) < tonumber(ttl) then
+  if pttl(key) < tonumber(ttl) then
     redis.call('PEXPIRE', key, ttl)
+    known[key] = tonumber(ttl)
   end
 end
 
--- Drop the holdings whose lease ran out, giving their permits back.
+-- Keeps the fence hash alive for idle ms after its last use. It is
+-- refreshed once less than half of that is left, so that most calls need
+-- not write its expiry.
+local function keep_fence(idle)
+  if pttl(KEYS[2]) < tonumber(idle) / 2 then
+    redis.call('PEXPIRE', KEYS[2], idle)
+    known[KEYS[2]] = tonumber(idle)
+  end
+end
+
+-- Drop the holdings whose lease ran out, giving their permits back. Runs
+-- before the state hash is read (hold).
 local function prune()
   local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_ms, 'LIMIT', 0, 100)
   for _, h in ipairs(gone) do
@@ -95,43 +158,44 @@ local function prune()
       redis.call('HINCRBY', KEYS[1], ':used', -c)
     end
   end
+  if #gone > 0 then
+    known[KEYS[1]], known[KEYS[3]] = nil, nil
+  end
 end
 
 -- Next fencing token = max(last + 1, server time in µs), so tokens keep
--- rising even after the fence hash expired.
+-- rising even after the fence hash expired. Returns it as a string.
 local function fence(idle)
-  local f = redis.call('HINCRBY', KEYS[2], 'n', 1)
-  if f < now_us then
-    redis.call('HSET', KEYS[2], 'n', fmt(now_us))
-    f = now_us
-  end
-  redis.call('PEXPIRE', KEYS[2], idle)
-  return fmt(f)
+  local f = math.max((tonumber(last) or 0) + 1, now_us)
+  last = fmt(f)
+  redis.call('HSET', KEYS[2], 'n', last)
+  keep_fence(idle)
+  return last
 end
 
 -- Give n permits to tok for the call id: a fresh holding gets a new fencing
 -- token, a holder that holds already adds to its count and keeps its token.
 -- The lease deadline never moves back (another process of the same owner
--- may have a longer TTL). Returns the fencing token (a string).
-local function take(tok, n, ttl, id, idle)
-  local f
-  if redis.call('HEXISTS', KEYS[1], tok) == 1 then
-    redis.call('HINCRBY', KEYS[1], tok, n)
-    f = redis.call('HGET', KEYS[1], ':f:' .. tok)
+-- may have a longer TTL). With sz, ':size' is set to it too. Returns the
+-- fencing token (a string).
+local function take(tok, n, ttl, id, idle, sz)
+  local h = hold(tok)
+  if h.n == 0 then
+    h.f = fence(idle)
+  end
+  h.n = h.n + tonumber(n)
+  h.c = push(h.c, id)
+  used = used + tonumber(n)
+  if sz then
+    in_force = tonumber(sz)
+    redis.call('HSET', KEYS[1], tok, fmt(h.n), ':f:' .. tok, h.f, ':c:' .. tok, h.c, ':used', fmt(used), ':size', sz)
   else
-    f = fence(idle)
-    redis.call('HSET', KEYS[1], tok, n, ':f:' .. tok, f)
+    redis.call('HSET', KEYS[1], tok, fmt(h.n), ':f:' .. tok, h.f, ':c:' .. tok, h.c, ':used', fmt(used))
   end
-  redis.call('HINCRBY', KEYS[1], ':used', n)
-  redis.call('HSET', KEYS[1], ':c:' .. tok, push(redis.call('HGET', KEYS[1], ':c:' .. tok), id))
-  local d = now_ms + tonumber(ttl)
-  local cur = redis.call('ZSCORE', KEYS[3], tok)
-  if not cur or tonumber(cur) < d then
-    redis.call('ZADD', KEYS[3], fmt(d), tok)
-  end
+  redis.call('ZADD', KEYS[3], 'GT', fmt(now_ms + tonumber(ttl)), tok)
   extend(KEYS[1], ttl)
   extend(KEYS[3], ttl)
-  return f
+  return h.f
 end
 
 -- End tok's holding of c permits.
@@ -139,11 +203,15 @@ local function finish(tok, c)
   redis.call('HDEL', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok)
   redis.call('ZREM', KEYS[3], tok)
   redis.call('HINCRBY', KEYS[1], ':used', -c)
+  used = used - c
+  held[tok] = { n = 0 }
+  known[KEYS[3]] = nil
 end
 
 local function unqueue(id)
   redis.call('ZREM', KEYS[4], id)
   redis.call('HDEL', KEYS[5], id)
+  known[KEYS[4]], known[KEYS[5]] = nil, nil
 end
 
 -- Serve the queue in arrival order: hand permits to the head while it fits,
@@ -151,13 +219,18 @@ end
 -- channel ("<call id> <fence>"): it holds them now, without another round
 -- trip. Stops at the first live head that does not fit, so a large request
 -- is never passed by smaller ones. Returns the fencing token if the waiter
--- with call id self was served (it learns from the reply instead).
-local function grant(ch, idle, self)
-  local size = tonumber(redis.call('HGET', KEYS[1], ':size') or '0')
-  local served
-  for _ = 1, 100 do
-    local h = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
-    if not h then
+-- with call id self was served (it learns from the reply instead), and the
+-- head the queue is left with (nil when empty). first, if given, is the
+-- head as just read.
+local function grant(ch, idle, self, first)
+  local served, h
+  for i = 1, 101 do
+    if i == 1 and first then
+      h = first
+    else
+      h = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+    end
+    if not h or i == 101 then
       break
     end
     local d = redis.call('HGET', KEYS[5], h)
@@ -167,7 +240,7 @@ local function grant(ch, idle, self)
     end
     if not dl or tonumber(dl) <= now_ms then
       unqueue(h)
-    elseif used() + tonumber(n) > size then
+    elseif used + tonumber(n) > (in_force or 0) then
       break
     else
       unqueue(h)
@@ -179,14 +252,22 @@ local function grant(ch, idle, self)
       end
     end
   end
-  return served
+  return served, h or nil
 end
 
--- Delete the semaphore's keys when nothing is held or queued, so that a new
--- size may take over and nothing is left behind. The fence hash stays.
-local function tidy()
-  if used() <= 0 and redis.call('ZCARD', KEYS[4]) == 0 then
-    redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
+-- Delete the semaphore's keys when nothing is held or queued (head is the
+-- queue's head, nil when empty), so that a new size may take over and
+-- nothing is left behind. The fence hash stays.
+local function tidy(head)
+  if used <= 0 and not head then
+    if (in_force or hashed or redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) > 0) then
+      redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
+    end
+    for i = 3, 5 do
+      known[KEYS[i]] = -2
+    end
+    known[KEYS[1]] = -2
+    in_force, used, held, wiped = nil, 0, {}, true
   end
 end
 
@@ -207,4 +288,3 @@ local function waitms(self, cap)
   end
   return math.max(w, 1)
 end
-

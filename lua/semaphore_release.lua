@@ -17,38 +17,48 @@
 local tok, n, size, id, idle, ch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 
 prune()
-local ended = find(redis.call('HGET', KEYS[2], 'sr'), id)
+local sr = fence_get('sr')
+local ended = find(sr, id)
 if ended then
   return { 1, 0, tonumber(ended) }
 end
 
-local cnt = tonumber(redis.call('HGET', KEYS[1], tok) or '0')
+local h = hold(tok)
+local cnt, f = h.n, h.f
 if cnt == 0 then
-  grant(ch, idle, '')
-  tidy()
+  local _, head = grant(ch, idle, '')
+  tidy(head)
   return { 0, 0, 0 }
 end
-local f = redis.call('HGET', KEYS[1], ':f:' .. tok)
-if find(redis.call('HGET', KEYS[1], ':c:' .. tok), id) then
+if find(h.c, id) then
   return { 1, cnt, tonumber(f) }
 end
-local cur = redis.call('HGET', KEYS[1], ':size')
-if cur and tonumber(cur) ~= size then
-  return { 3, tonumber(cur), 0 }
+if in_force and in_force ~= size then
+  return { 3, in_force, 0 }
 end
 if n > cnt then
   return { 2, cnt, tonumber(f) }
 end
 
 if n == cnt then
+  redis.call('HSET', KEYS[2], 'sr', push(sr, id .. ':' .. f))
+  keep_fence(idle)
+  local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+  if not head and used <= cnt then
+    -- The last holding ended and nobody waits: tidy up at once.
+    redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
+    return { 1, 0, tonumber(f) }
+  end
   finish(tok, cnt)
-  redis.call('HSET', KEYS[2], 'sr', push(redis.call('HGET', KEYS[2], 'sr'), id .. ':' .. f))
-  redis.call('PEXPIRE', KEYS[2], idle)
+  if head then
+    local _, left = grant(ch, idle, '', head)
+    head = left
+  end
+  tidy(head)
 else
-  redis.call('HINCRBY', KEYS[1], tok, -n)
-  redis.call('HINCRBY', KEYS[1], ':used', -n)
-  redis.call('HSET', KEYS[1], ':c:' .. tok, push(redis.call('HGET', KEYS[1], ':c:' .. tok), id))
+  h.n, h.c, used = cnt - n, push(h.c, id), used - n
+  redis.call('HSET', KEYS[1], tok, fmt(h.n), ':c:' .. tok, h.c, ':used', fmt(used))
+  local _, head = grant(ch, idle, '')
+  tidy(head)
 end
-grant(ch, idle, '')
-tidy()
 return { 1, cnt - n, tonumber(f) }
