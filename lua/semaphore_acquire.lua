@@ -28,7 +28,7 @@ end
 prune()
 local h = hold(tok)
 -- Earlier waiters first, this call among them if it was queued.
-local served, head = grant(ch, idle, id)
+local served, head, hd = grant(ch, idle, id)
 if served then
   return { 1, tonumber(served) }
 end
@@ -76,4 +76,4 @@ for i = 3, 5 do
   extend(KEYS[i], ttl)
 end
 extend(KEYS[1], ttl)
-return { 0, waitms(id, ttl) }
+return { 0, waitms(id, ttl, head, hd) }

@@ -219,12 +219,13 @@ end
 -- channel ("<call id> <fence>"): it holds them now, without another round
 -- trip. Stops at the first live head that does not fit, so a large request
 -- is never passed by smaller ones. Returns the fencing token if the waiter
--- with call id self was served (it learns from the reply instead), and the
--- head the queue is left with (nil when empty). first, if given, is the
--- head as just read.
+-- with call id self was served (it learns from the reply instead), the
+-- head the queue is left with (nil when empty) and, when read, that head's
+-- data. first, if given, is the head as just read.
 local function grant(ch, idle, self, first)
-  local served, h
+  local served, h, d
   for i = 1, 101 do
+    d = nil
     if i == 1 and first then
       h = first
     else
@@ -233,7 +234,7 @@ local function grant(ch, idle, self, first)
     if not h or i == 101 then
       break
     end
-    local d = redis.call('HGET', KEYS[5], h)
+    d = redis.call('HGET', KEYS[5], h)
     local dl, ttl, n, tok
     if d then
       dl, ttl, n, tok = string.match(d, '^(%d+) (%d+) (%d+) (.+)$')
@@ -252,7 +253,7 @@ local function grant(ch, idle, self, first)
       end
     end
   end
-  return served, h or nil
+  return served, h or nil, d or nil
 end
 
 -- Delete the semaphore's keys when nothing is held or queued (head is the
@@ -272,16 +273,17 @@ local function tidy(head)
 end
 
 -- How long a waiter may sleep before trying again: until the first lease
--- or the place of the head before it can lapse, at most cap ms.
-local function waitms(self, cap)
+-- or the place of the head before it can lapse, at most cap ms. head and
+-- hd are the queue's head and its data as grant left them (the call self
+-- queued behind); nil head: self is first.
+local function waitms(self, cap, head, hd)
   local w = tonumber(cap)
   local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   if first[2] then
     w = math.min(w, tonumber(first[2]) - now_ms)
   end
-  local h = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
-  if h and h ~= self then
-    local d = redis.call('HGET', KEYS[5], h)
+  if head and head ~= self then
+    local d = hd or redis.call('HGET', KEYS[5], head)
     if d then
       w = math.min(w, tonumber(string.match(d, '^(%d+)')) - now_ms)
     end
