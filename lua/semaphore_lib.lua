@@ -192,7 +192,15 @@ local function take(tok, n, ttl, id, idle, sz)
   else
     redis.call('HSET', KEYS[1], tok, fmt(h.n), ':f:' .. tok, h.f, ':c:' .. tok, h.c, ':used', fmt(used))
   end
-  redis.call('ZADD', KEYS[3], 'GT', fmt(now_ms + tonumber(ttl)), tok)
+  -- The holder's deadline in the holders zset, read unless this script
+  -- wrote it or tidy deleted the zset.
+  local d = now_ms + tonumber(ttl)
+  local cur = h.dl or (not wiped and tonumber(redis.call('ZSCORE', KEYS[3], tok)))
+  if not cur or cur < d then
+    redis.call('ZADD', KEYS[3], fmt(d), tok)
+    cur = d
+  end
+  h.dl = cur
   extend(KEYS[1], ttl)
   extend(KEYS[3], ttl)
   return h.f
