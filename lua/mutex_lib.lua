@@ -39,18 +39,17 @@ local function keep_fence(idle)
 end
 
 -- Issues the next fencing token, given the fence hash's 'n' (the last
--- token, or false when the hash is gone), writing it with any further
--- field-value pairs given, and returns it as a string: the
+-- token, or false when the hash is gone), and returns it as a string: the
 -- larger of the last + 1 and the server time in µs. Tokens so keep rising
 -- across the hash's expiry, and track server time, so that they keep
 -- rising where a counter alone would not: on a promoted replica that
 -- missed the last writes, or in quorum mode on masters that missed a
 -- release.
-local function next_token(n, idle, ...)
+local function next_token(n, idle)
   clock()
   local f = math.max((tonumber(n) or 0) + 1, now_us)
   local s = string.format('%.0f', f)
-  redis.call('HSET', KEYS[2], 'n', s, ...)
+  redis.call('HSET', KEYS[2], 'n', s)
   keep_fence(idle)
   return s
 end

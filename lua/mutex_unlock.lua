@@ -95,21 +95,13 @@ if tonumber(cnt) > 1 then
   return 2
 end
 
--- The release is recorded with the next token when the lock is handed
--- over, else on its own.
-local released = remember(fence[1], id)
+redis.call('HSET', KEYS[2], 'r', remember(fence[1], id))
+keep_fence(idle)
 local waited = cur[3]
 redis.call('DEL', KEYS[1])
 
--- Nobody is queued unless someone waited during this hold: every queued
--- waiter marked it (':w'), or the hold began with a queue behind it.
-local h, d
-if waited then
-  h, d = head()
-end
+local h, d = head()
 if not h then
-  redis.call('HSET', KEYS[2], 'r', released)
-  keep_fence(idle)
   if waited then
     redis.call('PUBLISH', ch, '')
   end
@@ -121,7 +113,7 @@ end
 local ttl, cid = string.match(d, '^%d+ (%d+) (%S+)$')
 redis.call('ZREM', KEYS[3], h)
 redis.call('HDEL', KEYS[4], h)
-local f = next_token(fence[2], idle, 'r', released)
+local f = next_token(fence[2], idle)
 redis.call('HSET', KEYS[1], h, '1', ':f', f, ':c', cid, ':w', '1')
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PUBLISH', ch, h .. ' ' .. f)
