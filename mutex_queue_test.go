@@ -50,13 +50,7 @@ func TestTryLockTakesNoQueuePlace(t *testing.T) {
 				waiter := kind.open(newClient(t, b), name)
 				got := make(chan error, 1)
 				go func() { got <- waiter.Lock(ctx) }()
-				deadline := time.Now().Add(5 * time.Second)
-				for places() != 1 {
-					if time.Now().After(deadline) {
-						t.Fatalf("queue has %d places, want 1", places())
-					}
-					time.Sleep(2 * time.Millisecond)
-				}
+				waitFor(t, 5*time.Second, "the waiter's queue place", func() bool { return places() == 1 })
 
 				if ok, err := kind.open(newClient(t, b), name).TryLock(ctx); ok || err != nil {
 					t.Fatalf("TryLock = %v, %v; want false, nil", ok, err)

@@ -89,20 +89,13 @@ func TestWaiterSurvivesPubSubKill(t *testing.T) {
 	got := make(chan error, 1)
 	go func() { got <- m.Lock(ctx) }()
 	admin := b.NewClient(t)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waitFor(t, 5*time.Second, "the waiter's subscription", func() bool {
 		n, err := admin.PubSubNumSub(ctx, "dsync:{"+name+"}").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n["dsync:{"+name+"}"] > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter never subscribed")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return n["dsync:{"+name+"}"] > 0
+	})
 	if err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
 		t.Fatal(err)
 	}
