@@ -214,6 +214,31 @@ func (c *Client) cleanup(ctx context.Context, f func(ctx context.Context)) {
 	}
 }
 
+// decodeGrant turns the reply codes every lock script shares into a grant:
+// 0 refused (v: the ms to wait at most), 1 taken by this attempt and 2 this
+// call's already (v: the fencing token, checked when fenced), 3 foreign data
+// in the keys of what. ok is false for other codes: the primitive's own.
+func decodeGrant(code, v int64, fenced bool, what string) (g grant, ok bool, err error) {
+	switch code {
+	case 0:
+		return grant{kind: refused, wait: time.Duration(v) * time.Millisecond}, true, nil
+	case 1, 2:
+		g.kind = taken
+		if code == 2 {
+			g.kind = handed
+		}
+		if fenced {
+			if g.fence, err = checkFence(v); err != nil {
+				return grant{}, true, err
+			}
+		}
+		return g, true, nil
+	case 3:
+		return grant{kind: final, err: fmt.Errorf("%w: in the keys of %s", ErrCorrupt, what)}, true, nil
+	}
+	return grant{}, false, nil
+}
+
 // replyError turns an error of a script call into what a caller sees: a
 // reply of the wrong shape is ErrCorrupt.
 func replyError(what string, r any) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/dsync-go/dsync/renew"
@@ -109,9 +110,6 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	if err := m.check(); err != nil {
 		return false, err
 	}
-	if m.subs != nil {
-		return m.quorumLock(ctx, wait)
-	}
 	otok, owned, err := owner(ctx)
 	if err != nil {
 		return false, err
@@ -132,6 +130,9 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 			return false, err
 		}
 		tok = newToken()
+	}
+	if m.subs != nil {
+		return m.quorumLock(ctx, otok, tok, owned, wait)
 	}
 	id := newCallID()
 	a := &acquisition{
@@ -177,24 +178,11 @@ func (m *Mutex) attempt(ctx context.Context, tok, id, secret string, queue bool)
 	if err != nil {
 		return grant{}, err
 	}
-	switch code {
-	case 0:
-		return grant{kind: refused, wait: time.Duration(v) * time.Millisecond}, nil
-	case 1, 2:
-		f, err := checkFence(v)
-		if err != nil {
-			return grant{}, err
-		}
-		k := taken
-		if code == 2 {
-			k = handed
-		}
-		return grant{kind: k, fence: f}, nil
-	case 3:
-		return grant{kind: final, err: fmt.Errorf("%w: in the keys of Mutex %q", ErrCorrupt, m.name)}, nil
-	default:
+	g, ok, err := decodeGrant(code, v, true, "Mutex "+strconv.Quote(m.name))
+	if !ok {
 		return grant{}, replyError("mutex lock", code)
 	}
+	return g, err
 }
 
 // held records a hold taken (or re-entered) by holder tok, for owner otok

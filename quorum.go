@@ -387,26 +387,7 @@ func (q *quorum) lock(ctx context.Context, closed chan struct{}, k *quorumCall, 
 	}
 }
 
-func (m *Mutex) quorumLock(ctx context.Context, wait bool) (bool, error) {
-	otok, owned, err := owner(ctx)
-	if err != nil {
-		return false, err
-	}
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	var tok string
-	if owned {
-		if m.cfg.local && m.c.reenter(holdKey{m.keys[0], otok}) {
-			return true, nil
-		}
-		tok = m.c.holderToken(&m.cfg, otok)
-	} else {
-		if ok, err := m.slot.enter(ctx, wait, m.c.closed); !ok || err != nil {
-			return false, err
-		}
-		tok = newToken()
-	}
+func (m *Mutex) quorumLock(ctx context.Context, otok, tok string, owned, wait bool) (bool, error) {
 	a, start, err := m.c.q.lock(ctx, m.c.closed, &quorumCall{
 		channel: m.keys[0],
 		ttl:     m.cfg.ttl,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -234,29 +235,14 @@ func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id, secret string, wa
 	if err != nil {
 		return grant{}, err
 	}
-	switch code {
-	case 0:
-		return grant{kind: refused, wait: time.Duration(v) * time.Millisecond}, nil
-	case 1, 2:
-		k := taken
-		if code == 2 {
-			k = handed
-		}
-		if mode == modeRead {
-			return grant{kind: k}, nil
-		}
-		f, err := checkFence(v)
-		if err != nil {
-			return grant{}, err
-		}
-		return grant{kind: k, fence: f}, nil
-	case 3:
-		return grant{kind: final, err: fmt.Errorf("%w: in the keys of RWMutex %q", ErrCorrupt, rw.name)}, nil
-	case 4:
-		return grant{kind: final, err: ErrUpgrade}, nil
-	default:
-		return grant{}, replyError("rwmutex lock", code)
+	// Read holds carry no fencing token.
+	if g, ok, err := decodeGrant(code, v, mode == modeWrite, "RWMutex "+strconv.Quote(rw.name)); ok {
+		return g, err
 	}
+	if code == 4 {
+		return grant{kind: final, err: ErrUpgrade}, nil
+	}
+	return grant{}, replyError("rwmutex lock", code)
 }
 
 // abandon undoes whatever a failed lock call may have done on the server.

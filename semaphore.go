@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -56,14 +57,6 @@ type Semaphore struct {
 	curN int64  // permits in cur
 	gone uint64 // fencing token of the handle's last holding known to have ended
 }
-
-// Replies of the acquire script.
-const (
-	semWait      = 0
-	semHeld      = 1
-	semSize      = 2
-	semAbandoned = 3
-)
 
 // Semaphore returns a handle on the semaphore called name, which allows size
 // permits at once. Options override the Client's defaults for this handle.
@@ -196,28 +189,14 @@ func (s *Semaphore) attempt(ctx context.Context, tok, id, secret string, n int64
 	if err != nil {
 		return grant{}, err
 	}
-	switch code {
-	case 0:
-		if !queue {
-			return grant{kind: final}, nil
-		}
-		return grant{kind: refused, wait: time.Duration(v) * time.Millisecond}, nil
-	case 1, 2:
-		f, err := checkFence(v)
-		if err != nil {
-			return grant{}, err
-		}
-		k := taken
-		if code == 2 {
-			k = handed
-		}
-		return grant{kind: k, fence: f}, nil
-	case 4:
-		// The place lapsed and another size took over meanwhile.
-		return grant{kind: final, err: s.mismatch(v)}, nil
-	default:
-		return grant{}, replyError("semaphore acquire", code)
+	if g, ok, err := decodeGrant(code, v, true, "Semaphore "+strconv.Quote(s.name)); ok {
+		return g, err
 	}
+	if code == 4 {
+		// The size differs (a place lapsed and another size took over).
+		return grant{kind: final, err: s.mismatch(v)}, nil
+	}
+	return grant{}, replyError("semaphore acquire", code)
 }
 
 // abandon undoes whatever a failed Acquire or TryAcquire call may have done
