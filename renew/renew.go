@@ -42,6 +42,7 @@ import (
 	"errors"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -151,6 +152,10 @@ type Renewer struct {
 	// Used by the sender's round trips.
 	loadMu sync.Mutex
 	loaded map[*redis.Script]bool // scripts loaded since the last NOSCRIPT
+
+	// stall, when set, is called by the sender before each round trip: a
+	// test hook, settable only from tests (see setStall).
+	stall atomic.Pointer[func()]
 }
 
 // New returns a Renewer that renews through c, and starts its goroutine.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dsync-go/dsync/internal/faults"
+	"github.com/dsync-go/dsync/internal/renewhook"
 )
 
 const (
@@ -23,6 +23,24 @@ const (
 	// usual wait is a tenth of the interval.
 	minBackoff = 10 * time.Millisecond
 )
+
+func init() {
+	renewhook.SetStall = func(r any, f func()) { r.(*Renewer).setStall(f) }
+}
+
+// setStall makes r call f just before it sends each batch of renewals
+// (before the batch's holds are checked against their deadlines), on the
+// goroutine that sends the batch; f == nil removes the hook. Tests make f
+// block to stall this Renewer past its leases' TTL, as a GC pause or a
+// frozen VM would. It is reached from tests only: renew's export_test.go,
+// and renewhook.SetStall for tests outside the package.
+func (r *Renewer) setStall(f func()) {
+	if f == nil {
+		r.stall.Store(nil)
+		return
+	}
+	r.stall.Store(&f)
+}
 
 // A batch is the holds of one round trip, or a marker whose done channel
 // the sender closes when it reaches it.
@@ -102,7 +120,7 @@ type result struct {
 // round trip, plus one more if the server lacked a script, and files each
 // hold back into the heap or ends it.
 func (r *Renewer) send(hs []*Hold) {
-	if f := faults.RenewStall.Load(); f != nil {
+	if f := r.stall.Load(); f != nil {
 		(*f)()
 	}
 
