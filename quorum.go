@@ -626,9 +626,7 @@ func (rw *RWMutex) quorumLock(ctx context.Context, mode, otok, tok string, owned
 			case err != nil:
 				return 0, err
 			case g.kind == taken || g.kind == handed:
-				if mode == modeRead {
-					return 1, nil
-				}
+				// The fencing token, or a read hold's id.
 				return int64(g.fence), nil
 			case g.kind == final && errors.Is(g.err, ErrUpgrade):
 				return 0, nil
@@ -660,21 +658,23 @@ func (rw *RWMutex) quorumLock(ctx context.Context, mode, otok, tok string, owned
 func (rw *RWMutex) quorumHold(mode, tok string, fence uint64, a answers, start time.Time) *hold {
 	return rw.c.quorumHold(tok, fence, a, start, func(i int) *hold {
 		sub := rw.subs[i]
-		f := uint64(a.v[i])
-		if mode == modeRead {
-			f = 0
-		}
-		return sub.c.startHold(&sub.cfg, sub.renewSpec(mode, tok), tok, f, start)
+		// This master's fencing token, or its id of the read hold.
+		return sub.c.startHold(&sub.cfg, sub.renewSpec(mode, tok), tok, uint64(a.v[i]), start)
 	})
 }
 
 // quorumUnlock runs the unlock script on every master and sums up their
 // replies as one master's reply (see answers.unlocked). An Unlock raises
-// every master's fencing counter to the write hold's token, as for Mutex.
+// every master's fencing counter to the write hold's token, as for Mutex,
+// and names on each master the hold that master granted, where known.
 func (rw *RWMutex) quorumUnlock(ctx context.Context, mode, tok, id string, h *hold) (int64, error) {
 	floor := floorArg(h)
-	a := each(rw.subs, func(_ int, sub *RWMutex) (int64, error) {
-		return sub.c.eval(ctx, rwUnlock, sub.kargs, mode, tok, id, sub.keys[0], ms(finishedKeep), "", floor, ms(fenceIdle)).Int64()
+	a := each(rw.subs, func(i int, sub *RWMutex) (int64, error) {
+		name := argNone
+		if h != nil && i < len(h.subs) && h.subs[i] != nil {
+			name = h.subs[i].fenceArg()
+		}
+		return sub.c.eval(ctx, rwUnlock, sub.kargs, mode, tok, id, sub.keys[0], name, argNone, floor, fenceIdleArg).Int64()
 	})
 	return a.unlocked(rw.c.q.need)
 }

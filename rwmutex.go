@@ -11,12 +11,6 @@ import (
 	"github.com/dsync-go/dsync/renew"
 )
 
-// finishedKeep is how long an RWMutex remembers the id of a call that
-// finished (a full release, an abandoned lock call), so that a retry of it
-// after a lost reply, or its late arrival, changes nothing. It bounds how
-// long one go-redis call, with its retries, may take.
-const finishedKeep = 2 * releaseTimeout
-
 // Lock modes, as the scripts spell them.
 const (
 	modeRead  = "r"
@@ -66,7 +60,7 @@ type RWMutex struct {
 	cfg  config
 	name string
 	// writer hash, fence hash, readers zset, readers hash, waiting writers
-	// zset, waiting readers hash, finished calls zset, writers' queue zset,
+	// zset, waiting readers hash, call ids zset, writers' queue zset,
 	// queued writers hash
 	keys  []string
 	kargs []any // keys boxed once (see boxKeys)
@@ -209,11 +203,8 @@ func (rw *RWMutex) lockAs(ctx context.Context, mode, otok, tok string, owned, wa
 			return false, err
 		}
 	}
-	fence := g.fence
-	if mode == modeRead {
-		fence = 0
-	}
-	rw.held(mode, otok, tok, owned, fence, start, nil)
+	// For a read hold, g.fence is its hold id (see rw.attempt).
+	rw.held(mode, otok, tok, owned, g.fence, start, nil)
 	return true, nil
 }
 
@@ -235,8 +226,10 @@ func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id, secret string, wa
 	if err != nil {
 		return grant{}, err
 	}
-	// Read holds carry no fencing token.
-	if g, ok, err := decodeGrant(code, v, mode == modeWrite, "RWMutex "+strconv.Quote(rw.name)); ok {
+	// A read hold carries no fencing token; its grant carries its hold id
+	// instead, which its RUnlock names (see rwmutex_unlock.lua) and its
+	// Lease does not show.
+	if g, ok, err := decodeGrant(code, v, true, "RWMutex "+strconv.Quote(rw.name)); ok {
 		return g, err
 	}
 	if code == 4 {
@@ -247,7 +240,7 @@ func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id, secret string, wa
 
 // abandon undoes whatever a failed lock call may have done on the server.
 func (rw *RWMutex) abandon(ctx context.Context, mode, tok, id string) {
-	_ = rw.c.eval(ctx, rwUnlock, rw.kargs, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id, "", ms(fenceIdle)).Err()
+	_ = rw.c.eval(ctx, rwUnlock, rw.kargs, mode, tok, newCallID(), rw.keys[0], argNone, id, argNone, fenceIdleArg).Err()
 }
 
 func (rw *RWMutex) holdKey(mode, tok string) holdKey {
@@ -382,7 +375,9 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	if rw.subs != nil {
 		r, err = rw.quorumUnlock(dctx, mode, tok, id, h)
 	} else {
-		r, err = rw.c.eval(dctx, rwUnlock, rw.kargs, mode, tok, id, rw.keys[0], ms(finishedKeep), "", "", ms(fenceIdle)).Int64()
+		// The unlock names the hold it ends (its fencing token, or a read
+		// hold's id), so that a late copy of it never ends a later hold.
+		r, err = rw.c.eval(dctx, rwUnlock, rw.kargs, mode, tok, id, rw.keys[0], h.fenceArg(), argNone, argNone, fenceIdleArg).Int64()
 	}
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
@@ -466,5 +461,10 @@ func (rw *RWMutex) lease(ctx context.Context, mode string) (*Lease, error) {
 	if h == nil {
 		return nil, ErrNotHeld
 	}
-	return h.leaseView(), nil
+	l := h.leaseView()
+	if mode == modeRead {
+		// A read hold's h.fence is its hold id, not a fencing token.
+		l.token = 0
+	}
+	return l, nil
 }

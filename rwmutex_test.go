@@ -1501,7 +1501,7 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		}
 		// The caller gave up before it saw the notification: the cleanup
 		// releases the hold the call was handed.
-		got, err := lua.Script("rwmutex_unlock").Run(ctx, rdb, keys, "w", tok, "cleanup", keys[0], 10000, id, "", 86400000).Int64()
+		got, err := lua.Script("rwmutex_unlock").Run(ctx, rdb, keys, "w", tok, "cleanup", keys[0], "", id, "", 86400000).Int64()
 		if err != nil || got != 1 {
 			t.Fatalf("cleanup = %v, %v; want 1 (released)", got, err)
 		}
