@@ -41,7 +41,7 @@ type Semaphore struct {
 	cfg  config
 	name string
 	size int64
-	keys []string // state hash, fence hash, holders, queue, queue data
+	keys []string // state hash, fence hash, holders, queue, queue data, call ids
 	err  error
 
 	// Script arguments boxed once per handle.
@@ -73,7 +73,7 @@ func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
 	}
 	k := s.cfg.keyOf(name)
 	// Suffixes of their own: a Mutex of the same name uses the base key.
-	s.keys = []string{k + ":s", k + ":f", k + ":sh", k + ":sq", k + ":sqd"}
+	s.keys = []string{k + ":s", k + ":f", k + ":sh", k + ":sq", k + ":sqd", k + ":sx"}
 	s.kargs = boxKeys(s.keys)
 	s.rkeys = []string{s.keys[0], s.keys[2]}
 	s.sizeArg = size
