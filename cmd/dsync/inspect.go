@@ -36,10 +36,10 @@ import (
 //	<base>:rw        hash  writer <owner> -> reentry count; ':f' fencing token; PTTL = lease
 //	<base>:rw:f      hash  'n' last fencing token
 //	<base>:rw:r      zset  reader token -> lease deadline (server ms)
-//	<base>:rw:rc     hash  reader token -> "<reentry count> <call id>"
+//	<base>:rw:rc     hash  reader token -> "<reentry count> <hold id> <call ids>"
 //	<base>:rw:ww     zset  waiting writer token -> place deadline (ms)
 //	<base>:rw:rq     hash  waiting reader token -> "<place deadline ms> <ttl ms> <call id>"
-//	<base>:rw:x      zset  finished call ids
+//	<base>:rw:x      zset  call ids of the replay window (lua/lib.lua)
 //	<base>:rw:wq     zset  queued writer token -> arrival (server µs)
 //	<base>:rw:wd     hash  queued writer token -> "<ttl ms> <call id>"
 //
@@ -49,6 +49,7 @@ import (
 //	<base>:sh        zset  holder token -> lease deadline (server ms)
 //	<base>:sq        zset  call id -> arrival (server µs)
 //	<base>:sqd       hash  call id -> "<place deadline ms> <ttl ms> <n> <token>"
+//	<base>:sx        zset  call ids of the replay window (lua/lib.lua)
 //
 // Once (lua/once_do.lua):
 //
