@@ -64,7 +64,8 @@ end
 -- one never ends a later read hold. Returns count, hold id (a string) and
 -- ids; nil for a record dsync did not write.
 local function read_rec(rec)
-  local cnt, rid, ids = string.match(rec, '^(%d+) (%d+) ?(.*)$')
+  -- write_rec always puts a space after the hold id, also before no ids.
+  local cnt, rid, ids = string.match(rec, '^(%d+) (%d+) (.*)$')
   if not cnt then
     return nil
   end
