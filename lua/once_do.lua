@@ -9,15 +9,17 @@
 --         'v' the value stored by the run that succeeded, 't' its call token
 -- ARGV[1] token of this call (every attempt of one call sends the same)
 -- ARGV[2] lease TTL (ms)
--- Reply: {1, value} the Once is done;
---        {2} the caller holds the run lease and must run f;
+-- Reply: {4, value} the Once is done;
+--        {1, 0} this attempt took the run lease: the caller must run f;
+--        {2, 0} the run lease was this call's already (a repeat of the
+--        attempt that took it, after a lost reply);
 --        {0, ms} another call runs f: wait at most ms before trying again.
 
 local tok, ttl = ARGV[1], ARGV[2]
 
 local v = redis.call('HGET', KEYS[2], 'v')
 if v then
-  return {1, v}
+  return { 4, v }
 end
 
 -- Abandoned calls: the field keeps the last 16 tokens, space-separated, so
@@ -28,23 +30,26 @@ end
 
 -- A call its caller abandoned must not take the lease when it arrives late.
 if seen(redis.call('HGET', KEYS[1], 'x'), tok) then
-  return {0, 1}
+  return { 0, 1 }
 end
 
 local t = redis.call('HGET', KEYS[1], 't')
 if t == tok then
   -- A repeat of this very attempt (a retry after a lost reply).
-  return {2}
+  return { 2, 0 }
 end
 if t then
   redis.call('HSET', KEYS[1], 'w', 1)
   local p = redis.call('PTTL', KEYS[1])
-  if p < 1 then
+  if p < 0 then
+    -- No expiry: not a run dsync wrote. Wait a lease at most.
+    p = tonumber(ttl)
+  elseif p < 1 then
     p = 1
   end
-  return {0, p}
+  return { 0, p }
 end
 
 redis.call('HSET', KEYS[1], 't', tok)
 redis.call('PEXPIRE', KEYS[1], ttl)
-return {2}
+return { 1, 0 }
