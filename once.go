@@ -33,12 +33,14 @@ import (
 // user's data and persists until [Once.Reset], or for the [Period] the Once
 // was given. A service that makes a Once per day, per job or per tenant
 // should give it a Period, or Redis keeps one small key per name forever.
-// Everything else a Once writes expires with the run lease.
+// Everything else a Once writes expires with the run lease, or a minute
+// after the run or the call that wrote it (the ids of recent calls, which
+// keep a late copy of a call's script from taking a run nobody renews).
 type Once struct {
 	c      *Client
 	cfg    config
 	name   string
-	keys   []string // run hash, done hash
+	keys   []string // run hash, done hash, call ids
 	kargs  []any    // keys boxed once (see boxKeys)
 	ttlArg any
 	err    error
@@ -57,7 +59,7 @@ func (c *Client) Once(name string, opts ...Option) *Once {
 		o.err = errQuorumOnly
 	}
 	k := o.cfg.keyOf(name) + ":once"
-	o.keys = []string{k, k + ":done"}
+	o.keys = []string{k, k + ":done", k + ":x"}
 	o.kargs = boxKeys(o.keys)
 	o.ttlArg = ms(o.cfg.ttl)
 	return o
@@ -102,7 +104,8 @@ func (o *Once) check() error {
 // returns it to this caller only, and the Once stays not done: a waiting
 // call runs f next. If the run lease was lost while f ran, the error also
 // matches [ErrLeaseLost] (f's result, even nil, was not recorded if another
-// call took over). If ctx ends while waiting, Do returns an error for which
+// call took over); so does the error of a call, rare, whose run lease was
+// lost before f could start (f is then not called). If ctx ends while waiting, Do returns an error for which
 // errors.Is(err, ctx.Err()) holds and leaves nothing behind, also when the
 // server gave this call the run lease but the reply was lost.
 //
@@ -146,7 +149,8 @@ func (o *Once) DoValue(ctx context.Context, f func(ctx context.Context) ([]byte,
 		return nil, err
 	}
 	// The call's token names its run and, sent with every attempt, is also
-	// the call's id: a repeat of an attempt changes nothing.
+	// the call's id: a repeat of an attempt changes nothing, and a late copy
+	// of one after the call ended takes nothing.
 	tok := newToken()
 	// The run is never handed over: the end of a run only wakes the
 	// waiters (the addressee is zero), and the one whose attempt reaches
@@ -154,8 +158,12 @@ func (o *Once) DoValue(ctx context.Context, f func(ctx context.Context) ([]byte,
 	// zero): it sleeps until the runner's lease would run out.
 	a := &acquisition{ch: o.keys[0]}
 	var value []byte // the done mark's value, once an attempt found it
+	waited := false  // an attempt of this call was refused
 	a.attempt = func(ctx context.Context, _ bool) (grant, error) {
-		g, v, err := o.attempt(ctx, tok)
+		g, v, err := o.attempt(ctx, tok, waited)
+		if err == nil && g.kind == refused {
+			waited = true
+		}
 		value = v
 		return g, err
 	}
@@ -201,10 +209,15 @@ func (o *Once) Reset(ctx context.Context) error {
 	return o.c.rdb.Del(ctx, o.keys[1]).Err()
 }
 
-// attempt runs the do script once. A done Once is a final grant, with the
-// done mark's value.
-func (o *Once) attempt(ctx context.Context, tok string) (grant, []byte, error) {
-	r, err := o.c.eval(ctx, onceDo, o.kargs, tok, o.ttlArg).Slice()
+// attempt runs the do script once; waited says that an earlier attempt of
+// the call was refused. A done Once is a final grant, with the done mark's
+// value.
+func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []byte, error) {
+	w := argNo
+	if waited {
+		w = argYes
+	}
+	r, err := o.c.eval(ctx, onceDo, o.kargs, tok, o.ttlArg, w).Slice()
 	if err != nil {
 		return grant{}, nil, scriptError(err)
 	}
@@ -222,6 +235,11 @@ func (o *Once) attempt(ctx context.Context, tok string) (grant, []byte, error) {
 			return grant{kind: final}, nil, nil
 		}
 		return grant{kind: final}, []byte(s), nil
+	case 5:
+		// Only a live call that took the run with a copy of an attempt
+		// whose reply it never saw, and then stalled past the lease, can
+		// get this reply: its run is gone before f started.
+		return grant{kind: final, err: fmt.Errorf("%w: the run given to this call ended before f started", ErrLeaseLost)}, nil, nil
 	}
 	v, ok := r[1].(int64)
 	if !ok {
@@ -255,7 +273,7 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 		period = ms(o.cfg.period)
 	}
 	for i := 1; ; i++ {
-		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.keys[0], o.ttlArg).Int64()
+		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.keys[0]).Int64()
 		if err == nil || i == releaseTries || dctx.Err() != nil {
 			return r, err
 		}
