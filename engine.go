@@ -66,7 +66,11 @@ const minRetry = 20 * time.Millisecond
 // returns and leaves the clean-up to the Client's background.
 const cleanupGrace = 20 * time.Millisecond
 
-// An acquisition is one call that takes a hold (Lock, RLock, Acquire).
+// An acquisition is one call that takes a hold (Lock, RLock, Acquire,
+// Once's run). ttl is how long the queue place of a refused attempt lasts
+// (the lease TTL): a waiter comes back within half of it to keep the
+// place. It is zero when refused attempts take no place: a waiter then
+// sleeps as long as the refusal said, unless notified first.
 type acquisition struct {
 	ch      string // the primitive's notification channel
 	to      addressee
@@ -180,10 +184,13 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 
 // sleepFor is how long a waiter sleeps at most after a refused attempt
 // that said to wait d: no longer than the hold (or queue place) can last,
-// and so that its queue place is refreshed within its TTL; never less than
-// minRetry.
+// and, with a queue place that lasts ttl, so that the place is refreshed
+// in time; never less than minRetry.
 func sleepFor(d, ttl time.Duration) time.Duration {
-	return max(min(d, ttl/2), minRetry)
+	if ttl > 0 {
+		d = min(d, ttl/2)
+	}
+	return max(d, minRetry)
 }
 
 // cleanup runs f, which undoes what a failed call may have done on the
