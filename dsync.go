@@ -97,6 +97,11 @@ func newBase(rdb redis.UniversalClient) *Client {
 // close) and its notifications; calls in progress and later calls return
 // [ErrClosed]. Holds are not released: they expire at their TTL. Close does
 // not close the Redis client. It is safe to call more than once.
+//
+// Clean-ups that failed calls left to the background (undoing a cancelled
+// attempt, say) are cancelled, and Close waits for them: a command already
+// sent to a server that does not answer keeps one of them until its own
+// deadline, 5 s at most. No goroutine of the Client outlives Close.
 func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
