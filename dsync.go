@@ -223,12 +223,6 @@ func (c *Client) handleConfig(name string, opts []Option) (config, error) {
 	return cfg, err
 }
 
-// keyOf returns the base key of a primitive: the prefix and the name as a
-// hash tag, so that every key of one primitive lives in one cluster slot.
-func (cfg *config) keyOf(name string) string {
-	return cfg.prefix + ":{" + name + "}"
-}
-
 func ms(d time.Duration) int64 {
 	v := d.Milliseconds()
 	if v < 1 {

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
@@ -83,27 +84,30 @@ func TestMutexExcludesAcrossClients(t *testing.T) {
 	})
 }
 
+// mutexKeys returns the keys of the Mutex called name.
+func mutexKeys(name string) keys.Mutex { return keys.ForMutex(dsync.DefaultPrefix, name) }
+
 // assertNoLockKeys checks that a released lock left only its long-lived
 // bookkeeping (the fence hash) behind, and that it carries an expiry.
 func assertNoLockKeys(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
 	rdb := b.NewClient(t)
 	ctx := context.Background()
-	var keys []string
-	for _, suffix := range []string{"", ":q", ":qd", ":f"} {
-		k := "dsync:{" + name + "}" + suffix
+	ks := mutexKeys(name)
+	var left []string
+	for _, k := range ks.Keys() {
 		n, err := rdb.Exists(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n > 0 {
-			keys = append(keys, k)
+			left = append(left, k)
 		}
 	}
-	if slices.ContainsFunc(keys, func(k string) bool { return k[len(k)-2:] != ":f" }) {
-		t.Errorf("keys left after release: %v, want only the fence hash", keys)
+	if slices.ContainsFunc(left, func(k string) bool { return k != ks.Fence }) {
+		t.Errorf("keys left after release: %v, want only the fence hash", left)
 	}
-	for _, k := range keys {
+	for _, k := range left {
 		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
 			t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
 		}
@@ -172,7 +176,7 @@ func TestMutexReentrantOwner(t *testing.T) {
 			}
 		}
 		rdb := b.NewClient(t)
-		if n, _ := rdb.HGet(ctx, "dsync:{"+name+"}", dsync.OwnerToken(ctx)).Int(); n != 3 {
+		if n, _ := rdb.HGet(ctx, mutexKeys(name).Lock, dsync.OwnerToken(ctx)).Int(); n != 3 {
 			t.Errorf("reentry count in Redis = %d, want 3", n)
 		}
 		// Another owner neither gets it nor may release it.
@@ -463,7 +467,7 @@ func TestMutexClientReentrancy(t *testing.T) {
 			t.Errorf("re-entries and inner unlocks took %d round trips, want 0", n)
 		}
 		// Redis saw one Lock: its count is 1.
-		if n, _ := b.NewClient(t).HGet(ctx, "dsync:{"+name+"}", dsync.OwnerToken(ctx)).Int(); n != 1 {
+		if n, _ := b.NewClient(t).HGet(ctx, mutexKeys(name).Lock, dsync.OwnerToken(ctx)).Int(); n != 1 {
 			t.Errorf("count in Redis = %d, want 1", n)
 		}
 		// The token in another process does not re-enter in this mode.

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -54,8 +55,7 @@ func (c *Client) Once(name string, opts ...Option) *Once {
 	if c != nil && c.q != nil {
 		o.err = errQuorumOnly
 	}
-	k := o.cfg.keyOf(name) + ":once"
-	o.keys = []string{k, k + ":done"}
+	o.keys = keys.ForOnce(o.cfg.prefix, name).Keys()
 	o.kargs = boxKeys(o.keys)
 	return o
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -85,8 +86,7 @@ type RWMutex struct {
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw := &RWMutex{c: c, name: name}
 	rw.cfg, rw.err = c.handleConfig(name, opts)
-	k := rw.cfg.keyOf(name) + ":rw"
-	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x", k + ":wq", k + ":wd"}
+	rw.keys = keys.ForRWMutex(rw.cfg.prefix, name).Keys()
 	rw.kargs = boxKeys(rw.keys)
 	if c != nil && c.q != nil {
 		rw.subs = c.q.rwmutexes(name, opts)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -77,9 +78,7 @@ func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
 	if size <= 0 {
 		s.err = fmt.Errorf("%w: semaphore size %d, want ≥ 1", ErrInvalid, size)
 	}
-	k := s.cfg.keyOf(name)
-	// Suffixes of their own: a Mutex of the same name uses the base key.
-	s.keys = []string{k + ":s", k + ":f", k + ":sh", k + ":sq", k + ":sqd"}
+	s.keys = keys.ForSemaphore(s.cfg.prefix, name).Keys()
 	s.kargs = boxKeys(s.keys)
 	s.rkeys = []string{s.keys[0], s.keys[2]}
 	s.sizeArg = size

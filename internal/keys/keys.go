@@ -1,0 +1,270 @@
+// Package keys is dsync's Redis key layout: the name of every key and
+// notification channel of every primitive is built here and nowhere else.
+//
+// Every key of a name begins with the name's base key (see [Base]) and goes
+// on with a suffix without braces, so that the base key's hash tag is the
+// hash tag of every key of the name: all keys of one primitive live in one
+// Redis Cluster slot, as its scripts require. A Mutex, RWMutex, Semaphore
+// and Once of one name are independent; their keys differ except for the
+// fence hash that a Mutex and a Semaphore share (see [Mutex.Fence]).
+//
+// The field meanings below are those of the lua/*.lua scripts, whose
+// headers are the reference. The layout belongs to a module version: two
+// versions that lay out keys differently do not see each other's holds.
+package keys
+
+import "strings"
+
+// Key suffixes after the base key. None contains a brace.
+const (
+	mutexFence     = ":f"
+	mutexQueue     = ":q"
+	mutexQueueData = ":qd"
+
+	rw                = ":rw"
+	rwFence           = rw + ":f"
+	rwReaders         = rw + ":r"
+	rwReaderData      = rw + ":rc"
+	rwWaitingWriters  = rw + ":ww"
+	rwWaitingReaders  = rw + ":rq"
+	rwFinished        = rw + ":x"
+	rwWriterQueue     = rw + ":wq"
+	rwWriterQueueData = rw + ":wd"
+
+	semState     = ":s"
+	semFence     = mutexFence // shared with the Mutex of the name
+	semHolders   = ":sh"
+	semQueue     = ":sq"
+	semQueueData = ":sqd"
+
+	onceRun  = ":once"
+	onceDone = onceRun + ":done"
+)
+
+// suffixes is every suffix of every primitive, the base key's "" included.
+var suffixes = []string{
+	"", mutexFence, mutexQueue, mutexQueueData,
+	rw, rwFence, rwReaders, rwReaderData, rwWaitingWriters, rwWaitingReaders, rwFinished, rwWriterQueue, rwWriterQueueData,
+	semState, semHolders, semQueue, semQueueData,
+	onceRun, onceDone,
+}
+
+// Base returns the base key of the primitives called name under prefix,
+// "<prefix>:{<name>}", which begins every key of the name.
+func Base(prefix, name string) string {
+	return prefix + ":{" + name + "}"
+}
+
+// Name returns the name of the primitive that key belongs to, or false if
+// key is no key of the layout under prefix.
+func Name(prefix, key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, prefix+":{")
+	if !ok {
+		return "", false
+	}
+	// No suffix contains '}', so the last one closes the name.
+	i := strings.LastIndexByte(rest, '}')
+	if i < 0 || !isSuffix(rest[i+1:]) {
+		return "", false
+	}
+	return rest[:i], true
+}
+
+// Match returns a SCAN MATCH pattern for the keys under prefix of the
+// names that match the glob pattern (Redis's syntax: * ? [...] \). The
+// prefix is taken literally. Its matches may include keys of other names:
+// take the name of each with [Name] and check it.
+func Match(prefix, pattern string) string {
+	return globEscape(prefix) + ":{" + pattern + "}*"
+}
+
+// globEscape quotes the glob characters of s for SCAN MATCH.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func isSuffix(s string) bool {
+	for _, x := range suffixes {
+		if s == x {
+			return true
+		}
+	}
+	return false
+}
+
+// Mutex names the keys of a Mutex (lua/mutex_lock.lua).
+type Mutex struct {
+	// Lock is the lock hash, alive while the lock is held (its PTTL is the
+	// hold's lease): <owner token> -> reentry count, ':f' fencing token of
+	// the hold, ':c' ids of the last calls applied to the hold (a repeat
+	// changes nothing), ':w' set once someone waits (the release then
+	// publishes).
+	Lock string
+	// Fence is the fence hash, which outlives holds with an idle expiry:
+	// 'n' last fencing token, 'r' ids of the last unlocks that released,
+	// 'x' ids of the last abandoned calls. The Semaphore of the same name
+	// uses the same hash on purpose (its fields are 'n', 'sr' and 'sx'): one
+	// sequence of fencing tokens per name, and one key left per released
+	// name rather than two.
+	Fence string
+	// Queue is the queue zset: waiter token -> arrival (server µs).
+	Queue string
+	// QueueData is the queue data hash: waiter token -> "<place deadline
+	// ms> <ttl ms> <call id>".
+	QueueData string
+}
+
+// ForMutex returns the keys of the Mutex called name under prefix.
+func ForMutex(prefix, name string) Mutex {
+	b := Base(prefix, name)
+	return Mutex{Lock: b, Fence: b + mutexFence, Queue: b + mutexQueue, QueueData: b + mutexQueueData}
+}
+
+// Keys returns the keys in the order of the scripts' KEYS: lock hash, fence
+// hash, queue, queue data.
+func (k Mutex) Keys() []string { return []string{k.Lock, k.Fence, k.Queue, k.QueueData} }
+
+// Channel returns the channel on which releases and hand-overs are
+// published: the name of the lock hash.
+func (k Mutex) Channel() string { return k.Lock }
+
+// RWMutex names the keys of an RWMutex (lua/rwmutex_lock.lua). They are
+// distinct from the keys of the Mutex of the same name, its fence hash
+// included.
+type RWMutex struct {
+	// Writer is the writer hash, alive while a writer holds the lock (its
+	// PTTL is the write lease): <owner token> -> reentry count, ':f'
+	// fencing token of the write hold, ':c' ids of the last calls applied
+	// to it (at most 16, space-separated, latest last).
+	Writer string
+	// Fence is the fence hash, which outlives holds with an idle expiry:
+	// 'n' last fencing token.
+	Fence string
+	// Readers is the readers zset: reader token -> lease deadline (server
+	// ms). Each reader's share expires alone.
+	Readers string
+	// ReaderData is the readers hash: reader token -> "<reentry count>
+	// <ids of the last calls applied>".
+	ReaderData string
+	// WaitingWriters is the waiting writers zset: writer token -> place
+	// deadline (ms); while one lives, new readers wait.
+	WaitingWriters string
+	// WaitingReaders is the waiting readers hash: reader token -> "<place
+	// deadline ms> <ttl ms> <call id>".
+	WaitingReaders string
+	// Finished is the finished calls zset: call id -> when it may be
+	// forgotten (ms); the ids of full releases (a repeat answers as
+	// before) and of abandoned calls (a late arrival takes no effect).
+	Finished string
+	// WriterQueue is the writers' queue zset: queued writer token ->
+	// arrival (server µs). A writer queues once it has waited past the
+	// starvation threshold, or when others are queued; the head gets the
+	// lock first.
+	WriterQueue string
+	// WriterQueueData is the queued writers hash: queued writer token ->
+	// "<ttl ms> <call id>"; a place lives as long as the writer's place in
+	// WaitingWriters.
+	WriterQueueData string
+}
+
+// ForRWMutex returns the keys of the RWMutex called name under prefix.
+func ForRWMutex(prefix, name string) RWMutex {
+	b := Base(prefix, name)
+	return RWMutex{
+		Writer:          b + rw,
+		Fence:           b + rwFence,
+		Readers:         b + rwReaders,
+		ReaderData:      b + rwReaderData,
+		WaitingWriters:  b + rwWaitingWriters,
+		WaitingReaders:  b + rwWaitingReaders,
+		Finished:        b + rwFinished,
+		WriterQueue:     b + rwWriterQueue,
+		WriterQueueData: b + rwWriterQueueData,
+	}
+}
+
+// Keys returns the keys in the order of the lock and unlock scripts' KEYS:
+// writer hash, fence hash, readers zset, readers hash, waiting writers
+// zset, waiting readers hash, finished calls zset, writers' queue zset,
+// queued writers hash.
+func (k RWMutex) Keys() []string {
+	return []string{k.Writer, k.Fence, k.Readers, k.ReaderData, k.WaitingWriters,
+		k.WaitingReaders, k.Finished, k.WriterQueue, k.WriterQueueData}
+}
+
+// Channel returns the channel on which releases and hand-overs are
+// published: the name of the writer hash.
+func (k RWMutex) Channel() string { return k.Writer }
+
+// Semaphore names the keys of a Semaphore (lua/semaphore_lib.lua).
+type Semaphore struct {
+	// State is the state hash: ':size' the size in force, ':used' permits
+	// held in all, <token> -> permits held by that holder, ':f:'<token> ->
+	// fencing token of that holding, ':c:'<token> -> ids of the latest
+	// calls applied to that holding.
+	State string
+	// Fence is the fence hash, the Mutex's of the same name (see
+	// [Mutex.Fence]): 'n' last fencing token, 'sr' latest releases that
+	// ended a holding ("<call id>:<fence> ..."), 'sx' latest abandoned
+	// Acquire call ids.
+	Fence string
+	// Holders is the holders zset: holder token -> lease deadline (server
+	// ms).
+	Holders string
+	// Queue is the queue zset: Acquire call id -> arrival (server µs).
+	Queue string
+	// QueueData is the queue data hash: call id -> "<place deadline ms>
+	// <ttl ms> <n> <token>".
+	QueueData string
+}
+
+// ForSemaphore returns the keys of the Semaphore called name under prefix.
+func ForSemaphore(prefix, name string) Semaphore {
+	b := Base(prefix, name)
+	return Semaphore{State: b + semState, Fence: b + semFence, Holders: b + semHolders,
+		Queue: b + semQueue, QueueData: b + semQueueData}
+}
+
+// Keys returns the keys in the order of the scripts' KEYS: state hash,
+// fence hash, holders zset, queue zset, queue data hash.
+func (k Semaphore) Keys() []string {
+	return []string{k.State, k.Fence, k.Holders, k.Queue, k.QueueData}
+}
+
+// Channel returns the channel on which releases and hand-overs are
+// published: the name of the state hash.
+func (k Semaphore) Channel() string { return k.State }
+
+// Once names the keys of a Once (lua/once_do.lua).
+type Once struct {
+	// Run is the run hash, alive while a call runs f (its PTTL is the run
+	// lease): 't' token of the runner's call, 'w' set once someone waits
+	// (the end of the run then publishes), 'x' tokens of the last calls
+	// their callers abandoned (it may outlive the run for a TTL).
+	Run string
+	// Done is the done hash, the done mark: 'v' the value stored by the run
+	// that succeeded, 't' its call token. It persists, or expires after the
+	// Once's period.
+	Done string
+}
+
+// ForOnce returns the keys of the Once called name under prefix.
+func ForOnce(prefix, name string) Once {
+	b := Base(prefix, name)
+	return Once{Run: b + onceRun, Done: b + onceDone}
+}
+
+// Keys returns the keys in the order of the scripts' KEYS: run hash, done
+// hash.
+func (k Once) Keys() []string { return []string{k.Run, k.Done} }
+
+// Channel returns the channel on which the end of a run is published: the
+// name of the run hash.
+func (k Once) Channel() string { return k.Run }
