@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -485,9 +486,13 @@ func scanNames(ctx context.Context, rdb redis.UniversalClient, prefix, pattern s
 	}
 	var err error
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		// Masters are scanned one after the other, so names needs no lock.
+		// Masters are scanned one after the other, so names needs no lock;
+		// ForEachMaster calls its function on all of them at once.
+		var mu sync.Mutex
 		var masters []*redis.Client
 		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
 			masters = append(masters, c)
 			return nil
 		})
