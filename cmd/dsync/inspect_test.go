@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,5 +69,119 @@ func TestInspectReadsEveryLayout(t *testing.T) {
 	}
 	for _, st := range sts {
 		t.Logf("%+v", *st)
+	}
+}
+
+// braceNames contain or begin with a brace, or look like how another name
+// is stored ("=fXg" is the stored form of "}x").
+var braceNames = []string{"}x", "{", "}", "{}", "a{b}c", "{x}", "=fXg", "fXg", "x"}
+
+// TestInspectListsBraceNames holds a Mutex under each brace name and finds
+// the names again, as they were given, with list's scan and inspect, on a
+// real server and the cluster.
+func TestInspectListsBraceNames(t *testing.T) {
+	var bs []redistest.Backend
+	if b, ok := redistest.Real(t); ok {
+		bs = append(bs, b)
+	}
+	if b, ok := redistest.Cluster(t); ok {
+		bs = append(bs, b)
+	}
+	if len(bs) == 0 {
+		t.Skip("no redis-server")
+	}
+	for _, b := range bs {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			rdb := b.NewClient(t)
+			prefix := redistest.Key(t)
+			c := dsync.New(rdb, dsync.Prefix(prefix))
+			defer c.Close()
+			for _, name := range braceNames {
+				m := c.Mutex(name)
+				if err := m.Lock(ctx); err != nil {
+					t.Fatalf("Lock(%q): %v", name, err)
+				}
+				defer m.Unlock(ctx)
+			}
+			for pattern, want := range map[string][]string{
+				"*":     {"=fXg", "a{b}c", "fXg", "x", "{", "{x}", "{}", "}", "}x"},
+				"}*":    {"}", "}x"},
+				"{*":    {"{", "{x}", "{}"},
+				"*}":    {"{x}", "{}", "}"},
+				"?x":    {"}x"},
+				"a{b}c": {"a{b}c"},
+				"=*":    {"=fXg"},
+				"fX?":   {"fXg"},
+			} {
+				got, truncated, err := scanNames(ctx, rdb, prefix, pattern, 100)
+				if err != nil || truncated || !slices.Equal(got, want) {
+					t.Errorf("scanNames(%q) = %q, %v, %v; want %q", pattern, got, truncated, err, want)
+				}
+			}
+			for _, name := range braceNames {
+				sts, err := inspect(ctx, rdb, prefix, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(sts) != 1 || sts[0].Name != name || sts[0].Mode != "mutex" || sts[0].State != "held" {
+					t.Errorf("inspect(%q) = %+v; want one held mutex of that name", name, sts)
+				}
+			}
+		})
+	}
+}
+
+// TestInspectGlobMatchesRedis checks globMatch against the patterns of a
+// real server's SCAN MATCH.
+func TestInspectGlobMatchesRedis(t *testing.T) {
+	names := []string{"", "a", "ab", "abc", "b", "}x", "{", "}", "{}", "a{b}c", "[", "]", "^", "-", "*", "?", "\\",
+		"a*", "a-c", "x]y", "日本"}
+	patterns := []string{"*", "a*", "*c", "a?", "?", "[ab]", "[^a]*", "[a-b]*", "[b-a]", "[]]", "[", "[a", "\\*",
+		"\\[", "a\\", "*\\}*", "[\\]]*", "**b*", "*{*}*", "?*?", "[*]", "a[-]c", "[!a]", "日*"}
+	static := map[[2]string]bool{
+		{"*", "ab"}: true, {"a?", "ab"}: true, {"a?", "a"}: false, {"[^a]*", "b"}: true, {"[^a]*", "ab"}: false,
+		{"[a-b]*", "abc"}: true, {"[b-a]", "a"}: true, {"\\*", "*"}: true, {"\\*", "a"}: false, {"[", "["}: false,
+		{"*\\}*", "}x"}: true, {"a[-]c", "a-c"}: true,
+	}
+	for k, want := range static {
+		if got := globMatch(k[0], k[1]); got != want {
+			t.Errorf("globMatch(%q, %q) = %v, want %v", k[0], k[1], got, want)
+		}
+	}
+	b, ok := redistest.Real(t)
+	if !ok {
+		t.Skip("no redis-server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rdb := b.NewClient(t)
+	prefix := redistest.Key(t) + ":"
+	for _, n := range names {
+		if err := rdb.Set(ctx, prefix+n, 1, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range patterns {
+		var fromRedis []string
+		iter := rdb.Scan(ctx, 0, prefix+p, 1000).Iterator()
+		for iter.Next(ctx) {
+			fromRedis = append(fromRedis, strings.TrimPrefix(iter.Val(), prefix))
+		}
+		if err := iter.Err(); err != nil {
+			t.Fatal(err)
+		}
+		var local []string
+		for _, n := range names {
+			if globMatch(p, n) {
+				local = append(local, n)
+			}
+		}
+		slices.Sort(fromRedis)
+		slices.Sort(local)
+		if !slices.Equal(local, fromRedis) {
+			t.Errorf("pattern %q: globMatch matches %q, Redis %q", p, local, fromRedis)
+		}
 	}
 }

@@ -451,7 +451,9 @@ func readOnce(ctx context.Context, rdb redis.UniversalClient, k keys.Once, st *l
 
 // scanNames returns the names under prefix that match the glob pattern,
 // at most limit of them, scanning every master of a cluster. It reports
-// whether it stopped early.
+// whether it stopped early. SCAN's MATCH narrows the keys the server sends
+// where it can (see keys.Match); the names are then matched here, since an
+// encoded name's keys do not contain the name.
 func scanNames(ctx context.Context, rdb redis.UniversalClient, prefix, pattern string, limit int) ([]string, bool, error) {
 	match := keys.Match(prefix, pattern)
 	seen := map[string]bool{}
@@ -466,7 +468,7 @@ func scanNames(ctx context.Context, rdb redis.UniversalClient, prefix, pattern s
 			}
 			for _, k := range ks {
 				n, ok := keys.Name(prefix, k)
-				if !ok || seen[n] {
+				if !ok || seen[n] || !globMatch(pattern, n) {
 					continue
 				}
 				if len(names) >= limit {
@@ -506,4 +508,71 @@ func scanNames(ctx context.Context, rdb redis.UniversalClient, prefix, pattern s
 	}
 	sort.Strings(names)
 	return names, truncated, err
+}
+
+// globMatch reports whether s matches the glob pattern p as Redis's MATCH
+// does, byte by byte: '*' any bytes, '?' one byte, "[abc]", "[^a-z]" one
+// byte of a set (or not of it), '\' quotes the next byte.
+func globMatch(p, s string) bool {
+	for len(p) > 0 && len(s) > 0 {
+		switch p[0] {
+		case '*':
+			for len(p) > 1 && p[1] == '*' {
+				p = p[1:]
+			}
+			if len(p) == 1 {
+				return true
+			}
+			for i := range len(s) {
+				if globMatch(p[1:], s[i:]) {
+					return true
+				}
+			}
+			return false
+		case '?':
+			p, s = p[1:], s[1:]
+		case '[':
+			p = p[1:]
+			not := len(p) > 0 && p[0] == '^'
+			if not {
+				p = p[1:]
+			}
+			match := false
+			for len(p) > 0 && p[0] != ']' {
+				switch {
+				case p[0] == '\\' && len(p) >= 2:
+					p = p[1:]
+					match = match || p[0] == s[0]
+				case len(p) >= 3 && p[1] == '-':
+					lo, hi := min(p[0], p[2]), max(p[0], p[2])
+					match = match || (lo <= s[0] && s[0] <= hi)
+					p = p[2:]
+				default:
+					match = match || p[0] == s[0]
+				}
+				p = p[1:]
+			}
+			if match == not {
+				return false
+			}
+			if len(p) > 0 {
+				p = p[1:] // the closing ']'; without one the set ends the pattern
+			}
+			s = s[1:]
+		case '\\':
+			if len(p) >= 2 {
+				p = p[1:]
+			}
+			fallthrough
+		default:
+			if p[0] != s[0] {
+				return false
+			}
+			p, s = p[1:], s[1:]
+		}
+	}
+	for len(s) == 0 && len(p) > 0 && p[0] == '*' {
+		p = p[1:]
+	}
+	return len(p) == 0 && len(s) == 0
 }

@@ -4,7 +4,8 @@
 // Every key of a name begins with the name's base key (see [Base]) and goes
 // on with a suffix without braces, so that the base key's hash tag is the
 // hash tag of every key of the name: all keys of one primitive live in one
-// Redis Cluster slot, as its scripts require. A Mutex, RWMutex, Semaphore
+// Redis Cluster slot, as its scripts require. Any name works, braces
+// included: a name that cannot serve as its own hash tag is encoded. A Mutex, RWMutex, Semaphore
 // and Once of one name are independent; their keys differ except for the
 // fence hash that a Mutex and a Semaphore share (see [Mutex.Fence]).
 //
@@ -13,7 +14,10 @@
 // versions that lay out keys differently do not see each other's holds.
 package keys
 
-import "strings"
+import (
+	"encoding/base64"
+	"strings"
+)
 
 // Key suffixes after the base key. None contains a brace.
 const (
@@ -50,9 +54,53 @@ var suffixes = []string{
 }
 
 // Base returns the base key of the primitives called name under prefix,
-// "<prefix>:{<name>}", which begins every key of the name.
+// "<prefix>:{<tag>}", which begins every key of the name. The tag is the
+// name itself, or, for an empty name or one that begins with '}' or '=',
+// '=' followed by the name in unpadded base64url.
+//
+// Redis Cluster hashes a key by the text between its first '{' and the
+// first '}' after it, unless that text is empty. A name that begins with
+// '}' would give an empty tag, and each key of the name would hash in full,
+// to slots of its own; the encoding contains no '}'. Names that begin with
+// '=' are encoded too, so that no name's tag looks like another's encoding
+// and two names never share keys. Any other name, braces included, is its
+// own tag: its keys are those of earlier versions. Such a name's slot is
+// chosen by its text up to its first '}' ("a}1" and "a}2" share the slot
+// of "a"), and all its keys stay in that slot. All this holds for a prefix
+// without braces; one with braces sets the hash tag itself ("{app}" puts
+// every name in one slot, and "x{}" would split a primitive's keys).
 func Base(prefix, name string) string {
-	return prefix + ":{" + name + "}"
+	return prefix + ":{" + tag(name) + "}"
+}
+
+// marker begins the tag of an encoded name.
+const marker = '='
+
+var enc = base64.RawURLEncoding.Strict()
+
+// tag returns what Base puts between the braces for name.
+func tag(name string) string {
+	if name == "" || name[0] == '}' || name[0] == marker {
+		return string(marker) + enc.EncodeToString([]byte(name))
+	}
+	return name
+}
+
+// untag returns the name for which Base puts t between the braces, or
+// false if there is none.
+func untag(t string) (string, bool) {
+	if t == "" || t[0] == '}' {
+		return "", false
+	}
+	if t[0] != marker {
+		return t, true
+	}
+	b, err := enc.DecodeString(t[1:])
+	// The tag of an ordinary name is the name: its encoding is no tag.
+	if err != nil || tag(string(b)) != t {
+		return "", false
+	}
+	return string(b), true
 }
 
 // Name returns the name of the primitive that key belongs to, or false if
@@ -62,20 +110,44 @@ func Name(prefix, key string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	// No suffix contains '}', so the last one closes the name.
+	// No suffix contains '}', so the last one closes the tag.
 	i := strings.LastIndexByte(rest, '}')
 	if i < 0 || !isSuffix(rest[i+1:]) {
 		return "", false
 	}
-	return rest[:i], true
+	return untag(rest[:i])
 }
 
 // Match returns a SCAN MATCH pattern for the keys under prefix of the
 // names that match the glob pattern (Redis's syntax: * ? [...] \). The
 // prefix is taken literally. Its matches may include keys of other names:
-// take the name of each with [Name] and check it.
+// take the name of each with [Name] and check it against pattern.
 func Match(prefix, pattern string) string {
+	if mayMatchEncoded(pattern) {
+		// Encoded tags are not the names: every key has to be looked at.
+		return globEscape(prefix) + ":{*"
+	}
 	return globEscape(prefix) + ":{" + pattern + "}*"
+}
+
+// mayMatchEncoded reports whether pattern may match a name that is
+// encoded: whether its first character is not a literal one that no
+// encoded name begins with.
+func mayMatchEncoded(pattern string) bool {
+	if pattern == "" {
+		return true
+	}
+	c := pattern[0]
+	switch c {
+	case '*', '?', '[':
+		return true
+	case '\\':
+		if len(pattern) < 2 {
+			return true
+		}
+		c = pattern[1]
+	}
+	return c == '}' || c == marker
 }
 
 // globEscape quotes the glob characters of s for SCAN MATCH.

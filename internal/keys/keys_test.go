@@ -2,7 +2,10 @@ package keys_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
+
+	"pgregory.net/rapid"
 
 	"github.com/dsync-go/dsync/internal/keys"
 )
@@ -103,5 +106,179 @@ func TestKeyNameOfEveryKey(t *testing.T) {
 func TestKeyMatchEscapesPrefix(t *testing.T) {
 	if got, want := keys.Match(`a*b?[c]\`, "x*"), `a\*b\?\[c\]\\:{x*}*`; got != want {
 		t.Errorf("Match = %q, want %q", got, want)
+	}
+}
+
+// trickyNames are names whose text could break a hash tag or look like
+// another name's encoding.
+var trickyNames = []string{
+	"}", "}x", "}}", "}{", "{", "{}", "{x}", "{{", "a{b}c", "a}b", "a}", "x}:f",
+	"=", "==", "=x", "=fXg", "fXg", "=fQ", "fQ", "x", ":f", ":rw", "\x00", "é}",
+	"dsync:{x}", "*", "?", "[a]",
+}
+
+// hashTag returns what Redis Cluster hashes of key: the text between the
+// first '{' and the first '}' after it when not empty, else the whole key.
+func hashTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
+}
+
+// tb is what the checks need of a *testing.T or a *rapid.T.
+type tb interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+// checkOneSlot checks that every key of every primitive of name hashes by
+// one hash tag, so that a script on them runs on Redis Cluster.
+func checkOneSlot(t tb, prefix, name string) {
+	t.Helper()
+	for _, ks := range all(prefix, name) {
+		tag := hashTag(ks[0])
+		if tag == ks[0] {
+			t.Fatalf("name %q: key %q has no hash tag", name, ks[0])
+		}
+		for _, k := range ks[1:] {
+			if got := hashTag(k); got != tag {
+				t.Fatalf("name %q: key %q hashes by %q, key %q by %q", name, ks[0], tag, k, got)
+			}
+		}
+	}
+}
+
+// checkNames checks that Name gives back name from each of its keys.
+func checkNames(t tb, prefix, name string) {
+	t.Helper()
+	for _, ks := range all(prefix, name) {
+		for _, k := range ks {
+			if got, ok := keys.Name(prefix, k); !ok || got != name {
+				t.Fatalf("Name(%q, %q) = %q, %v; want %q", prefix, k, got, ok, name)
+			}
+		}
+	}
+}
+
+// checkDisjoint checks that two different names share no key.
+func checkDisjoint(t tb, prefix, a, b string) {
+	t.Helper()
+	if a == b {
+		return
+	}
+	ka := map[string]bool{}
+	for _, ks := range all(prefix, a) {
+		for _, k := range ks {
+			ka[k] = true
+		}
+	}
+	for _, ks := range all(prefix, b) {
+		for _, k := range ks {
+			if ka[k] {
+				t.Fatalf("names %q and %q share key %q", a, b, k)
+			}
+		}
+	}
+}
+
+func TestKeyBraceNamesOneSlot(t *testing.T) {
+	for _, name := range trickyNames {
+		checkOneSlot(t, "dsync", name)
+	}
+	// The empty name is refused before any key is built; its keys would
+	// still share a slot.
+	checkOneSlot(t, "dsync", "")
+}
+
+func TestKeyBraceNamesRoundTrip(t *testing.T) {
+	for _, prefix := range []string{"dsync", "a:b", "*"} {
+		for _, name := range append(trickyNames, "") {
+			checkNames(t, prefix, name)
+		}
+	}
+}
+
+func TestKeyBraceNamesInjective(t *testing.T) {
+	for _, a := range append(trickyNames, "") {
+		for _, b := range append(trickyNames, "") {
+			checkDisjoint(t, "dsync", a, b)
+		}
+	}
+}
+
+// TestKeyBraceOrdinaryNamesUnchanged: only names that begin with '}' or '='
+// (and the empty name) are encoded; any other name, braces included, keeps
+// the keys of earlier versions.
+func TestKeyBraceOrdinaryNamesUnchanged(t *testing.T) {
+	for _, name := range trickyNames {
+		got := keys.Base("dsync", name)
+		encoded := name[0] == '}' || name[0] == '='
+		if plain := "dsync:{" + name + "}"; (got == plain) == encoded {
+			t.Errorf("Base(dsync, %q) = %q; encoded: %v", name, got, encoded)
+		}
+		if encoded && strings.ContainsAny(hashTag(got), "}") {
+			t.Errorf("Base(dsync, %q) = %q: its tag holds a brace", name, got)
+		}
+	}
+	if got, want := keys.Base("dsync", "}x"), "dsync:{=fXg}"; got != want {
+		t.Errorf("Base(dsync, }x) = %q, want %q", got, want)
+	}
+}
+
+// TestKeyBraceNameRejectsForeignKeys: keys that no name has are not
+// taken for a name's, in particular an encoding that is not the one
+// Base writes and the key an earlier version wrote for a name beginning
+// with '}'.
+func TestKeyBraceNameRejectsForeignKeys(t *testing.T) {
+	for _, k := range []string{
+		"dsync:{}x}",     // earlier versions' key of "}x"
+		"dsync:{}",       // empty tag
+		"dsync:{=YQ}",    // "a" encoded, but "a" is its own tag
+		"dsync:{=fXh}",   // not the canonical encoding of "}x"
+		"dsync:{=!!}:f",  // not base64url
+		"dsync:{=fXg=}",  // padded
+		"dsync:{=fXg}:z", // no such suffix
+	} {
+		if n, ok := keys.Name("dsync", k); ok {
+			t.Errorf("Name(dsync, %q) = %q, true; want false", k, n)
+		}
+	}
+}
+
+// TestKeyBraceProperties checks the layout over random names made of the
+// characters that matter.
+func TestKeyBraceProperties(t *testing.T) {
+	name := rapid.StringOfN(rapid.SampledFrom([]rune("{}=:fqx\x00é")), 0, 8, -1)
+	rapid.Check(t, func(t *rapid.T) {
+		a, b := name.Draw(t, "a"), name.Draw(t, "b")
+		checkOneSlot(t, "dsync", a)
+		checkNames(t, "dsync", a)
+		checkDisjoint(t, "dsync", a, b)
+		if a != "" && a[0] != '}' && a[0] != '=' && keys.Base("dsync", a) != "dsync:{"+a+"}" {
+			t.Fatalf("Base(dsync, %q) = %q, want the name as tag", a, keys.Base("dsync", a))
+		}
+	})
+}
+
+// TestKeyBraceMatch: the SCAN pattern of a glob that may match an encoded
+// name matches every key; one that cannot keeps the name in the pattern.
+func TestKeyBraceMatch(t *testing.T) {
+	for pattern, want := range map[string]string{
+		"*":       "dsync:{*",
+		"?x":      "dsync:{*",
+		"[}a]*":   "dsync:{*",
+		"}*":      "dsync:{*",
+		"=*":      "dsync:{*",
+		`\}x`:     "dsync:{*",
+		"orders*": "dsync:{orders*}*",
+		`\*x`:     `dsync:{\*x}*`,
+		"{x}":     "dsync:{{x}}*",
+	} {
+		if got := keys.Match("dsync", pattern); got != want {
+			t.Errorf("Match(dsync, %q) = %q, want %q", pattern, got, want)
+		}
 	}
 }
