@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -87,8 +88,13 @@ func TestMutexExcludesAcrossClients(t *testing.T) {
 // mutexKeys returns the keys of the Mutex called name.
 func mutexKeys(name string) keys.Mutex { return keys.ForMutex(dsync.DefaultPrefix, name) }
 
-// assertNoLockKeys checks that a released lock left only its long-lived
-// bookkeeping (the fence hash) behind, and that it carries an expiry.
+// replayWindow is how long a Mutex remembers call ids (REPLAY_MS in
+// lua/lib.lua).
+const replayWindow = 60 * time.Second
+
+// assertNoLockKeys checks that a released lock left only bookkeeping behind,
+// each key with an expiry: the fence hash, and the call ids, which expire
+// within the replay window.
 func assertNoLockKeys(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
 	rdb := b.NewClient(t)
@@ -104,12 +110,14 @@ func assertNoLockKeys(t *testing.T, b redistest.Backend, name string) {
 			left = append(left, k)
 		}
 	}
-	if slices.ContainsFunc(left, func(k string) bool { return k != ks.Fence }) {
-		t.Errorf("keys left after release: %v, want only the fence hash", left)
+	if slices.ContainsFunc(left, func(k string) bool { return k != ks.Fence && k != ks.Calls }) {
+		t.Errorf("keys left after release: %v, want only the fence hash and the call ids", left)
 	}
 	for _, k := range left {
 		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
 			t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
+		} else if k == ks.Calls && ttl > replayWindow {
+			t.Errorf("%s expires in %v, want within the replay window %v", k, ttl, replayWindow)
 		}
 	}
 }
@@ -466,19 +474,19 @@ func TestMutexClientReentrancy(t *testing.T) {
 		if n := counter.RoundTrips(); n != 0 {
 			t.Errorf("re-entries and inner unlocks took %d round trips, want 0", n)
 		}
-		// Redis saw one Lock: its count is 1.
-		if n, _ := b.NewClient(t).HGet(ctx, mutexKeys(name).Lock, dsync.OwnerToken(ctx)).Int(); n != 1 {
-			t.Errorf("count in Redis = %d, want 1", n)
+		// Redis saw one Lock: its count is 1, under the owner token
+		// qualified by this process.
+		if v := holderField(t, b.NewClient(t), mutexKeys(name).Lock, dsync.OwnerToken(ctx)); v != "1" {
+			t.Errorf("count in Redis = %q, want 1", v)
 		}
 		// The token in another process does not re-enter in this mode.
 		other := dsync.New(b.NewClient(t), dsync.ClientReentrancy())
 		defer other.Close()
 		octx := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctx))
-		if ok, _ := other.Mutex(name).TryLock(octx); ok {
-			// Redis cannot tell the processes apart: it is the same owner.
-			// What client reentrancy gives up is the count, so the second
-			// process's Unlock must not release the first one's hold.
-			t.Log("same token re-entered from another process")
+		// Re-entry is per process: the carried token waits there like any
+		// other owner.
+		if ok, err := other.Mutex(name).TryLock(octx); ok || err != nil {
+			t.Fatalf("TryLock with the token carried to another process = %v, %v; want false", ok, err)
 		}
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatal(err)
@@ -487,4 +495,21 @@ func TestMutexClientReentrancy(t *testing.T) {
 			t.Errorf("extra Unlock = %v, want ErrNotHeld", err)
 		}
 	})
+}
+
+// holderField returns the value of the field of hash key that belongs to
+// owner tok: tok itself (script reentrancy) or tok qualified by its Client
+// (client reentrancy, "<tok>@<client>"); "" if none.
+func holderField(t *testing.T, rdb redis.UniversalClient, key, tok string) string {
+	t.Helper()
+	m, err := rdb.HGetAll(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for f, v := range m {
+		if f == tok || strings.HasPrefix(f, tok+"@") {
+			return v
+		}
+	}
+	return ""
 }

@@ -10,8 +10,9 @@
 // fence hash that a Mutex and a Semaphore share (see [Mutex.Fence]).
 //
 // The field meanings below are those of the lua/*.lua scripts, whose
-// headers are the reference. The layout belongs to a module version: two
-// versions that lay out keys differently do not see each other's holds.
+// headers are the reference. The layout and the formats stored in it belong
+// to a module version: two versions that lay out or encode keys differently
+// do not see each other's holds.
 package keys
 
 import (
@@ -24,6 +25,7 @@ const (
 	mutexFence     = ":f"
 	mutexQueue     = ":q"
 	mutexQueueData = ":qd"
+	mutexCalls     = ":x"
 
 	rw                = ":rw"
 	rwFence           = rw + ":f"
@@ -47,7 +49,7 @@ const (
 
 // suffixes is every suffix of every primitive, the base key's "" included.
 var suffixes = []string{
-	"", mutexFence, mutexQueue, mutexQueueData,
+	"", mutexFence, mutexQueue, mutexQueueData, mutexCalls,
 	rw, rwFence, rwReaders, rwReaderData, rwWaitingWriters, rwWaitingReaders, rwFinished, rwWriterQueue, rwWriterQueueData,
 	semState, semHolders, semQueue, semQueueData,
 	onceRun, onceDone,
@@ -174,34 +176,42 @@ func isSuffix(s string) bool {
 // Mutex names the keys of a Mutex (lua/mutex_lock.lua).
 type Mutex struct {
 	// Lock is the lock hash, alive while the lock is held (its PTTL is the
-	// hold's lease): <owner token> -> reentry count, ':f' fencing token of
-	// the hold, ':c' ids of the last calls applied to the hold (a repeat
-	// changes nothing), ':w' set once someone waits (the release then
-	// publishes).
+	// hold's lease): <holder token> -> reentry count, ':f' fencing token of
+	// the hold, ':c' ids of the last calls applied to the hold (so an
+	// abandoned call undoes only its own effect), ':w' set once someone
+	// waits (the release then publishes). The holder token is the owner
+	// token, under client reentrancy qualified by the Client
+	// ("<owner token>@<client id>").
 	Lock string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
-	// 'n' last fencing token, 'r' ids of the last unlocks that released,
-	// 'x' ids of the last abandoned calls. The Semaphore of the same name
-	// uses the same hash on purpose (its fields are 'n', 'sr' and 'sx'): one
-	// sequence of fencing tokens per name, and one key left per released
-	// name rather than two.
+	// 'n' last fencing token. The Semaphore of the same name uses the same
+	// hash on purpose (its fields are 'n', 'sr' and 'sx'): one sequence of
+	// fencing tokens per name, and one key left per released name rather
+	// than two.
 	Fence string
 	// Queue is the queue zset: waiter token -> arrival (server µs).
 	Queue string
 	// QueueData is the queue data hash: waiter token -> "<place deadline
-	// ms> <ttl ms> <call id>".
+	// ms> <ttl ms> <call id> <secret>", the secret being the proof of a
+	// hand-over to that call (lua/lib.lua).
 	QueueData string
+	// Calls is the call ids zset (lua/lib.lua): call id -> (forget-after ms)
+	// * 4 + what the call did (Lock: 1 took or re-entered, 2 abandoned;
+	// Unlock: 1 released, 2 lowered the count). It expires with the replay
+	// window and may outlive a hold by that much.
+	Calls string
 }
 
 // ForMutex returns the keys of the Mutex called name under prefix.
 func ForMutex(prefix, name string) Mutex {
 	b := Base(prefix, name)
-	return Mutex{Lock: b, Fence: b + mutexFence, Queue: b + mutexQueue, QueueData: b + mutexQueueData}
+	return Mutex{Lock: b, Fence: b + mutexFence, Queue: b + mutexQueue, QueueData: b + mutexQueueData,
+		Calls: b + mutexCalls}
 }
 
 // Keys returns the keys in the order of the scripts' KEYS: lock hash, fence
-// hash, queue, queue data.
-func (k Mutex) Keys() []string { return []string{k.Lock, k.Fence, k.Queue, k.QueueData} }
+// hash, queue, queue data, call ids.
+func (k Mutex) Keys() []string { return []string{k.Lock, k.Fence, k.Queue, k.QueueData, k.Calls} }
 
 // Channel returns the channel on which releases and hand-overs are
 // published: the name of the lock hash.
@@ -212,9 +222,9 @@ func (k Mutex) Channel() string { return k.Lock }
 // included.
 type RWMutex struct {
 	// Writer is the writer hash, alive while a writer holds the lock (its
-	// PTTL is the write lease): <owner token> -> reentry count, ':f'
-	// fencing token of the write hold, ':c' ids of the last calls applied
-	// to it (at most 16, space-separated, latest last).
+	// PTTL is the write lease): <holder token> (as for [Mutex.Lock]) ->
+	// reentry count, ':f' fencing token of the write hold, ':c' ids of the
+	// last calls applied to it (at most 16, space-separated, latest last).
 	Writer string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
 	// 'n' last fencing token.
@@ -241,8 +251,9 @@ type RWMutex struct {
 	// lock first.
 	WriterQueue string
 	// WriterQueueData is the queued writers hash: queued writer token ->
-	// "<ttl ms> <call id>"; a place lives as long as the writer's place in
-	// WaitingWriters.
+	// "<ttl ms> <call id> <secret>", the secret being the proof of a
+	// hand-over to that call (lua/lib.lua); a place lives as long as the
+	// writer's place in WaitingWriters.
 	WriterQueueData string
 }
 
@@ -293,7 +304,8 @@ type Semaphore struct {
 	// Queue is the queue zset: Acquire call id -> arrival (server µs).
 	Queue string
 	// QueueData is the queue data hash: call id -> "<place deadline ms>
-	// <ttl ms> <n> <token>".
+	// <ttl ms> <n> <secret> <token>", the secret being the proof of a
+	// hand-over to that call (lua/lib.lua).
 	QueueData string
 }
 

@@ -1,13 +1,16 @@
 package keys_test
 
 import (
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
 
 	"github.com/dsync-go/dsync/internal/keys"
+	"github.com/dsync-go/dsync/lua"
 )
 
 // all returns every key of every primitive of name under prefix.
@@ -25,7 +28,7 @@ func all(prefix, name string) [][]string {
 func TestKeyNamesAreStable(t *testing.T) {
 	got := all("dsync", "orders:42")
 	want := [][]string{
-		{"dsync:{orders:42}", "dsync:{orders:42}:f", "dsync:{orders:42}:q", "dsync:{orders:42}:qd"},
+		{"dsync:{orders:42}", "dsync:{orders:42}:f", "dsync:{orders:42}:q", "dsync:{orders:42}:qd", "dsync:{orders:42}:x"},
 		{"dsync:{orders:42}:rw", "dsync:{orders:42}:rw:f", "dsync:{orders:42}:rw:r", "dsync:{orders:42}:rw:rc",
 			"dsync:{orders:42}:rw:ww", "dsync:{orders:42}:rw:rq", "dsync:{orders:42}:rw:x", "dsync:{orders:42}:rw:wq",
 			"dsync:{orders:42}:rw:wd"},
@@ -279,6 +282,33 @@ func TestKeyBraceMatch(t *testing.T) {
 	} {
 		if got := keys.Match("dsync", pattern); got != want {
 			t.Errorf("Match(dsync, %q) = %q, want %q", pattern, got, want)
+		}
+	}
+}
+
+// TestKeysCoverScripts: every key a script of a primitive reads or writes
+// is in the layout, in the scripts' KEYS order: the highest KEYS[i] in each
+// script that takes all the keys is the number of keys of its primitive.
+func TestKeysCoverScripts(t *testing.T) {
+	keysRE := regexp.MustCompile(`KEYS\[(\d+)\]`)
+	for _, c := range []struct {
+		scripts []string
+		n       int
+	}{
+		{[]string{"mutex_lock", "mutex_unlock"}, len(keys.ForMutex("dsync", "x").Keys())},
+		{[]string{"rwmutex_lock", "rwmutex_unlock"}, len(keys.ForRWMutex("dsync", "x").Keys())},
+		{[]string{"semaphore_acquire", "semaphore_release", "semaphore_abandon"}, len(keys.ForSemaphore("dsync", "x").Keys())},
+		{[]string{"once_do", "once_release"}, len(keys.ForOnce("dsync", "x").Keys())},
+	} {
+		for _, s := range c.scripts {
+			most := 0
+			for _, m := range keysRE.FindAllStringSubmatch(lua.Source(s), -1) {
+				i, _ := strconv.Atoi(m[1])
+				most = max(most, i)
+			}
+			if most != c.n {
+				t.Errorf("%s uses KEYS[1..%d], the layout has %d keys", s, most, c.n)
+			}
 		}
 	}
 }
