@@ -40,6 +40,7 @@ type Once struct {
 	name  string
 	keys  []string // run hash, done hash
 	kargs []any    // keys boxed once (see boxKeys)
+	ch    string   // notification channel
 	err   error
 }
 
@@ -55,8 +56,10 @@ func (c *Client) Once(name string, opts ...Option) *Once {
 	if c != nil && c.q != nil {
 		o.err = errQuorumOnly
 	}
-	o.keys = keys.ForOnce(o.cfg.prefix, name).Keys()
+	k := keys.ForOnce(o.cfg.prefix, name)
+	o.keys = k.Keys()
 	o.kargs = boxKeys(o.keys)
+	o.ch = k.Channel()
 	return o
 }
 
@@ -231,7 +234,7 @@ func (o *Once) attempt(ctx context.Context, tok string) (onceReply, error) {
 // wait retries after notifications until the Once is done, the call holds
 // the run lease, or ctx is done.
 func (o *Once) wait(ctx context.Context, tok string, d time.Duration) (onceReply, error) {
-	w := o.c.notify.watch(o.keys[0])
+	w := o.c.notify.watch(o.ch)
 	defer o.c.notify.unwatch(w)
 	w.awaitReady(ctx, o.c.closed)
 	t := time.NewTimer(0)
@@ -283,7 +286,7 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 		period = ms(o.cfg.period)
 	}
 	for i := 1; ; i++ {
-		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.keys[0], ms(o.cfg.ttl)).Int64()
+		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.ch, ms(o.cfg.ttl)).Int64()
 		if err == nil || i == releaseTries || dctx.Err() != nil {
 			return r, err
 		}
