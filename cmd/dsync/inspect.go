@@ -17,11 +17,14 @@ const inspectHead = `Usage: dsync inspect [flags] NAME
 Shows, without changing anything, every primitive found under NAME (a
 Mutex, RWMutex, Semaphore and Once of one name are independent): its mode
 (mutex, rwmutex, semaphore, once), state (held; running, done or idle for a
-Once; free when only a fencing counter is left; absent), holders (owner
-token with reentry count, read/write kind, or permits; the token of the
-running call for a Once), lease TTL left, fencing token of the hold and the
-last one given out, and waiters (owner, time queued, how long the place
-lasts). Tokens of holders started by "dsync run" read HOST/PID/RANDOM.
+Once; free when only bookkeeping is left: a fencing counter, ids of recent
+calls; absent), holders (owner token with reentry count, read/write kind, or
+permits; the token of the running call for a Once), lease TTL left, fencing
+token of the hold and the last one given out, and waiters (owner, time
+queued, how long the place lasts). Tokens of holders started by "dsync run"
+read HOST/PID/RANDOM; under client reentrancy a Mutex or RWMutex holder
+reads TOKEN@CLIENT, the owner token and the id of the Client that counts its
+re-entries.
 
 Mutex waiters appear from their first refused attempt, when they join the
 lock's queue; RWMutex writers once they have waited past 1 ms; waiters of a
@@ -86,7 +89,8 @@ MATCH syntax), one line each: name, mode, state, first holder, its reentry
 count (permits for a semaphore), lease TTL left, fencing token (of the hold,
 else the last one given out) and waiters. Without -all only primitives in
 use are listed (held, running, waited for); -all adds idle ones: a Once that
-is done or idle, a name that only keeps its fencing counter.
+is done or idle, a name that only keeps bookkeeping (its fencing counter,
+ids of recent calls).
 
 Keys are found with SCAN (on every master of a cluster), never KEYS: at most
 -limit names, and at most 10000 SCAN calls per node.
@@ -102,7 +106,7 @@ func cmdList(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("list", listHead, listTail, stdout)
 	c.register(fs, defaultURL)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	all := fs.Bool("all", false, "also list idle primitives (free, done) and names that only keep a fencing counter")
+	all := fs.Bool("all", false, "also list idle primitives (free, done) and names that only keep bookkeeping")
 	limit := fs.Int("limit", defaultLimit, "list at most `n` names")
 	if code, done := parse(fs, args, stderr); done {
 		return code

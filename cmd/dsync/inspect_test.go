@@ -1,13 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
@@ -69,6 +72,92 @@ func TestInspectReadsEveryLayout(t *testing.T) {
 	}
 	for _, st := range sts {
 		t.Logf("%+v", *st)
+	}
+}
+
+// TestInspectReadsWaiters queues a waiter on a Mutex and on a Semaphore and
+// reads them back: owner, permits asked, place; never the secret that a
+// queued call gave the script.
+func TestInspectReadsWaiters(t *testing.T) {
+	b, ok := redistest.Real(t)
+	if !ok {
+		t.Skip("no redis-server")
+	}
+	rdb := b.NewClient(t)
+	c := dsync.New(rdb)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := redistest.Key(t)
+
+	m := c.Mutex(name)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Unlock(ctx)
+	s := c.Semaphore(name, 4)
+	if err := s.Acquire(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release(ctx, 3)
+
+	const mutexWaiter, semWaiter = "mutex-waiter", "semaphore-waiter"
+	wctx, wcancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		_ = c.Mutex(name).Lock(dsync.WithOwnerToken(wctx, mutexWaiter))
+	}()
+	go func() {
+		defer wg.Done()
+		_ = c.Semaphore(name, 4).Acquire(dsync.WithOwnerToken(wctx, semWaiter), 2)
+	}()
+	defer wg.Wait()
+	defer wcancel()
+
+	got := map[string]*lockState{}
+	deadline := time.Now().Add(10 * time.Second)
+	for got["mutex"] == nil || got["mutex"].WaitersTotal != 1 || got["semaphore"] == nil || got["semaphore"].WaitersTotal != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiters not queued: mutex %+v, semaphore %+v", got["mutex"], got["semaphore"])
+		}
+		time.Sleep(10 * time.Millisecond)
+		sts, err := inspect(ctx, rdb, dsync.DefaultPrefix, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range sts {
+			got[st.Mode] = st
+		}
+	}
+	if w := got["mutex"].Waiters; len(w) != 1 || w[0].Owner != mutexWaiter || w[0].PlaceMillis <= 0 || w[0].WaitedMillis < 0 {
+		t.Errorf("mutex waiters = %+v; want %q with a place", w, mutexWaiter)
+	}
+	if w := got["semaphore"].Waiters; len(w) != 1 || w[0].Owner != semWaiter || w[0].N != 2 || w[0].PlaceMillis <= 0 {
+		t.Errorf("semaphore waiters = %+v; want %q asking 2 permits, with a place", w, semWaiter)
+	}
+
+	var out bytes.Buffer
+	for _, st := range got {
+		writeState(&out, st)
+		if err := writeJSON(&out, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk, sk := keys.ForMutex(dsync.DefaultPrefix, name), keys.ForSemaphore(dsync.DefaultPrefix, name)
+	for _, k := range []string{mk.QueueData, sk.QueueData} {
+		data, err := rdb.HGetAll(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range data {
+			// Mutex "<deadline> <ttl> <call id> <secret>", Semaphore
+			// "<deadline> <ttl> <n> <secret> <token>".
+			if f := strings.Fields(d); len(f) < 4 || strings.Contains(out.String(), f[3]) {
+				t.Errorf("queue data %q: no secret, or the output shows it:\n%s", d, out.String())
+			}
+		}
 	}
 }
 

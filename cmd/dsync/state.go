@@ -23,26 +23,32 @@ import (
 // Once called "x" are independent); inspect reads each one it finds. What it
 // reads of each:
 //
-//	Mutex      lock hash: <owner> -> reentry count, ':f' fencing token of the
-//	           hold, ':w' someone waited (a refused attempt, or a hold taken
-//	           from the queue); PTTL = lease. Queue zset: waiter -> arrival;
-//	           queue data: "<place deadline ms> ...". Fence hash 'n'.
+//	Mutex      lock hash: <holder> -> reentry count, ':f' fencing token of
+//	           the hold, ':w' someone waited (a refused attempt, or a hold
+//	           taken from the queue); PTTL = lease. Queue zset: waiter ->
+//	           arrival; queue data: "<place deadline ms> <ttl ms> <call id>
+//	           <secret>". Fence hash 'n'.
 //	RWMutex    writer hash as the lock hash above. Readers zset: reader ->
 //	           lease deadline; readers hash: reader -> "<reentry count> <call
 //	           ids>". Waiting writers zset: writer -> place deadline, and
 //	           arrival in the writers' queue once queued. Waiting readers
-//	           hash: reader -> "<place deadline ms> ...". Fence hash 'n'.
+//	           hash: reader -> "<place deadline ms> <ttl ms> <call id>".
+//	           Fence hash 'n'.
 //	Semaphore  state hash ':size', ':used', <holder> -> permits, ':f:'<holder>
 //	           -> fencing token. Holders zset: holder -> lease deadline.
 //	           Queue zset: call id -> arrival; queue data: "<place deadline
-//	           ms> <ttl ms> <n> <holder>". Fence hash 'n' (the Mutex's).
+//	           ms> <ttl ms> <n> <secret> <holder>". Fence hash 'n' (the
+//	           Mutex's).
 //	Once       run hash 't' token of the running call (a call token, not an
 //	           owner token); PTTL = run lease. Done hash 'v' the value; PTTL =
 //	           period left (none: kept until reset).
 //
-// The ids of calls (':c', the readers hash after the count, the fence
-// hash's 'r', 'x', 'sr', 'sx', the finished calls zset, a Once's 'x') serve
-// the scripts' answer to repeated calls and are not shown.
+// A holder is an owner token, under client reentrancy followed by "@<client
+// id>" (Mutex, RWMutex), or a handle's token. The ids of calls (':c', the
+// readers hash after the count, the Mutex's call ids zset, the RWMutex's
+// finished calls zset, the fence hash's 'sr' and 'sx', a Once's 'x') serve
+// the scripts' answer to repeated calls, and the secrets of queued calls
+// prove a hand-over to them; neither is shown.
 
 const (
 	maxShown     = 100    // holders and waiters read per primitive
@@ -55,10 +61,11 @@ type lockState struct {
 	Name string `json:"name"`
 	Key  string `json:"key"` // the primitive's main key
 	// Mode is the primitive: "mutex", "rwmutex", "semaphore" or "once";
-	// "" when only a fencing counter is left, or no key exists at all.
+	// "" when only bookkeeping (a fencing counter, recent call ids) is
+	// left, or no key exists at all.
 	Mode string `json:"mode"`
 	// State is "held" (mutex, rwmutex, semaphore), "running", "done" or
-	// "idle" (once), "free" (nothing held; a fencing counter may be left) or
+	// "idle" (once), "free" (nothing held; bookkeeping may be left) or
 	// "absent" (no key of the name exists).
 	State   string   `json:"state"`
 	Holders []holder `json:"holders"`
@@ -90,8 +97,9 @@ type lockState struct {
 }
 
 type holder struct {
-	// Owner is the holder's token: an owner token or a handle's token; for
-	// a Once, the token of the running call.
+	// Owner is the holder's token: an owner token ("<token>@<client id>"
+	// under client reentrancy) or a handle's token; for a Once, the token
+	// of the running call.
 	Owner string `json:"owner"`
 	// Count is the owner's reentry count, or a Semaphore holder's permits.
 	Count int64 `json:"count"`
@@ -123,9 +131,9 @@ type primitive struct {
 }
 
 // primitives lists every kind of primitive that name under prefix may
-// carry, and its fence hashes, which hold the last fencing token when
-// nothing else is left.
-func primitives(prefix, name string) ([]primitive, []string) {
+// carry, and the bookkeeping that may be left when nothing is held: its
+// fence hashes, which hold the last fencing token, and its call ids.
+func primitives(prefix, name string) (prims []primitive, fences, calls []string) {
 	mk := keys.ForMutex(prefix, name)
 	rk := keys.ForRWMutex(prefix, name)
 	sk := keys.ForSemaphore(prefix, name)
@@ -147,19 +155,18 @@ func primitives(prefix, name string) ([]primitive, []string) {
 			read: func(ctx context.Context, rdb redis.UniversalClient, st *lockState) error {
 				return readOnce(ctx, rdb, ok, st)
 			}},
-	}, []string{mk.Fence, rk.Fence} // sk.Fence is mk.Fence
+	}, []string{mk.Fence, rk.Fence}, []string{mk.Calls, rk.Finished} // sk.Fence is mk.Fence
 }
 
 // inspect reads the state of every primitive under name; with none, one
-// state says "free" (a fencing counter is left) or "absent". It changes
-// nothing.
+// state says "free" (bookkeeping is left) or "absent". It changes nothing.
 func inspect(ctx context.Context, rdb redis.UniversalClient, prefix, name string) ([]*lockState, error) {
-	prims, fences := primitives(prefix, name)
+	prims, fences, calls := primitives(prefix, name)
 	var probe []string
 	for _, p := range prims {
 		probe = append(probe, p.in...)
 	}
-	probe = append(probe, fences...)
+	probe = append(append(probe, fences...), calls...)
 	pipe := rdb.Pipeline()
 	exists := make(map[string]*redis.IntCmd, len(probe))
 	for _, k := range probe {
@@ -189,6 +196,9 @@ func inspect(ctx context.Context, rdb redis.UniversalClient, prefix, name string
 	}
 	st := newState("", keys.Base(prefix, name))
 	st.State = "absent"
+	if slices.ContainsFunc(calls, present) {
+		st.State = "free"
+	}
 	for _, k := range fences {
 		if present(k) {
 			st.State = "free"
@@ -414,10 +424,10 @@ func readSemaphore(ctx context.Context, rdb redis.UniversalClient, k keys.Semaph
 		w := waiter{Owner: ids[i], WaitedMillis: (nowUS - int64(z.Score)) / 1000, PlaceMillis: -1}
 		if s, ok := data.Val()[i].(string); ok {
 			w.PlaceMillis = placeLeft(s, nowMS)
-			// "<place deadline ms> <ttl ms> <n> <token>"
-			if f := strings.Fields(s); len(f) == 4 {
+			// "<place deadline ms> <ttl ms> <n> <secret> <token>"
+			if f := strings.Fields(s); len(f) == 5 {
 				w.N, _ = strconv.ParseInt(f[2], 10, 64)
-				w.Owner = f[3]
+				w.Owner = f[4]
 			}
 		}
 		st.Waiters = append(st.Waiters, w)
