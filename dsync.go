@@ -216,6 +216,10 @@ func ClientReentrancy() Option {
 
 // Prefix sets the first part of every key and channel name (default
 // [DefaultPrefix], "dsync"). Clients that share names must share the prefix.
+// On Redis Cluster a prefix should contain no braces: one with a hash tag
+// ("{app}") puts every name in that tag's slot, and one with an empty tag
+// ("x{}") spreads the keys of one primitive over several slots, where its
+// scripts fail.
 func Prefix(p string) Option {
 	return func(cfg *config) {
 		if p == "" {
