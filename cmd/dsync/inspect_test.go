@@ -9,40 +9,49 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
-// TestInspectReadsEveryLayout holds each primitive under one name and reads
-// them back with inspect, in process.
-func TestInspectReadsEveryLayout(t *testing.T) {
+// heldName starts a Client on a real redis-server (it skips the test
+// without one), and under a fresh name locks the Mutex and acquires 3 of the
+// 4 permits of the Semaphore, given back when the test ends.
+func heldName(t *testing.T) (context.Context, redis.UniversalClient, *dsync.Client, string) {
 	b, ok := redistest.Real(t)
 	if !ok {
 		t.Skip("no redis-server")
 	}
 	rdb := b.NewClient(t)
 	c := dsync.New(rdb)
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	name := redistest.Key(t)
-
 	m := c.Mutex(name)
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer m.Unlock(ctx)
+	t.Cleanup(func() { m.Unlock(ctx) })
+	s := c.Semaphore(name, 4)
+	if err := s.Acquire(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Release(ctx, 3) })
+	return ctx, rdb, c, name
+}
+
+// TestInspectReadsEveryLayout holds each primitive under one name and reads
+// them back with inspect, in process.
+func TestInspectReadsEveryLayout(t *testing.T) {
+	ctx, rdb, c, name := heldName(t)
 	rw := c.RWMutex(name)
 	if err := rw.RLock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer rw.RUnlock(ctx)
-	s := c.Semaphore(name, 4)
-	if err := s.Acquire(ctx, 3); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Release(ctx, 3)
 	if err := c.Once(name, dsync.Period(time.Minute)).Do(ctx, func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
@@ -79,28 +88,7 @@ func TestInspectReadsEveryLayout(t *testing.T) {
 // reads them back: owner, permits asked, place; never the secret that a
 // queued call gave the script.
 func TestInspectReadsWaiters(t *testing.T) {
-	b, ok := redistest.Real(t)
-	if !ok {
-		t.Skip("no redis-server")
-	}
-	rdb := b.NewClient(t)
-	c := dsync.New(rdb)
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	name := redistest.Key(t)
-
-	m := c.Mutex(name)
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer m.Unlock(ctx)
-	s := c.Semaphore(name, 4)
-	if err := s.Acquire(ctx, 3); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Release(ctx, 3)
-
+	ctx, rdb, c, name := heldName(t)
 	const mutexWaiter, semWaiter = "mutex-waiter", "semaphore-waiter"
 	wctx, wcancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
