@@ -47,12 +47,12 @@ func TestLeaseStartAfterMissedHandover(t *testing.T) {
 		key          func(name string) string
 		make         func(c *dsync.Client, name string, ttl time.Duration) side
 	}{
-		{"Mutex", "mutex_unlock", func(n string) string { return "dsync:{" + n + "}" },
+		{"Mutex", "mutex_unlock", func(n string) string { return mutexKeys(n).Lock },
 			func(c *dsync.Client, n string, ttl time.Duration) side {
 				m := c.Mutex(n, dsync.TTL(ttl))
 				return side{m.Lock, m.Unlock, m.Lease}
 			}},
-		{"RWMutex", "rwmutex_unlock", func(n string) string { return rwKey(n, "") },
+		{"RWMutex", "rwmutex_unlock", func(n string) string { return rwk(n).Writer },
 			func(c *dsync.Client, n string, ttl time.Duration) side {
 				rw := c.RWMutex(n, dsync.TTL(ttl))
 				return side{rw.Lock, rw.Unlock, rw.Lease}
@@ -139,7 +139,7 @@ func TestLeaseStartAfterMissedHandover(t *testing.T) {
 // semHolderTTL returns how long the server keeps the only holding of the
 // Semaphore name: its deadline in the holders zset less the server's time.
 func semHolderTTL(ctx context.Context, rdb redis.UniversalClient, name string) (time.Duration, error) {
-	hs, err := rdb.ZRangeWithScores(ctx, semKeys(name)[2], 0, -1).Result()
+	hs, err := rdb.ZRangeWithScores(ctx, semKeys(name).Holders, 0, -1).Result()
 	if err != nil {
 		return 0, err
 	}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -62,11 +63,11 @@ var (
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m := &Mutex{c: c, name: name, slot: newSlot()}
 	m.cfg, m.err = c.handleConfig(name, opts)
-	k := m.cfg.keyOf(name)
-	m.keys = []string{k, k + ":f", k + ":q", k + ":qd", k + ":x"}
+	k := keys.ForMutex(m.cfg.prefix, name)
+	m.keys = k.Keys()
 	m.kargs = boxKeys(m.keys)
 	m.ttlArg = ms(m.cfg.ttl)
-	m.chanArg = k
+	m.chanArg = k.Channel()
 	m.localArg = argNo
 	if m.cfg.local {
 		m.localArg = argYes

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -42,6 +43,7 @@ type Once struct {
 	name   string
 	keys   []string // run hash, done hash, call ids
 	kargs  []any    // keys boxed once (see boxKeys)
+	ch     string   // notification channel
 	ttlArg any
 	err    error
 }
@@ -58,9 +60,10 @@ func (c *Client) Once(name string, opts ...Option) *Once {
 	if c != nil && c.q != nil {
 		o.err = errQuorumOnly
 	}
-	k := o.cfg.keyOf(name) + ":once"
-	o.keys = []string{k, k + ":done", k + ":x"}
+	k := keys.ForOnce(o.cfg.prefix, name)
+	o.keys = k.Keys()
 	o.kargs = boxKeys(o.keys)
+	o.ch = k.Channel()
 	o.ttlArg = ms(o.cfg.ttl)
 	return o
 }
@@ -156,7 +159,7 @@ func (o *Once) DoValue(ctx context.Context, f func(ctx context.Context) ([]byte,
 	// waiters (the addressee is zero), and the one whose attempt reaches
 	// Redis first takes the run. A waiter has no queue place to keep (ttl
 	// zero): it sleeps until the runner's lease would run out.
-	a := &acquisition{ch: o.keys[0]}
+	a := &acquisition{ch: o.ch}
 	var value []byte // the done mark's value, once an attempt found it
 	waited := false  // an attempt of this call was refused
 	a.attempt = func(ctx context.Context, _ bool) (grant, error) {
@@ -273,7 +276,7 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 		period = ms(o.cfg.period)
 	}
 	for i := 1; ; i++ {
-		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.keys[0]).Int64()
+		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.ch).Int64()
 		if err == nil || i == releaseTries || dctx.Err() != nil {
 			return r, err
 		}

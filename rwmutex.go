@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -69,7 +70,8 @@ type RWMutex struct {
 	// zset, waiting readers hash, finished calls zset, writers' queue zset,
 	// queued writers hash
 	keys  []string
-	kargs []any // keys boxed once (see boxKeys)
+	kargs []any  // keys boxed once (see boxKeys)
+	ch    string // notification channel
 	err   error
 
 	subs []*RWMutex // quorum mode: this handle on each member (see quorum.go)
@@ -86,9 +88,10 @@ type RWMutex struct {
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw := &RWMutex{c: c, name: name, slot: newSlot()}
 	rw.cfg, rw.err = c.handleConfig(name, opts)
-	k := rw.cfg.keyOf(name) + ":rw"
-	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x", k + ":wq", k + ":wd"}
+	k := keys.ForRWMutex(rw.cfg.prefix, name)
+	rw.keys = k.Keys()
 	rw.kargs = boxKeys(rw.keys)
+	rw.ch = k.Channel()
 	if c != nil && c.q != nil {
 		rw.subs = c.q.rwmutexes(name, opts)
 	}
@@ -188,7 +191,7 @@ func (rw *RWMutex) lockAs(ctx context.Context, mode, otok, tok string, owned, wa
 		return rw.quorumLock(ctx, mode, otok, tok, owned, wait)
 	}
 	id := newCallID()
-	a := &acquisition{ch: rw.keys[0], to: newAddressee(tok, id), ttl: rw.cfg.ttl}
+	a := &acquisition{ch: rw.ch, to: newAddressee(tok, id), ttl: rw.cfg.ttl}
 	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
 		// Writers queue from their first refused attempt, as Mutex
 		// waiters do.
@@ -247,7 +250,7 @@ func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id, secret string, wa
 
 // abandon undoes whatever a failed lock call may have done on the server.
 func (rw *RWMutex) abandon(ctx context.Context, mode, tok, id string) {
-	_ = rw.c.eval(ctx, rwUnlock, rw.kargs, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id, "", ms(fenceIdle)).Err()
+	_ = rw.c.eval(ctx, rwUnlock, rw.kargs, mode, tok, newCallID(), rw.ch, ms(finishedKeep), id, "", ms(fenceIdle)).Err()
 }
 
 func (rw *RWMutex) holdKey(mode, tok string) holdKey {
@@ -382,7 +385,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	if rw.subs != nil {
 		r, err = rw.quorumUnlock(dctx, mode, tok, id, h)
 	} else {
-		r, err = rw.c.eval(dctx, rwUnlock, rw.kargs, mode, tok, id, rw.keys[0], ms(finishedKeep), "", "", ms(fenceIdle)).Int64()
+		r, err = rw.c.eval(dctx, rwUnlock, rw.kargs, mode, tok, id, rw.ch, ms(finishedKeep), "", "", ms(fenceIdle)).Int64()
 	}
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.

@@ -113,10 +113,10 @@ func (r *rwRetryRig) count(t *testing.T, mode string) string {
 	t.Helper()
 	tok := dsync.OwnerToken(r.ctx)
 	if mode == "w" {
-		v, _ := r.rdb.HGet(context.Background(), rwKey(r.name, ""), tok).Result()
+		v, _ := r.rdb.HGet(context.Background(), rwk(r.name).Writer, tok).Result()
 		return v
 	}
-	v, _ := r.rdb.HGet(context.Background(), rwKey(r.name, ":rc"), tok).Result()
+	v, _ := r.rdb.HGet(context.Background(), rwk(r.name).ReaderData, tok).Result()
 	var n string
 	fmt.Sscan(v, &n)
 	return n
@@ -383,14 +383,14 @@ func TestRWMutexRemembersBoundedCallIDs(t *testing.T) {
 		r.lockUnlock(t, "w", 20)
 		r.lockUnlock(t, "r", 20)
 		ctx := context.Background()
-		ids, err := r.rdb.HGet(ctx, rwKey(r.name, ""), ":c").Result()
+		ids, err := r.rdb.HGet(ctx, rwk(r.name).Writer, ":c").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n := len(strings.Fields(ids)); n != 16 {
 			t.Errorf("writer remembers %d call ids, want 16: %q", n, ids)
 		}
-		rec, err := r.rdb.HGet(ctx, rwKey(r.name, ":rc"), tok).Result()
+		rec, err := r.rdb.HGet(ctx, rwk(r.name).ReaderData, tok).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -90,11 +90,11 @@ func TestWaiterSurvivesPubSubKill(t *testing.T) {
 	go func() { got <- m.Lock(ctx) }()
 	admin := b.NewClient(t)
 	waitFor(t, 5*time.Second, "the waiter's subscription", func() bool {
-		n, err := admin.PubSubNumSub(ctx, "dsync:{"+name+"}").Result()
+		n, err := admin.PubSubNumSub(ctx, mutexKeys(name).Channel()).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return n["dsync:{"+name+"}"] > 0
+		return n[mutexKeys(name).Channel()] > 0
 	})
 	if err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
 		t.Fatal(err)

@@ -8,10 +8,10 @@
 -- ARGV[1] 'r' for a read hold, 'w' for a write hold
 -- ARGV[2] owner token
 -- ARGV[3] call id of this unlock
--- ARGV[4] notification channel: '' after a release that lets waiters try
---         again; "<owner token> <call id> <fencing token>" after a hand-over
---         of the write lock to the first queued writer, whose lock call (id)
---         holds it with that token without another attempt
+-- ARGV[4] notification channel: '' is published after a release that lets
+--         waiters try again; a hand-over of the write lock to the first
+--         queued writer, whose lock call then holds it without another
+--         attempt, is published as lib.lua's publish_handover says
 -- ARGV[5] how long finished call ids are remembered (ms)
 -- ARGV[6] '' for an unlock. For a lock call its caller abandoned (ctx done,
 --         reply lost), that call's id: the call is marked finished so it
