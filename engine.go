@@ -57,9 +57,10 @@ func checkFence(v int64) (uint64, error) {
 	return uint64(v), nil
 }
 
-// minRetry is the shortest time between two attempts of one waiter that
-// were not asked for by a release: whatever Redis holds or anyone
-// publishes, a waiter does not retry more often.
+// minRetry bounds how often a waiter attempts, whatever Redis holds or
+// anyone publishes: it sleeps at least minRetry after a refusal, and
+// notifications get it at most one attempt every minRetry (the first at
+// once).
 const minRetry = 20 * time.Millisecond
 
 // cleanupGrace is how long a failed call waits for its clean-up before it
@@ -132,16 +133,20 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 	t := time.NewTimer(sleepFor(g.wait, a.ttl))
 	defer t.Stop()
 	asked := false // the next attempt was asked for by a notification
+	var lastAsked time.Time
 	for {
 		if retry {
 			if asked {
-				// A notification asks for an attempt; however many arrive,
-				// a waiter attempts at most every minRetry.
-				if d := minRetry - time.Since(last); d > 0 {
+				// A notification asks for an attempt. The first is made at
+				// once (a run or hold that ended quickly is taken without
+				// delay); however many more arrive, they are granted at
+				// most one attempt every minRetry.
+				if d := minRetry - time.Since(lastAsked); d > 0 {
 					t.Reset(d)
 					retry, asked = false, false
 					goto sleep
 				}
+				lastAsked = time.Now()
 			}
 			now := time.Now()
 			var err error
