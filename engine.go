@@ -58,9 +58,8 @@ func checkFence(v int64) (uint64, error) {
 }
 
 // minRetry bounds how often a waiter attempts, whatever Redis holds or
-// anyone publishes: it sleeps at least minRetry after a refusal, and
-// notifications get it at most one attempt every minRetry (the first at
-// once).
+// anyone publishes: two of its attempts are at least minRetry apart, but
+// for the first attempt a notification asks for, which is made at once.
 const minRetry = 20 * time.Millisecond
 
 // cleanupGrace is how long a failed call waits for its clean-up before it
@@ -133,20 +132,21 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 	t := time.NewTimer(sleepFor(g.wait, a.ttl))
 	defer t.Stop()
 	asked := false // the next attempt was asked for by a notification
-	var lastAsked time.Time
+	prompt := true // the first attempt a notification asks for is made at once
 	for {
 		if retry {
-			if asked {
-				// A notification asks for an attempt. The first is made at
-				// once (a run or hold that ended quickly is taken without
-				// delay); however many more arrive, they are granted at
-				// most one attempt every minRetry.
-				if d := minRetry - time.Since(lastAsked); d > 0 {
+			if asked && !prompt {
+				// However many notifications arrive, a waiter attempts at
+				// most every minRetry.
+				if d := minRetry - time.Since(last); d > 0 {
 					t.Reset(d)
 					retry, asked = false, false
 					goto sleep
 				}
-				lastAsked = time.Now()
+			}
+			if asked {
+				// A run or hold that ended quickly is taken without delay.
+				prompt = false
 			}
 			now := time.Now()
 			var err error
