@@ -82,15 +82,16 @@ type acquisition struct {
 // An addressee is a waiting call as hand-overs name it.
 type addressee struct {
 	id     string // the call id
-	holder string // hex SHA-1 of the holder token (not the token itself)
+	holder string // hex SHA-1 of the holder token (not the token itself), made when the call waits
 	secret string // given to the scripts; a hand-over proves it knew it
+	tok    string // the holder token, never sent on a channel
 }
 
 // newAddressee returns the addressee of a new call of holder tok with id.
 func newAddressee(tok, id string) addressee {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return addressee{id: id, holder: digest(tok), secret: hex.EncodeToString(b[:])}
+	return addressee{id: id, secret: hex.EncodeToString(b[:]), tok: tok}
 }
 
 func digest(s string) string {

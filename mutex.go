@@ -43,7 +43,8 @@ type Mutex struct {
 	kargs    []any // key count and keys
 	ttlArg   any
 	chanArg  any
-	localArg any // '1' with client reentrancy
+	localArg any    // '1' with client reentrancy
+	what     string // how errors name the Mutex
 
 	subs []*Mutex // quorum mode: this handle on each member (see quorum.go)
 
@@ -69,6 +70,7 @@ func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m.ttlArg = ms(m.cfg.ttl)
 	m.chanArg = k.Channel()
 	m.localArg = argNo
+	m.what = "Mutex " + strconv.Quote(name)
 	if m.cfg.local {
 		m.localArg = argYes
 	}
@@ -179,7 +181,7 @@ func (m *Mutex) attempt(ctx context.Context, tok, id, secret string, queue bool)
 	if err != nil {
 		return grant{}, err
 	}
-	g, ok, err := decodeGrant(code, v, true, "Mutex "+strconv.Quote(m.name))
+	g, ok, err := decodeGrant(code, v, true, m.what)
 	if !ok {
 		return grant{}, replyError("mutex lock", code)
 	}
