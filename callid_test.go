@@ -127,10 +127,10 @@ func (r *replayRig) rwCount(t *testing.T, mode string) int {
 	ctx := context.Background()
 	var v string
 	if mode == "w" {
-		v, _ = r.rdb.HGet(ctx, rwKey(r.name, ""), tok).Result()
+		v, _ = r.rdb.HGet(ctx, rwk(r.name).Writer, tok).Result()
 	} else {
 		// "<count> <hold id> <call ids>"
-		v, _ = r.rdb.HGet(ctx, rwKey(r.name, ":rc"), tok).Result()
+		v, _ = r.rdb.HGet(ctx, rwk(r.name).ReaderData, tok).Result()
 		v, _, _ = strings.Cut(v, " ")
 	}
 	n, _ := strconv.Atoi(v)
@@ -236,7 +236,7 @@ func TestSemaphoreLateReleaseCopyAfter40Acquires(t *testing.T) {
 			t.Errorf("late copy of the Release replied %d, want 1 as the first time", got)
 		}
 		held := func() int {
-			n, _ := r.rdb.HGet(context.Background(), semKeys(r.name)[0], dsync.OwnerToken(r.ctx)).Int()
+			n, _ := r.rdb.HGet(context.Background(), semKeys(r.name).State, dsync.OwnerToken(r.ctx)).Int()
 			return n
 		}
 		if got := held(); got != 2 {

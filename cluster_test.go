@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
@@ -46,7 +47,7 @@ func BenchmarkClusterNotify(b *testing.B) {
 	}
 	for _, cmd := range []string{"publish", "spublish"} {
 		b.Run("cmd="+cmd, func(b *testing.B) {
-			ch := "dsync:{" + redistest.Key(b) + "}"
+			ch := keys.ForMutex(dsync.DefaultPrefix, redistest.Key(b)).Channel()
 			var ps *redis.PubSub
 			if cmd == "publish" {
 				ps = rdb.Subscribe(ctx, ch)

@@ -97,6 +97,11 @@ func newBase(rdb redis.UniversalClient) *Client {
 // close) and its notifications; calls in progress and later calls return
 // [ErrClosed]. Holds are not released: they expire at their TTL. Close does
 // not close the Redis client. It is safe to call more than once.
+//
+// Clean-ups that failed calls left to the background (undoing a cancelled
+// attempt, say) are cancelled, and Close waits for them: a command already
+// sent to a server that does not answer keeps one of them until its own
+// deadline, 5 s at most. No goroutine of the Client outlives Close.
 func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
@@ -216,6 +221,10 @@ func ClientReentrancy() Option {
 
 // Prefix sets the first part of every key and channel name (default
 // [DefaultPrefix], "dsync"). Clients that share names must share the prefix.
+// On Redis Cluster a prefix should contain no braces: one with a hash tag
+// ("{app}") puts every name in that tag's slot, and one with an empty tag
+// ("x{}") spreads the keys of one primitive over several slots, where its
+// scripts fail.
 func Prefix(p string) Option {
 	return func(cfg *config) {
 		if p == "" {
@@ -241,12 +250,6 @@ func (c *Client) handleConfig(name string, opts []Option) (config, error) {
 		err = fmt.Errorf("%w: empty name", ErrInvalid)
 	}
 	return cfg, err
-}
-
-// keyOf returns the base key of a primitive: the prefix and the name as a
-// hash tag, so that every key of one primitive lives in one cluster slot.
-func (cfg *config) keyOf(name string) string {
-	return cfg.prefix + ":{" + name + "}"
 }
 
 func ms(d time.Duration) int64 {

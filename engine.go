@@ -57,16 +57,20 @@ func checkFence(v int64) (uint64, error) {
 	return uint64(v), nil
 }
 
-// minRetry is the shortest time between two attempts of one waiter that
-// were not asked for by a release: whatever Redis holds or anyone
-// publishes, a waiter does not retry more often.
+// minRetry bounds how often a waiter attempts, whatever Redis holds or
+// anyone publishes: two of its attempts are at least minRetry apart, but
+// for the first attempt a notification asks for, which is made at once.
 const minRetry = 20 * time.Millisecond
 
 // cleanupGrace is how long a failed call waits for its clean-up before it
 // returns and leaves the clean-up to the Client's background.
 const cleanupGrace = 20 * time.Millisecond
 
-// An acquisition is one call that takes a hold (Lock, RLock, Acquire).
+// An acquisition is one call that takes a hold (Lock, RLock, Acquire,
+// Once's run). ttl is how long the queue place of a refused attempt lasts
+// (the lease TTL): a waiter comes back within half of it to keep the
+// place. It is zero when refused attempts take no place: a waiter then
+// sleeps as long as the refusal said, unless notified first.
 type acquisition struct {
 	ch      string // the primitive's notification channel
 	to      addressee
@@ -78,15 +82,16 @@ type acquisition struct {
 // An addressee is a waiting call as hand-overs name it.
 type addressee struct {
 	id     string // the call id
-	holder string // hex SHA-1 of the holder token (not the token itself)
+	holder string // hex SHA-1 of the holder token (not the token itself), made when the call waits
 	secret string // given to the scripts; a hand-over proves it knew it
+	tok    string // the holder token, never sent on a channel
 }
 
 // newAddressee returns the addressee of a new call of holder tok with id.
 func newAddressee(tok, id string) addressee {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return addressee{id: id, holder: digest(tok), secret: hex.EncodeToString(b[:])}
+	return addressee{id: id, secret: hex.EncodeToString(b[:]), tok: tok}
 }
 
 func digest(s string) string {
@@ -128,16 +133,21 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 	t := time.NewTimer(sleepFor(g.wait, a.ttl))
 	defer t.Stop()
 	asked := false // the next attempt was asked for by a notification
+	prompt := true // the first attempt a notification asks for is made at once
 	for {
 		if retry {
-			if asked {
-				// A notification asks for an attempt; however many arrive,
-				// a waiter attempts at most every minRetry.
+			if asked && !prompt {
+				// However many notifications arrive, a waiter attempts at
+				// most every minRetry.
 				if d := minRetry - time.Since(last); d > 0 {
 					t.Reset(d)
 					retry, asked = false, false
 					goto sleep
 				}
+			}
+			if asked {
+				// A run or hold that ended quickly is taken without delay.
+				prompt = false
 			}
 			now := time.Now()
 			var err error
@@ -180,10 +190,13 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 
 // sleepFor is how long a waiter sleeps at most after a refused attempt
 // that said to wait d: no longer than the hold (or queue place) can last,
-// and so that its queue place is refreshed within its TTL; never less than
-// minRetry.
+// and, with a queue place that lasts ttl, so that the place is refreshed
+// in time; never less than minRetry.
 func sleepFor(d, ttl time.Duration) time.Duration {
-	return max(min(d, ttl/2), minRetry)
+	if ttl > 0 {
+		d = min(d, ttl/2)
+	}
+	return max(d, minRetry)
 }
 
 // cleanup runs f, which undoes what a failed call may have done on the

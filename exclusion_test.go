@@ -33,7 +33,7 @@ func TestReentryNeverShortensExpiry(t *testing.T) {
 		if err := short.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		check("Mutex", "dsync:{"+name+"}")
+		check("Mutex", mutexKeys(name).Lock)
 		rwLong, rwShort := c.RWMutex(name, dsync.TTL(30*time.Second)), c.RWMutex(name, dsync.TTL(200*time.Millisecond))
 		if err := rwLong.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -41,7 +41,7 @@ func TestReentryNeverShortensExpiry(t *testing.T) {
 		if err := rwShort.Lock(ctx); err != nil {
 			t.Fatal(err)
 		}
-		check("RWMutex", rwKey(name, ""))
+		check("RWMutex", rwk(name).Writer)
 		for _, f := range []func(context.Context) error{short.Unlock, long.Unlock, rwShort.Unlock, rwLong.Unlock} {
 			if err := f(ctx); err != nil {
 				t.Fatal(err)
@@ -66,7 +66,7 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := b.NewClient(t).Del(ctx, "dsync:{"+name+"}").Err(); err != nil {
+		if err := b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err(); err != nil {
 			t.Fatal(err)
 		}
 		// The handle was not unlocked: a second Lock through it waits,
@@ -127,7 +127,7 @@ func TestForgedHandoverGrantsNothing(t *testing.T) {
 		// <call id> ...".
 		var tok, cid string
 		waitFor(t, 5*time.Second, "the waiter's queue place", func() bool {
-			m, _ := rdb.HGetAll(ctx, "dsync:{"+name+"}:qd").Result()
+			m, _ := rdb.HGetAll(ctx, mutexKeys(name).QueueData).Result()
 			for f, v := range m {
 				if fs := strings.Fields(v); len(fs) >= 3 {
 					tok, cid = f, fs[2]
@@ -142,7 +142,7 @@ func TestForgedHandoverGrantsNothing(t *testing.T) {
 			cid + " " + sha1hex(tok) + " 9223372036854775808 x",
 			cid + " 424242",
 		} {
-			if err := rdb.Publish(ctx, "dsync:{"+name+"}", p).Err(); err != nil {
+			if err := rdb.Publish(ctx, mutexKeys(name).Channel(), p).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -193,7 +193,7 @@ func TestOwnerWaitingInTwoGoroutinesCountsTwice(t *testing.T) {
 		}
 		rdb := b.NewClient(t)
 		waitFor(t, 5*time.Second, "a queue place", func() bool {
-			n, _ := rdb.Exists(ctx, "dsync:{"+name+"}:qd").Result()
+			n, _ := rdb.Exists(ctx, mutexKeys(name).QueueData).Result()
 			return n == 1
 		})
 		if err := holder.Unlock(ctx); err != nil {
@@ -206,7 +206,7 @@ func TestOwnerWaitingInTwoGoroutinesCountsTwice(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if v := holderField(t, rdb, "dsync:{"+name+"}", dsync.OwnerToken(octx)); v != "2" {
+		if v := holderField(t, rdb, mutexKeys(name).Lock, dsync.OwnerToken(octx)); v != "2" {
 			t.Fatalf("count in Redis = %q, want 2", v)
 		}
 		if err := m.Unlock(octx); err != nil {

@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -55,3 +56,8 @@ func SwapScript(name, src string) (restore func()) {
 // renewals, on the goroutine that sends the batch; nil removes the hook.
 // Only c is affected.
 func SetRenewStall(c *Client, f func()) { renewhook.SetStall(c.renew, f) }
+
+// LeaseDeadline returns the local time before which the server certainly
+// still holds l's hold: the time at which l is reported lost unless a
+// renewal succeeds first.
+func LeaseDeadline(l *Lease) time.Time { return l.h.Deadline() }

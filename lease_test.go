@@ -72,14 +72,14 @@ func TestLeaseRenewalKeepsHold(t *testing.T) {
 func TestLeaseLossReported(t *testing.T) {
 	faults := map[string]func(ctx context.Context, b redistest.Backend, name string) error{
 		"key deleted": func(ctx context.Context, b redistest.Backend, name string) error {
-			return b.NewClient(t).Del(ctx, "dsync:{"+name+"}").Err()
+			return b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err()
 		},
 		"flushall": func(ctx context.Context, b redistest.Backend, name string) error {
 			return b.NewClient(t).FlushAll(ctx).Err()
 		},
 		"taken over": func(ctx context.Context, b redistest.Backend, name string) error {
 			rdb := b.NewClient(t)
-			k := "dsync:{" + name + "}"
+			k := mutexKeys(name).Lock
 			if err := rdb.Del(ctx, k).Err(); err != nil {
 				return err
 			}
@@ -262,13 +262,13 @@ func TestFencingTokensIncrease(t *testing.T) {
 		c.Close()
 		check(newClient(t, b).Mutex(name), "restarted client")
 		// Even when the bookkeeping expired (or was deleted), tokens rise.
-		if err := b.NewClient(t).Del(ctx, "dsync:{"+name+"}:f").Err(); err != nil {
+		if err := b.NewClient(t).Del(ctx, mutexKeys(name).Fence).Err(); err != nil {
 			t.Fatal(err)
 		}
 		check(m2(newClient(t, b), name), "after the fence hash expired")
 		// And when the counter lags behind the last token, as on a promoted
 		// replica that missed the last writes.
-		if err := b.NewClient(t).HSet(ctx, "dsync:{"+name+"}:f", "n", 1).Err(); err != nil {
+		if err := b.NewClient(t).HSet(ctx, mutexKeys(name).Fence, "n", 1).Err(); err != nil {
 			t.Fatal(err)
 		}
 		check(m2(newClient(t, b), name), "after the counter fell behind")

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -42,7 +43,8 @@ type Mutex struct {
 	kargs    []any // key count and keys
 	ttlArg   any
 	chanArg  any
-	localArg any // '1' with client reentrancy
+	localArg any    // '1' with client reentrancy
+	what     string // how errors name the Mutex
 
 	subs []*Mutex // quorum mode: this handle on each member (see quorum.go)
 
@@ -62,12 +64,13 @@ var (
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m := &Mutex{c: c, name: name, slot: newSlot()}
 	m.cfg, m.err = c.handleConfig(name, opts)
-	k := m.cfg.keyOf(name)
-	m.keys = []string{k, k + ":f", k + ":q", k + ":qd", k + ":x"}
+	k := keys.ForMutex(m.cfg.prefix, name)
+	m.keys = k.Keys()
 	m.kargs = boxKeys(m.keys)
 	m.ttlArg = ms(m.cfg.ttl)
-	m.chanArg = k
+	m.chanArg = k.Channel()
 	m.localArg = argNo
+	m.what = "Mutex " + strconv.Quote(name)
 	if m.cfg.local {
 		m.localArg = argYes
 	}
@@ -178,7 +181,7 @@ func (m *Mutex) attempt(ctx context.Context, tok, id, secret string, queue bool)
 	if err != nil {
 		return grant{}, err
 	}
-	g, ok, err := decodeGrant(code, v, true, "Mutex "+strconv.Quote(m.name))
+	g, ok, err := decodeGrant(code, v, true, m.what)
 	if !ok {
 		return grant{}, replyError("mutex lock", code)
 	}

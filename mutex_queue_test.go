@@ -25,11 +25,11 @@ type locker interface {
 func TestTryLockTakesNoQueuePlace(t *testing.T) {
 	for _, kind := range []struct {
 		name  string
-		queue string // key suffix of the queue zset
+		queue func(name string) string // the key of the queue zset
 		open  func(c *dsync.Client, name string) locker
 	}{
-		{"Mutex", ":q", func(c *dsync.Client, name string) locker { return c.Mutex(name) }},
-		{"RWMutex", ":rw:wq", func(c *dsync.Client, name string) locker { return c.RWMutex(name) }},
+		{"Mutex", func(name string) string { return mutexKeys(name).Queue }, func(c *dsync.Client, name string) locker { return c.Mutex(name) }},
+		{"RWMutex", func(name string) string { return rwk(name).WriterQueue }, func(c *dsync.Client, name string) locker { return c.RWMutex(name) }},
 	} {
 		t.Run(kind.name, func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, b redistest.Backend) {
@@ -37,7 +37,7 @@ func TestTryLockTakesNoQueuePlace(t *testing.T) {
 				name := redistest.Key(t)
 				rdb := b.NewClient(t)
 				places := func() int64 {
-					n, err := rdb.ZCard(ctx, "dsync:{"+name+"}"+kind.queue).Result()
+					n, err := rdb.ZCard(ctx, kind.queue(name)).Result()
 					if err != nil {
 						t.Fatal(err)
 					}

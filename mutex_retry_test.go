@@ -29,7 +29,7 @@ func recorded(t *testing.T, b redistest.Backend) (*dsync.Client, redis.Universal
 
 func reentryCount(t *testing.T, b redistest.Backend, name, tok string) int {
 	t.Helper()
-	n, err := b.NewClient(t).HGet(context.Background(), "dsync:{"+name+"}", tok).Int()
+	n, err := b.NewClient(t).HGet(context.Background(), mutexKeys(name).Lock, tok).Int()
 	if err != nil && err != redis.Nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
@@ -84,29 +85,39 @@ func TestMutexExcludesAcrossClients(t *testing.T) {
 	})
 }
 
-// assertNoLockKeys checks that a released lock left only its long-lived
-// bookkeeping (the fence hash) behind, and that it carries an expiry.
+// mutexKeys returns the keys of the Mutex called name.
+func mutexKeys(name string) keys.Mutex { return keys.ForMutex(dsync.DefaultPrefix, name) }
+
+// replayWindow is how long a Mutex remembers call ids (REPLAY_MS in
+// lua/lib.lua).
+const replayWindow = 60 * time.Second
+
+// assertNoLockKeys checks that a released lock left only bookkeeping behind,
+// each key with an expiry: the fence hash, and the call ids, which expire
+// within the replay window.
 func assertNoLockKeys(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
 	rdb := b.NewClient(t)
 	ctx := context.Background()
-	var keys []string
-	for _, suffix := range []string{"", ":q", ":qd", ":f"} {
-		k := "dsync:{" + name + "}" + suffix
+	ks := mutexKeys(name)
+	var left []string
+	for _, k := range ks.Keys() {
 		n, err := rdb.Exists(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n > 0 {
-			keys = append(keys, k)
+			left = append(left, k)
 		}
 	}
-	if slices.ContainsFunc(keys, func(k string) bool { return k[len(k)-2:] != ":f" }) {
-		t.Errorf("keys left after release: %v, want only the fence hash", keys)
+	if slices.ContainsFunc(left, func(k string) bool { return k != ks.Fence && k != ks.Calls }) {
+		t.Errorf("keys left after release: %v, want only the fence hash and the call ids", left)
 	}
-	for _, k := range keys {
+	for _, k := range left {
 		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
 			t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
+		} else if k == ks.Calls && ttl > replayWindow {
+			t.Errorf("%s expires in %v, want within the replay window %v", k, ttl, replayWindow)
 		}
 	}
 }
@@ -173,7 +184,7 @@ func TestMutexReentrantOwner(t *testing.T) {
 			}
 		}
 		rdb := b.NewClient(t)
-		if n, _ := rdb.HGet(ctx, "dsync:{"+name+"}", dsync.OwnerToken(ctx)).Int(); n != 3 {
+		if n, _ := rdb.HGet(ctx, mutexKeys(name).Lock, dsync.OwnerToken(ctx)).Int(); n != 3 {
 			t.Errorf("reentry count in Redis = %d, want 3", n)
 		}
 		// Another owner neither gets it nor may release it.
@@ -465,7 +476,7 @@ func TestMutexClientReentrancy(t *testing.T) {
 		}
 		// Redis saw one Lock: its count is 1, under the owner token
 		// qualified by this process.
-		if v := holderField(t, b.NewClient(t), "dsync:{"+name+"}", dsync.OwnerToken(ctx)); v != "1" {
+		if v := holderField(t, b.NewClient(t), mutexKeys(name).Lock, dsync.OwnerToken(ctx)); v != "1" {
 			t.Errorf("count in Redis = %q, want 1", v)
 		}
 		// The token in another process does not re-enter in this mode.

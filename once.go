@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -32,14 +34,18 @@ import (
 // user's data and persists until [Once.Reset], or for the [Period] the Once
 // was given. A service that makes a Once per day, per job or per tenant
 // should give it a Period, or Redis keeps one small key per name forever.
-// Everything else a Once writes expires with the run lease.
+// Everything else a Once writes expires with the run lease, or a minute
+// after the run or the call that wrote it (the ids of recent calls, which
+// keep a late copy of a call's script from taking a run nobody renews).
 type Once struct {
-	c     *Client
-	cfg   config
-	name  string
-	keys  []string // run hash, done hash
-	kargs []any    // keys boxed once (see boxKeys)
-	err   error
+	c      *Client
+	cfg    config
+	name   string
+	keys   []string // run hash, done hash, call ids
+	kargs  []any    // keys boxed once (see boxKeys)
+	ch     string   // notification channel
+	ttlArg any
+	err    error
 }
 
 // Once returns a handle on the Once called name. Options override the
@@ -54,9 +60,11 @@ func (c *Client) Once(name string, opts ...Option) *Once {
 	if c != nil && c.q != nil {
 		o.err = errQuorumOnly
 	}
-	k := o.cfg.keyOf(name) + ":once"
-	o.keys = []string{k, k + ":done"}
+	k := keys.ForOnce(o.cfg.prefix, name)
+	o.keys = k.Keys()
 	o.kargs = boxKeys(o.keys)
+	o.ch = k.Channel()
+	o.ttlArg = ms(o.cfg.ttl)
 	return o
 }
 
@@ -99,7 +107,8 @@ func (o *Once) check() error {
 // returns it to this caller only, and the Once stays not done: a waiting
 // call runs f next. If the run lease was lost while f ran, the error also
 // matches [ErrLeaseLost] (f's result, even nil, was not recorded if another
-// call took over). If ctx ends while waiting, Do returns an error for which
+// call took over); so does the error of a call, rare, whose run lease was
+// lost before f could start (f is then not called). If ctx ends while waiting, Do returns an error for which
 // errors.Is(err, ctx.Err()) holds and leaves nothing behind, also when the
 // server gave this call the run lease but the reply was lost.
 //
@@ -143,23 +152,40 @@ func (o *Once) DoValue(ctx context.Context, f func(ctx context.Context) ([]byte,
 		return nil, err
 	}
 	// The call's token names its run and, sent with every attempt, is also
-	// the call's id: a repeat of an attempt changes nothing.
+	// the call's id: a repeat of an attempt changes nothing, and a late copy
+	// of one after the call ended takes nothing.
 	tok := newToken()
-	start := time.Now()
-	r, err := o.attempt(ctx, tok)
-	if err == nil && r.state == onceWait {
-		r, err = o.wait(ctx, tok, r.wait)
+	// The run is never handed over: the end of a run only wakes the
+	// waiters (the addressee is zero), and the one whose attempt reaches
+	// Redis first takes the run. A waiter has no queue place to keep (ttl
+	// zero): it sleeps until the runner's lease would run out.
+	a := &acquisition{ch: o.ch}
+	var value []byte // the done mark's value, once an attempt found it
+	waited := false  // an attempt of this call was refused
+	a.attempt = func(ctx context.Context, _ bool) (grant, error) {
+		g, v, err := o.attempt(ctx, tok, waited)
+		if err == nil && g.kind == refused {
+			waited = true
+		}
+		value = v
+		return g, err
 	}
+	a.abandon = func(ctx context.Context) { o.abandon(ctx, tok) }
+	// The lease is measured from the attempt that was granted the run, so
+	// that a call that waited longer than the TTL gets a whole lease.
+	g, start, err := o.c.take(ctx, a, true)
 	if err != nil {
-		o.abandon(ctx, tok)
 		return nil, err
 	}
-	if r.state == onceDone {
-		return r.value, nil
+	if g.kind == final {
+		if g.err != nil {
+			return nil, g.err
+		}
+		return value, nil
 	}
 	if err := ctx.Err(); err != nil {
 		// The lease came with the end of ctx: do not start f.
-		o.abandon(ctx, tok)
+		o.c.cleanup(ctx, a.abandon)
 		return nil, err
 	}
 	return o.run(ctx, tok, start, f)
@@ -186,80 +212,47 @@ func (o *Once) Reset(ctx context.Context) error {
 	return o.c.rdb.Del(ctx, o.keys[1]).Err()
 }
 
-const (
-	onceWait = iota
-	onceDone
-	onceRun
-)
-
-type onceReply struct {
-	state int
-	value []byte        // onceDone
-	wait  time.Duration // onceWait
-}
-
-// attempt runs the do script once.
-func (o *Once) attempt(ctx context.Context, tok string) (onceReply, error) {
-	v, err := o.c.eval(ctx, onceDo, o.kargs, tok, ms(o.cfg.ttl)).Slice()
+// attempt runs the do script once; waited says that an earlier attempt of
+// the call was refused. A done Once is a final grant, with the done mark's
+// value.
+func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []byte, error) {
+	w := argNo
+	if waited {
+		w = argYes
+	}
+	r, err := o.c.eval(ctx, onceDo, o.kargs, tok, o.ttlArg, w).Slice()
 	if err != nil {
-		return onceReply{}, err
+		return grant{}, nil, scriptError(err)
 	}
-	if len(v) == 0 {
-		return onceReply{}, fmt.Errorf("dsync: once: empty reply")
+	if len(r) != 2 {
+		return grant{}, nil, replyError("once do", r)
 	}
-	code, _ := v[0].(int64)
+	code, _ := r[0].(int64)
 	switch code {
-	case 1:
-		var val []byte
-		if len(v) > 1 {
-			if s, _ := v[1].(string); s != "" {
-				val = []byte(s)
-			}
+	case 4:
+		s, ok := r[1].(string)
+		if !ok {
+			return grant{}, nil, replyError("once do", r)
 		}
-		return onceReply{state: onceDone, value: val}, nil
-	case 2:
-		return onceReply{state: onceRun}, nil
-	default:
-		var d int64 = 1
-		if len(v) > 1 {
-			d, _ = v[1].(int64)
+		if s == "" {
+			return grant{kind: final}, nil, nil
 		}
-		return onceReply{state: onceWait, wait: time.Duration(max(d, 1)) * time.Millisecond}, nil
+		return grant{kind: final}, []byte(s), nil
+	case 5:
+		// Only a live call that took the run with a copy of an attempt
+		// whose reply it never saw, and then stalled past the lease, can
+		// get this reply: its run is gone before f started.
+		return grant{kind: final, err: fmt.Errorf("%w: the run given to this call ended before f started", ErrLeaseLost)}, nil, nil
 	}
-}
-
-// wait retries after notifications until the Once is done, the call holds
-// the run lease, or ctx is done.
-func (o *Once) wait(ctx context.Context, tok string, d time.Duration) (onceReply, error) {
-	w := o.c.notify.watch(o.keys[0])
-	defer o.c.notify.unwatch(w)
-	w.awaitReady(ctx, o.c.closed)
-	t := time.NewTimer(0)
-	defer t.Stop()
-	retry := true // the subscription is new: the end of the run may have been missed
-	for {
-		if retry {
-			r, err := o.attempt(ctx, tok)
-			if err != nil || r.state != onceWait {
-				return r, err
-			}
-			d = r.wait
-			retry = false
-		}
-		// Sleep no longer than the runner's lease lasts: if its process
-		// died, the lease runs out unannounced.
-		t.Reset(max(d, time.Millisecond))
-		select {
-		case <-ctx.Done():
-			return onceReply{}, ctx.Err()
-		case <-o.c.closed:
-			return onceReply{}, ErrClosed
-		case <-t.C:
-			retry = true
-		case <-w.sig:
-			retry = true
-		}
+	v, ok := r[1].(int64)
+	if !ok {
+		return grant{}, nil, replyError("once do", r)
 	}
+	g, ok, err := decodeGrant(code, v, false, "Once "+strconv.Quote(o.name))
+	if !ok {
+		return grant{}, nil, replyError("once do", r)
+	}
+	return g, nil, err
 }
 
 // abandon undoes whatever a failed call may have done on the server: a run
@@ -283,7 +276,7 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 		period = ms(o.cfg.period)
 	}
 	for i := 1; ; i++ {
-		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.keys[0], ms(o.cfg.ttl)).Int64()
+		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.ch).Int64()
 		if err == nil || i == releaseTries || dctx.Err() != nil {
 			return r, err
 		}
@@ -296,13 +289,13 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 		Script: onceRenew,
 		Batch:  onceRenews,
 		Keys:   o.keys[:1],
-		Args:   []any{tok, ms(o.cfg.ttl)},
+		Args:   []any{tok, o.ttlArg},
 	}, tok, 0, start)
 
 	if o.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the run lease reached the replicas
 		// before f starts.
-		if err := o.c.replicated(ctx, &o.cfg, onceRenew, o.keys[:1], tok, ms(o.cfg.ttl)); err != nil {
+		if err := o.c.replicated(ctx, &o.cfg, onceRenew, o.keys[:1], tok, o.ttlArg); err != nil {
 			if !o.closed() {
 				_, _ = o.release(ctx, tok, "fail", nil)
 			}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
@@ -70,10 +71,10 @@ func assertOnceRunKeyGone(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
 	rdb := b.NewClient(t)
 	ctx := context.Background()
-	if n, _ := rdb.Exists(ctx, "dsync:{"+name+"}:once").Result(); n != 0 {
+	if n, _ := rdb.Exists(ctx, keys.ForOnce(dsync.DefaultPrefix, name).Run).Result(); n != 0 {
 		t.Errorf("run lease left after the run")
 	}
-	if ttl, _ := rdb.PTTL(ctx, "dsync:{"+name+"}:once:done").Result(); ttl != -1 {
+	if ttl, _ := rdb.PTTL(ctx, keys.ForOnce(dsync.DefaultPrefix, name).Done).Result(); ttl != -1 {
 		t.Errorf("done mark PTTL = %v, want -1 (persists)", ttl)
 	}
 }
@@ -250,7 +251,7 @@ func TestOnceLeaseLossCancelsF(t *testing.T) {
 		var cause error
 		err := c.Once(name).Do(ctx, func(fctx context.Context) error {
 			// Delete the run lease behind the runner's back.
-			if err := rdb.Del(ctx, "dsync:{"+name+"}:once").Err(); err != nil {
+			if err := rdb.Del(ctx, keys.ForOnce(dsync.DefaultPrefix, name).Run).Err(); err != nil {
 				t.Error(err)
 			}
 			select {

@@ -389,7 +389,7 @@ func (q *quorum) lock(ctx context.Context, closed chan struct{}, k *quorumCall, 
 
 func (m *Mutex) quorumLock(ctx context.Context, otok, tok string, owned, wait bool) (bool, error) {
 	a, start, err := m.c.q.lock(ctx, m.c.closed, &quorumCall{
-		channel: m.keys[0],
+		channel: m.chanArg.(string),
 		ttl:     m.cfg.ttl,
 		try: func(i int, id string) (int64, error) {
 			g, err := m.subs[i].attempt(ctx, tok, id, argNone.(string), false)
@@ -615,7 +615,7 @@ func (h *hold) releaseAll() {
 // the grant). An upgrade refused by any master undoes the call everywhere.
 func (rw *RWMutex) quorumLock(ctx context.Context, mode, otok, tok string, owned, wait bool) (bool, error) {
 	a, start, err := rw.c.q.lock(ctx, rw.c.closed, &quorumCall{
-		channel: rw.keys[0],
+		channel: rw.ch,
 		ttl:     rw.cfg.ttl,
 		try: func(i int, id string) (int64, error) {
 			// Never starving: quorum writers do not queue. Each master
@@ -674,7 +674,7 @@ func (rw *RWMutex) quorumUnlock(ctx context.Context, mode, tok, id string, h *ho
 		if h != nil && i < len(h.subs) && h.subs[i] != nil {
 			name = h.subs[i].fenceArg()
 		}
-		return sub.c.eval(ctx, rwUnlock, sub.kargs, mode, tok, id, sub.keys[0], name, argNone, floor, fenceIdleArg).Int64()
+		return sub.c.eval(ctx, rwUnlock, sub.kargs, mode, tok, id, sub.ch, name, argNone, floor, fenceIdleArg).Int64()
 	})
 	return a.unlocked(rw.c.q.need)
 }

@@ -311,9 +311,9 @@ func TestQuorumRWMutexMajorityDownFails(t *testing.T) {
 		}
 	}
 	// The two live masters hold nothing of it: no writer, reader or place.
-	k := "dsync:{" + name + "}:rw"
+	k := rwk(name)
 	for _, i := range []int{1, 3} {
-		for _, key := range []string{k, k + ":r", k + ":ww", k + ":rq"} {
+		for _, key := range []string{k.Writer, k.Readers, k.WaitingWriters, k.WaitingReaders} {
 			if n, err := rdbs[i].Exists(ctx, key).Result(); n != 0 || err != nil {
 				t.Errorf("master %d: %s exists = %d, %v; want 0", i, key, n, err)
 			}

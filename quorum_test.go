@@ -142,7 +142,7 @@ func TestQuorumMutexMajorityDownFails(t *testing.T) {
 	}
 	// The two live masters hold nothing of it.
 	for _, i := range []int{1, 3} {
-		if n, err := rdbs[i].Exists(ctx, "dsync:{"+name+"}").Result(); n != 0 || err != nil {
+		if n, err := rdbs[i].Exists(ctx, mutexKeys(name).Lock).Result(); n != 0 || err != nil {
 			t.Errorf("master %d: lock key exists = %d, %v; want 0", i, n, err)
 		}
 	}

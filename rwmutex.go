@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -63,7 +64,8 @@ type RWMutex struct {
 	// zset, waiting readers hash, call ids zset, writers' queue zset,
 	// queued writers hash
 	keys  []string
-	kargs []any // keys boxed once (see boxKeys)
+	kargs []any  // keys boxed once (see boxKeys)
+	ch    string // notification channel
 	err   error
 
 	subs []*RWMutex // quorum mode: this handle on each member (see quorum.go)
@@ -80,9 +82,10 @@ type RWMutex struct {
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw := &RWMutex{c: c, name: name, slot: newSlot()}
 	rw.cfg, rw.err = c.handleConfig(name, opts)
-	k := rw.cfg.keyOf(name) + ":rw"
-	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x", k + ":wq", k + ":wd"}
+	k := keys.ForRWMutex(rw.cfg.prefix, name)
+	rw.keys = k.Keys()
 	rw.kargs = boxKeys(rw.keys)
+	rw.ch = k.Channel()
 	if c != nil && c.q != nil {
 		rw.subs = c.q.rwmutexes(name, opts)
 	}
@@ -182,7 +185,7 @@ func (rw *RWMutex) lockAs(ctx context.Context, mode, otok, tok string, owned, wa
 		return rw.quorumLock(ctx, mode, otok, tok, owned, wait)
 	}
 	id := newCallID()
-	a := &acquisition{ch: rw.keys[0], to: newAddressee(tok, id), ttl: rw.cfg.ttl}
+	a := &acquisition{ch: rw.ch, to: newAddressee(tok, id), ttl: rw.cfg.ttl}
 	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
 		// Writers queue from their first refused attempt, as Mutex
 		// waiters do.
@@ -240,7 +243,7 @@ func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id, secret string, wa
 
 // abandon undoes whatever a failed lock call may have done on the server.
 func (rw *RWMutex) abandon(ctx context.Context, mode, tok, id string) {
-	_ = rw.c.eval(ctx, rwUnlock, rw.kargs, mode, tok, newCallID(), rw.keys[0], argNone, id, argNone, fenceIdleArg).Err()
+	_ = rw.c.eval(ctx, rwUnlock, rw.kargs, mode, tok, newCallID(), rw.ch, argNone, id, argNone, fenceIdleArg).Err()
 }
 
 func (rw *RWMutex) holdKey(mode, tok string) holdKey {
@@ -377,7 +380,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	} else {
 		// The unlock names the hold it ends (its fencing token, or a read
 		// hold's id), so that a late copy of it never ends a later hold.
-		r, err = rw.c.eval(dctx, rwUnlock, rw.kargs, mode, tok, id, rw.keys[0], h.fenceArg(), argNone, argNone, fenceIdleArg).Int64()
+		r, err = rw.c.eval(dctx, rwUnlock, rw.kargs, mode, tok, id, rw.ch, h.fenceArg(), argNone, argNone, fenceIdleArg).Int64()
 	}
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.

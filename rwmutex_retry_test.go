@@ -111,7 +111,7 @@ func (r *rwRetryRig) replay(t *testing.T, args []any) int64 {
 // readHoldID returns the id of the owner's read hold in Redis, 0 if none.
 func (r *rwRetryRig) readHoldID(t *testing.T) int64 {
 	t.Helper()
-	v, _ := r.rdb.HGet(context.Background(), rwKey(r.name, ":rc"), dsync.OwnerToken(r.ctx)).Result()
+	v, _ := r.rdb.HGet(context.Background(), rwk(r.name).ReaderData, dsync.OwnerToken(r.ctx)).Result()
 	var n, id int64
 	fmt.Sscan(v, &n, &id)
 	return id
@@ -122,10 +122,10 @@ func (r *rwRetryRig) count(t *testing.T, mode string) string {
 	t.Helper()
 	tok := dsync.OwnerToken(r.ctx)
 	if mode == "w" {
-		v, _ := r.rdb.HGet(context.Background(), rwKey(r.name, ""), tok).Result()
+		v, _ := r.rdb.HGet(context.Background(), rwk(r.name).Writer, tok).Result()
 		return v
 	}
-	v, _ := r.rdb.HGet(context.Background(), rwKey(r.name, ":rc"), tok).Result()
+	v, _ := r.rdb.HGet(context.Background(), rwk(r.name).ReaderData, tok).Result()
 	var n string
 	fmt.Sscan(v, &n)
 	return n
@@ -392,14 +392,14 @@ func TestRWMutexRemembersBoundedCallIDs(t *testing.T) {
 		r.lockUnlock(t, "w", 20)
 		r.lockUnlock(t, "r", 20)
 		ctx := context.Background()
-		ids, err := r.rdb.HGet(ctx, rwKey(r.name, ""), ":c").Result()
+		ids, err := r.rdb.HGet(ctx, rwk(r.name).Writer, ":c").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n := len(strings.Fields(ids)); n != 16 {
 			t.Errorf("writer remembers %d call ids, want 16: %q", n, ids)
 		}
-		rec, err := r.rdb.HGet(ctx, rwKey(r.name, ":rc"), tok).Result()
+		rec, err := r.rdb.HGet(ctx, rwk(r.name).ReaderData, tok).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

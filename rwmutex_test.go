@@ -18,24 +18,22 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 	"github.com/dsync-go/dsync/lua"
 )
 
-// rwKey returns the key of an RWMutex with the given suffix ("" is the
-// writer hash).
-func rwKey(name, suffix string) string { return "dsync:{" + name + "}:rw" + suffix }
-
-var rwSuffixes = []string{"", ":f", ":r", ":rc", ":ww", ":rq", ":x", ":wq", ":wd"}
+// rwk returns the keys of the RWMutex called name.
+func rwk(name string) keys.RWMutex { return keys.ForRWMutex(dsync.DefaultPrefix, name) }
 
 // assertRWReleased checks that a free RWMutex left only bookkeeping with an
-// expiry behind: the fence hash and the finished call ids.
+// expiry behind: the fence hash and the call ids.
 func assertRWReleased(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
 	rdb := b.NewClient(t)
 	ctx := context.Background()
-	for _, s := range rwSuffixes {
-		k := rwKey(name, s)
+	ks := rwk(name)
+	for _, k := range ks.Keys() {
 		n, err := rdb.Exists(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -43,7 +41,7 @@ func assertRWReleased(t *testing.T, b redistest.Backend, name string) {
 		if n == 0 {
 			continue
 		}
-		if s != ":f" && s != ":x" {
+		if k != ks.Fence && k != ks.Calls {
 			t.Errorf("%s left after release", k)
 		}
 		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
@@ -67,7 +65,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // writerWaits reports whether a writer has a waiting place on name.
 func writerWaits(t *testing.T, rdb redis.UniversalClient, name string) func() bool {
 	return func() bool {
-		n, err := rdb.ZCard(context.Background(), rwKey(name, ":ww")).Result()
+		n, err := rdb.ZCard(context.Background(), rwk(name).WaitingWriters).Result()
 		if err != nil {
 			t.Error(err)
 			return true
@@ -215,7 +213,7 @@ func TestRWMutexReaderLeaseExpiresAlone(t *testing.T) {
 		if ok, err := w.TryLock(ctx); ok || err != nil {
 			t.Fatalf("TryLock while a live reader holds = %v, %v; want false", ok, err)
 		}
-		if n, _ := rdb.ZCard(ctx, rwKey(name, ":r")).Result(); n != 1 {
+		if n, _ := rdb.ZCard(ctx, rwk(name).Readers).Result(); n != 1 {
 			t.Errorf("readers in Redis = %d, want 1 (the dead reader's share expired alone)", n)
 		}
 		if l, err := live2.RLease(ctx); err != nil || l.Err() != nil {
@@ -287,7 +285,7 @@ func TestRWMutexReentrantOwner(t *testing.T) {
 				t.Fatalf("RLock %d: %v", i, err)
 			}
 		}
-		if v, _ := rdb.HGet(ctx, rwKey(name, ":rc"), tok).Result(); !strings.HasPrefix(v, "3 ") {
+		if v, _ := rdb.HGet(ctx, rwk(name).ReaderData, tok).Result(); !strings.HasPrefix(v, "3 ") {
 			t.Errorf("read count in Redis = %q, want 3", v)
 		}
 		if err := other.RUnlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
@@ -389,7 +387,7 @@ func TestRWMutexDowngrade(t *testing.T) {
 		got := make(chan error, 1)
 		go func() { got <- other.RLock(ctxT(t)) }()
 		waitFor(t, 5*time.Second, "the reader to wait", func() bool {
-			n, _ := b.NewClient(t).Exists(context.Background(), rwKey(name, ":rq")).Result()
+			n, _ := b.NewClient(t).Exists(context.Background(), rwk(name).WaitingReaders).Result()
 			return n == 1
 		})
 		if err := rw.RLock(ctx); err != nil {
@@ -660,7 +658,7 @@ func TestRWMutexWriterGivingUpUnblocksReaders(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitFor(t, 5*time.Second, "readers to leave", func() bool {
-			n, _ := rdb.Exists(ctx, rwKey(name, ":r")).Result()
+			n, _ := rdb.Exists(ctx, rwk(name).Readers).Result()
 			return n == 0
 		})
 		assertRWReleased(t, b, name)
@@ -751,7 +749,7 @@ func TestRWMutexOneHandleManyReaders(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		if n, _ := b.NewClient(t).ZCard(ctx, rwKey(name, ":r")).Result(); n != G {
+		if n, _ := b.NewClient(t).ZCard(ctx, rwk(name).Readers).Result(); n != G {
 			t.Errorf("readers in Redis = %d, want %d", n, G)
 		}
 		// Any goroutine may release them, one per RUnlock.
@@ -809,7 +807,7 @@ func TestRWMutexNotHeld(t *testing.T) {
 			t.Errorf("Unlock while only reading = %v, want ErrNotHeld", err)
 		}
 		// A reader whose share was deleted behind its back is told.
-		if err := b.NewClient(t).Del(ctx, rwKey(name, ":r"), rwKey(name, ":rc")).Err(); err != nil {
+		if err := b.NewClient(t).Del(ctx, rwk(name).Readers, rwk(name).ReaderData).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
@@ -1146,7 +1144,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 				step("first RLock", [2]int64{1, 1}, nil, func() error { return rw.RLock(ctx) })
 				step("RLock re-entry", [2]int64{1, 0}, nil, func() error { return rw.RLock(ctx) })
 				step("TryRLock re-entry", [2]int64{1, 0}, nil, try(rw.TryRLock, true))
-				if got := redisCount(rwKey(name, ":rc"), tok); got != wantCount {
+				if got := redisCount(rwk(name).ReaderData, tok); got != wantCount {
 					t.Errorf("read count in Redis = %q, want %s", got, wantCount)
 				}
 				for i := 0; i < 2; i++ {
@@ -1173,7 +1171,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 				if l, err := rw.Lease(ctx); err != nil || l.Token() != fence {
 					t.Fatalf("Lease after re-entries = %v, %v; want token %d", l, err, fence)
 				}
-				if got := redisCount(rwKey(name, ""), tok); got != wantCount {
+				if got := redisCount(rwk(name).Writer, tok); got != wantCount {
 					t.Errorf("write count in Redis = %q, want %s", got, wantCount)
 				}
 				step("inner Unlock", [2]int64{1, 0}, nil, func() error { return rw.Unlock(ctx) })
@@ -1230,10 +1228,10 @@ func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
 					const ttl = 600 * time.Millisecond
 					rw := newClient(t, b, append([]dsync.Option{dsync.TTL(ttl)}, mode.opts...)...).RWMutex(name)
 					acquire, release, lease := rw.Lock, rw.Unlock, rw.Lease
-					keys := []string{rwKey(name, "")}
+					keys := []string{rwk(name).Writer}
 					if lock == "read" {
 						acquire, release, lease = rw.RLock, rw.RUnlock, rw.RLease
-						keys = []string{rwKey(name, ":r"), rwKey(name, ":rc")}
+						keys = []string{rwk(name).Readers, rwk(name).ReaderData}
 					}
 					for i := 0; i < 3; i++ {
 						if err := acquire(ctx); err != nil {
@@ -1285,16 +1283,6 @@ func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
 	})
 }
 
-// rwKeys returns the keys of the RWMutex name in the order its scripts take
-// them.
-func rwKeys(name string) []string {
-	keys := make([]string, len(rwSuffixes))
-	for i, s := range rwSuffixes {
-		keys[i] = rwKey(name, s)
-	}
-	return keys
-}
-
 // queueWriter waits until the waiting writer with owner token tok has a
 // place in the writers' queue. A writer queues when an attempt finds that
 // it has waited past the starvation threshold, so each poll that finds it
@@ -1303,10 +1291,10 @@ func queueWriter(t *testing.T, rdb redis.UniversalClient, name, tok string) {
 	t.Helper()
 	ctx := context.Background()
 	waitFor(t, 5*time.Second, "the writer to queue", func() bool {
-		if err := rdb.ZScore(ctx, rwKey(name, ":wq"), tok).Err(); err == nil {
+		if err := rdb.ZScore(ctx, rwk(name).WriterQueue, tok).Err(); err == nil {
 			return true
 		}
-		if err := rdb.Publish(ctx, rwKey(name, ""), "").Err(); err != nil {
+		if err := rdb.Publish(ctx, rwk(name).Channel(), "").Err(); err != nil {
 			t.Error(err)
 			return true
 		}
@@ -1374,7 +1362,7 @@ func TestRWMutexHandOverMakesWaiterOwner(t *testing.T) {
 				if l.Token() <= before {
 					t.Errorf("fencing token of the handed-over hold = %d, want > %d", l.Token(), before)
 				}
-				h, err := rdb.HGetAll(ctx, rwKey(name, "")).Result()
+				h, err := rdb.HGetAll(ctx, rwk(name).Writer).Result()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -1416,11 +1404,11 @@ func TestRWMutexCancelledQueuedWriterLeavesNothing(t *testing.T) {
 		sgot := make(chan error, 1)
 		go func() { sgot <- second.Lock(sctx) }()
 		queueWriter(t, rdb, name, stok)
-		if q, _ := rdb.ZRange(ctx, rwKey(name, ":wq"), 0, -1).Result(); !slices.Equal(q, []string{ftok, stok}) {
+		if q, _ := rdb.ZRange(ctx, rwk(name).WriterQueue, 0, -1).Result(); !slices.Equal(q, []string{ftok, stok}) {
 			t.Fatalf("queue = %v, want [%s %s]", q, ftok, stok)
 		}
-		for _, s := range []string{":wq", ":wd", ":ww"} {
-			if ttl, _ := rdb.PTTL(ctx, rwKey(name, s)).Result(); ttl <= 0 {
+		for _, s := range []string{rwk(name).WriterQueue, rwk(name).WriterQueueData, rwk(name).WaitingWriters} {
+			if ttl, _ := rdb.PTTL(ctx, s).Result(); ttl <= 0 {
 				t.Errorf("%s has no expiry while writers wait (PTTL %v)", s, ttl)
 			}
 		}
@@ -1429,13 +1417,13 @@ func TestRWMutexCancelledQueuedWriterLeavesNothing(t *testing.T) {
 		if err := <-fgot; !errors.Is(err, context.Canceled) {
 			t.Fatalf("Lock = %v, want Canceled", err)
 		}
-		if err := rdb.ZScore(ctx, rwKey(name, ":wq"), ftok).Err(); !errors.Is(err, redis.Nil) {
+		if err := rdb.ZScore(ctx, rwk(name).WriterQueue, ftok).Err(); !errors.Is(err, redis.Nil) {
 			t.Errorf("the cancelled writer's queue place is left: %v", err)
 		}
-		if err := rdb.ZScore(ctx, rwKey(name, ":ww"), ftok).Err(); !errors.Is(err, redis.Nil) {
+		if err := rdb.ZScore(ctx, rwk(name).WaitingWriters, ftok).Err(); !errors.Is(err, redis.Nil) {
 			t.Errorf("the cancelled writer's waiting place is left: %v", err)
 		}
-		if ok, _ := rdb.HExists(ctx, rwKey(name, ":wd"), ftok).Result(); ok {
+		if ok, _ := rdb.HExists(ctx, rwk(name).WriterQueueData, ftok).Result(); ok {
 			t.Error("the cancelled writer's queue record is left")
 		}
 		// The next in line gets the lock from the holder's Unlock.
@@ -1465,7 +1453,7 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		rdb := b.NewClient(t)
-		keys := rwKeys(name)
+		keys := rwk(name).Keys()
 		holder := newClient(t, b).RWMutex(name)
 		if err := holder.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -1478,7 +1466,7 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		if v, err := lockScript.Run(ctx, rdb, keys, lockArgs...).Int64Slice(); err != nil || v[0] != 0 {
 			t.Fatalf("lock call = %v, %v; want refused", v, err)
 		}
-		ps := rdb.Subscribe(ctx, rwKey(name, ""))
+		ps := rdb.Subscribe(ctx, rwk(name).Channel())
 		defer ps.Close()
 		if _, err := ps.Receive(ctx); err != nil {
 			t.Fatal(err)
@@ -1509,9 +1497,9 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		if v, err := lockScript.Run(ctx, rdb, keys, lockArgs...).Int64Slice(); err != nil || v[0] != 0 {
 			t.Fatalf("late lock call = %v, %v; want refused", v, err)
 		}
-		for _, s := range []string{"", ":ww", ":wq"} {
-			if n, _ := rdb.Exists(ctx, rwKey(name, s)).Result(); n != 0 {
-				t.Errorf("%s exists after the late call", rwKey(name, s))
+		for _, k := range []string{rwk(name).Writer, rwk(name).WaitingWriters, rwk(name).WriterQueue} {
+			if n, _ := rdb.Exists(ctx, k).Result(); n != 0 {
+				t.Errorf("%s exists after the late call", k)
 			}
 		}
 		other := newClient(t, b).RWMutex(name)

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -71,14 +72,13 @@ func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
 	if size <= 0 {
 		s.err = fmt.Errorf("%w: semaphore size %d, want ≥ 1", ErrInvalid, size)
 	}
-	k := s.cfg.keyOf(name)
-	// Suffixes of their own: a Mutex of the same name uses the base key.
-	s.keys = []string{k + ":s", k + ":f", k + ":sh", k + ":sq", k + ":sqd", k + ":sx"}
+	k := keys.ForSemaphore(s.cfg.prefix, name)
+	s.keys = k.Keys()
 	s.kargs = boxKeys(s.keys)
 	s.rkeys = []string{s.keys[0], s.keys[2]}
 	s.sizeArg = size
 	s.ttlArg = ms(s.cfg.ttl)
-	s.chanArg = s.keys[0]
+	s.chanArg = k.Channel()
 	return s
 }
 
@@ -146,7 +146,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	// Hand-overs name the call, not the holder: one holder may have several
 	// calls waiting.
 	id := newCallID()
-	a := &acquisition{ch: s.keys[0], to: newAddressee(tok, id), ttl: s.cfg.ttl}
+	a := &acquisition{ch: s.chanArg.(string), to: newAddressee(tok, id), ttl: s.cfg.ttl}
 	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
 		return s.attempt(ctx, tok, id, a.to.secret, n, queue)
 	}

@@ -12,16 +12,13 @@ import (
 	"time"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 	"github.com/dsync-go/dsync/lua"
 )
 
-// semKeys are the keys of the semaphore called name: state hash, fence
-// hash, holders, queue, queue data, call ids.
-func semKeys(name string) []string {
-	k := "dsync:{" + name + "}"
-	return []string{k + ":s", k + ":f", k + ":sh", k + ":sq", k + ":sqd", k + ":sx"}
-}
+// semKeys are the keys of the semaphore called name.
+func semKeys(name string) keys.Semaphore { return keys.ForSemaphore(dsync.DefaultPrefix, name) }
 
 // assertNoSemKeys checks that a semaphore with nothing held or queued left
 // only its fence hash and its call ids behind, each with an expiry (the
@@ -30,21 +27,22 @@ func assertNoSemKeys(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
 	rdb := b.NewClient(t)
 	ctx := context.Background()
-	for i, k := range semKeys(name) {
+	ks := semKeys(name)
+	for _, k := range ks.Keys() {
 		n, err := rdb.Exists(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		switch {
-		case i == 1 && n == 1:
+		case k == ks.Fence && n == 1:
 			if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
 				t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
 			}
-		case i == 5 && n == 1:
+		case k == ks.Calls && n == 1:
 			if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 || ttl > time.Minute {
 				t.Errorf("%s: PTTL %v, want at most the replay window", k, ttl)
 			}
-		case n > 0 && i != 1:
+		case n > 0 && k != ks.Fence:
 			all, _ := rdb.Dump(ctx, k).Result()
 			t.Errorf("key %s left behind (%q)", k, all)
 		}
@@ -57,7 +55,7 @@ func waitQueued(t *testing.T, b redistest.Backend, name string, want int64) {
 	rdb := b.NewClient(t)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		n, err := rdb.ZCard(context.Background(), semKeys(name)[3]).Result()
+		n, err := rdb.ZCard(context.Background(), semKeys(name).Queue).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +137,7 @@ func TestSemaphoreWeighted(t *testing.T) {
 		}
 		try(z, 2, false)
 		try(z, 1, true)
-		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name)[0], ":used").Int(); n != 5 {
+		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name).State, ":used").Int(); n != 5 {
 			t.Errorf("permits used in Redis = %d, want 5", n)
 		}
 		for _, r := range []struct {
@@ -186,7 +184,7 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 		if err != nil || l.Token() == 0 {
 			t.Fatalf("Lease = %v, %v; want a token", l, err)
 		}
-		holders, _ := b.NewClient(t).ZCard(ctx, semKeys(name)[2]).Result()
+		holders, _ := b.NewClient(t).ZCard(ctx, semKeys(name).Holders).Result()
 		if holders != 1 {
 			t.Errorf("holders in Redis = %d, want 1", holders)
 		}
@@ -246,7 +244,7 @@ func TestSemaphoreOwner(t *testing.T) {
 			t.Fatalf("TryAcquire by the same owner elsewhere = %v, %v", ok, err)
 		}
 		rdb := b.NewClient(t)
-		if n, _ := rdb.HGet(ctx, semKeys(name)[0], dsync.OwnerToken(ctx)).Int(); n != 3 {
+		if n, _ := rdb.HGet(ctx, semKeys(name).State, dsync.OwnerToken(ctx)).Int(); n != 3 {
 			t.Errorf("owner's permits in Redis = %d, want 3", n)
 		}
 		la, _ := s.Lease(ctx)
@@ -593,7 +591,7 @@ func TestSemaphoreLostReply(t *testing.T) {
 		if err := s.Acquire(ctx, 1); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("queued Acquire = %v, want the injected error", err)
 		}
-		if n, _ := b.NewClient(t).ZCard(ctx, semKeys(name)[3]).Result(); n != 0 {
+		if n, _ := b.NewClient(t).ZCard(ctx, semKeys(name).Queue).Result(); n != 0 {
 			t.Errorf("queue length %d after a lost reply, want 0", n)
 		}
 		// Release, reply lost: released once, the outcome reported unknown.
@@ -621,7 +619,7 @@ func TestSemaphoreScriptsIdempotent(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		rdb := b.NewClient(t)
-		keys := semKeys(name)
+		keys := semKeys(name).Keys()
 		acquire := func(tok, id string, n int64) []int64 {
 			t.Helper()
 			r, err := lua.Script("semaphore_acquire").Run(ctx, rdb, keys, tok, n, 4, 30000, id, "1", 86400000, keys[0], "secret").Int64Slice()
@@ -695,7 +693,7 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 		if err := five.Release(ctx, 1); !errors.Is(err, dsync.ErrSizeMismatch) {
 			t.Errorf("Release with another size = %v, want ErrSizeMismatch", err)
 		}
-		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name)[0], dsync.OwnerToken(ctx)).Int(); n != 1 {
+		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name).State, dsync.OwnerToken(ctx)).Int(); n != 1 {
 			t.Errorf("permits held after mismatches = %d, want 1", n)
 		}
 		if err := four.Release(ctx, 1); err != nil {

@@ -133,6 +133,11 @@ func (n *notifier) watch(name string) *watcher {
 // resubscription or hand-over that concerns to (one is passed on to the
 // watcher), a notification may have been missed.
 func (n *notifier) watchSince(name string, to addressee, mk mark) (*watcher, bool) {
+	if to.holder == "" && to.tok != "" {
+		// Made only for a call that waits: a hand-over to another call of
+		// its holder wakes it.
+		to.holder = digest(to.tok)
+	}
 	w := &watcher{name: name, to: to, sig: make(chan struct{}, 1)}
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
@@ -90,11 +92,11 @@ func TestWaiterSurvivesPubSubKill(t *testing.T) {
 	go func() { got <- m.Lock(ctx) }()
 	admin := b.NewClient(t)
 	waitFor(t, 5*time.Second, "the waiter's subscription", func() bool {
-		n, err := admin.PubSubNumSub(ctx, "dsync:{"+name+"}").Result()
+		n, err := admin.PubSubNumSub(ctx, mutexKeys(name).Channel()).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return n["dsync:{"+name+"}"] > 0
+		return n[mutexKeys(name).Channel()] > 0
 	})
 	if err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
 		t.Fatal(err)
@@ -154,5 +156,116 @@ func TestWaiterAfterServerRestart(t *testing.T) {
 	}
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A waiter's attempts are bounded whatever anyone publishes: a flood of
+// release notifications on its channel (which anyone allowed to PUBLISH
+// can send) gets it at most one attempt every 20 ms, not one per message
+// (DESIGN, Remote state: no busy loop).
+func TestNotificationFloodBoundsAttempts(t *testing.T) {
+	const wait = 1500 * time.Millisecond
+	// 20 ms apart, the waiter makes at most wait/20ms = 75 attempts; a
+	// waiter that attempted once per message would make thousands.
+	const most = int64(wait/(20*time.Millisecond)) + 15
+	type prim struct {
+		name string
+		ch   func(name string) string
+		// hold takes the name through c until release is closed.
+		hold func(t *testing.T, ctx context.Context, c *dsync.Client, name string, release chan struct{})
+		// wait waits for the name through c until ctx ends.
+		wait func(ctx context.Context, c *dsync.Client, name string) error
+	}
+	prims := []prim{
+		{"Mutex", func(n string) string { return keys.ForMutex("dsync", n).Channel() },
+			func(t *testing.T, ctx context.Context, c *dsync.Client, n string, _ chan struct{}) {
+				if err := c.Mutex(n).Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			},
+			func(ctx context.Context, c *dsync.Client, n string) error { return c.Mutex(n).Lock(ctx) }},
+		{"RWMutex", func(n string) string { return keys.ForRWMutex("dsync", n).Channel() },
+			func(t *testing.T, ctx context.Context, c *dsync.Client, n string, _ chan struct{}) {
+				if err := c.RWMutex(n).Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			},
+			func(ctx context.Context, c *dsync.Client, n string) error { return c.RWMutex(n).RLock(ctx) }},
+		{"Semaphore", func(n string) string { return keys.ForSemaphore("dsync", n).Channel() },
+			func(t *testing.T, ctx context.Context, c *dsync.Client, n string, _ chan struct{}) {
+				if err := c.Semaphore(n, 1).Acquire(ctx, 1); err != nil {
+					t.Fatal(err)
+				}
+			},
+			func(ctx context.Context, c *dsync.Client, n string) error { return c.Semaphore(n, 1).Acquire(ctx, 1) }},
+		{"Once", func(n string) string { return keys.ForOnce("dsync", n).Channel() },
+			func(t *testing.T, ctx context.Context, c *dsync.Client, n string, release chan struct{}) {
+				running := make(chan struct{})
+				go c.Once(n).Do(ctx, func(context.Context) error {
+					close(running)
+					<-release
+					return nil
+				})
+				select {
+				case <-running:
+				case <-ctx.Done():
+					t.Fatal("the first Do did not run f")
+				}
+			},
+			func(ctx context.Context, c *dsync.Client, n string) error {
+				return c.Once(n).Do(ctx, func(context.Context) error { return errors.New("ran while another run held") })
+			}},
+	}
+	for _, p := range prims {
+		t.Run(p.name, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, b redistest.Backend) {
+				ctx := ctxT(t)
+				name := redistest.Key(t)
+				release := make(chan struct{})
+				defer close(release)
+				p.hold(t, ctx, newClient(t, b), name, release)
+
+				rdb := b.NewClient(t)
+				var n redistest.Counter
+				rdb.AddHook(&n)
+				wc := dsync.New(rdb)
+				t.Cleanup(func() { wc.Close() })
+
+				pub := b.NewClient(t)
+				stop := make(chan struct{})
+				var sent atomic.Int64
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					for i := 0; i < 50000; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if pub.Publish(ctx, p.ch(name), "").Err() == nil {
+							sent.Add(1)
+						}
+					}
+				}()
+				wctx, cancel := context.WithTimeout(ctx, wait)
+				err := p.wait(wctx, wc, name)
+				cancel()
+				close(stop)
+				<-done
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("waiter = %v, want DeadlineExceeded", err)
+				}
+				got := n.RoundTrips()
+				t.Logf("%d notifications published, %d round trips of the waiter", sent.Load(), got)
+				if sent.Load() < 2*most {
+					t.Fatalf("only %d notifications published in %v: the flood did not happen", sent.Load(), wait)
+				}
+				if got > most {
+					t.Fatalf("the waiter made %d round trips in %v under a flood of %d notifications, want at most %d",
+						got, wait, sent.Load(), most)
+				}
+			})
+		})
 	}
 }

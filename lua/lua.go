@@ -25,6 +25,8 @@ var libs = map[string]string{
 	"rwmutex_unlock":    "rwmutex_lib",
 	"mutex_lock":        "mutex_lib",
 	"mutex_unlock":      "mutex_lib",
+	"once_do":           "once_lib",
+	"once_release":      "once_lib",
 }
 
 // Source returns the source of the script called name (its file name

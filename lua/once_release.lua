@@ -2,19 +2,19 @@
 -- lease and setting the done mark (with the value) happen together, so no
 -- caller ever sees the Once neither done nor running between the two.
 --
--- KEYS[1], KEYS[2] as in once_do.lua (run hash, done hash)
+-- KEYS[1], KEYS[2], KEYS[3] as in once_do.lua (run hash, done hash, call
+--         ids)
 -- ARGV[1] token of the call
 -- ARGV[2] 'done': f returned nil; store ARGV[3] as the done mark.
 --         'fail': f failed or panicked; release the lease only.
 --         'abandon': the call ended (ctx done, reply lost) not knowing
---         whether it holds the lease: release it if held, and mark the call
---         abandoned so that a late attempt of it takes nothing.
+--         whether it holds the lease: release it if held, and remember the
+--         call as abandoned so that a late attempt of it takes nothing.
 -- ARGV[3] the value ('done' only)
 -- ARGV[4] ms after which the done mark expires; '0' never
 -- ARGV[5] notification channel
--- ARGV[6] lease TTL (ms), the life of an abandon mark left on its own
 -- Reply: 1 released (for 'done': the done mark is set), 0 the call did not
---        hold the run lease (nothing changed but an abandon mark).
+--        hold the run lease (nothing changed but the call ids).
 
 local tok, mode, ch = ARGV[1], ARGV[2], ARGV[5]
 
@@ -33,24 +33,13 @@ if mode == 'done' and redis.call('HGET', KEYS[2], 't') == tok then
   return 1
 end
 
--- Abandoned calls: the last 16 tokens, space-separated (see once_do.lua).
-local function remember(list, id)
-  if not list or list == '' then
-    return id
-  end
-  local l = list .. ' ' .. id
-  local _, n = string.gsub(l, ' ', ' ')
-  if n >= 16 then
-    l = string.sub(l, string.find(l, ' ', 1, true) + 1)
-  end
-  return l
-end
-
+-- The call is over: a late copy of its attempts must take nothing (see
+-- once_do.lua). A run is remembered again when it ends, since it may have
+-- outlasted the replay window counted from when it was taken.
 if mode == 'abandon' then
-  redis.call('HSET', KEYS[1], 'x', remember(redis.call('HGET', KEYS[1], 'x'), tok))
-  if redis.call('PTTL', KEYS[1]) < 0 then
-    redis.call('PEXPIRE', KEYS[1], ARGV[6])
-  end
+  note(KEYS[3], tok, now_ms(), ABANDONED)
+else
+  note(KEYS[3], tok, now_ms(), RAN)
 end
 
 local t = redis.call('HGET', KEYS[1], 't')
@@ -67,8 +56,7 @@ if t ~= tok then
 end
 
 local waited = redis.call('HEXISTS', KEYS[1], 'w') == 1
--- Emptied of its runner, the hash disappears unless an abandon mark stays
--- (with the expiry it already has).
+-- Emptied of its runner, the hash disappears.
 redis.call('HDEL', KEYS[1], 't', 'w')
 if mode == 'done' then
   mark_done()

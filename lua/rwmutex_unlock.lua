@@ -9,9 +9,10 @@
 -- ARGV[1] 'r' for a read hold, 'w' for a write hold
 -- ARGV[2] owner token
 -- ARGV[3] call id of this unlock
--- ARGV[4] notification channel: '' after a release that lets waiters try
---         again; a hand-over message (see publish_handover in lib.lua)
---         after a hand-over of the write lock to the first queued writer
+-- ARGV[4] notification channel: '' is published after a release that lets
+--         waiters try again; a hand-over of the write lock to the first
+--         queued writer, whose lock call then holds it without another
+--         attempt, is published as lib.lua's publish_handover says
 -- ARGV[5] the hold this unlock ends: the fencing token of the write hold,
 --         or the hold id of the read hold (see rwmutex_lock.lua); '' when
 --         the caller does not know it. A hold with another token or id is

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 )
 
 const (
@@ -354,7 +355,7 @@ func (d *demo) progress(ctx context.Context, name string, total, waiting *atomic
 	if tty {
 		every = 200 * time.Millisecond
 	}
-	queue := d.prefix + ":{" + name + "}:q"
+	queue := keys.ForMutex(d.prefix, name).Queue
 	start := time.Now()
 	t := time.NewTicker(every)
 	defer t.Stop()

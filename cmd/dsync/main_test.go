@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
@@ -267,7 +269,7 @@ func TestCommand(t *testing.T) {
 		rdb := b.NewClient(t)
 		ctx, cancel := context.WithTimeout(context.Background(), lineTimeout)
 		defer cancel()
-		if n, err := rdb.Del(ctx, "dsync:{"+name+"}").Result(); err != nil || n != 1 {
+		if n, err := rdb.Del(ctx, keys.ForMutex(dsync.DefaultPrefix, name).Lock).Result(); err != nil || n != 1 {
 			t.Fatalf("DEL lock key: %d, %v; want 1", n, err)
 		}
 		t0 := time.Now()

@@ -1,0 +1,14 @@
+-- once_lib: definitions shared by once_do.lua and once_release.lua, which
+-- begin with lib.lua and this file (lua.Source puts them in front).
+
+-- What the call ids zset (KEYS[3], see lib.lua's recall and note) says
+-- about a call that is over: it took the run (remembered again when the
+-- run ends), its caller abandoned it, or it waited and then found the Once
+-- done. A later copy of any attempt of such a call takes nothing.
+local RAN, ABANDONED, WAITED = 1, 2, 3
+
+-- Server time in ms.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end

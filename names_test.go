@@ -1,0 +1,163 @@
+package dsync_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// braceNames contain or begin with a brace, or look like the encoding of
+// another name ("=fXg" is how "}x" is stored). A name beginning with '}'
+// once gave its keys an empty hash tag: on Redis Cluster they hashed to
+// different slots and every script failed with CROSSSLOT.
+var braceNames = []string{"}x", "{", "}", "{}", "a{b}c", "{x}", "}}{{", "=fXg", "fXg"}
+
+// TestBraceNamesWork runs every primitive under names with braces, on
+// miniredis, a real server and the cluster. The names are used as they are,
+// under a prefix of the test's own.
+func TestBraceNamesWork(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		prefix := dsync.Prefix(redistest.Key(t))
+		for _, name := range braceNames {
+			t.Run(name, func(t *testing.T) {
+				ctx := ctxT(t)
+				c1, c2 := newClient(t, b, prefix), newClient(t, b, prefix)
+				braceMutex(ctx, t, c1.Mutex(name), c2.Mutex(name))
+				braceRWMutex(ctx, t, c1.RWMutex(name), c2.RWMutex(name))
+				braceSemaphore(ctx, t, c1.Semaphore(name, 2), c2.Semaphore(name, 2))
+				braceOnce(ctx, t, c1.Once(name), c2.Once(name))
+			})
+		}
+	})
+}
+
+// braceMutex: m1 locks, m2 is refused, then waits and is woken by m1's
+// release.
+func braceMutex(ctx context.Context, t *testing.T, m1, m2 *dsync.Mutex) {
+	t.Helper()
+	if err := m1.Lock(ctx); err != nil {
+		t.Fatalf("Mutex Lock: %v", err)
+	}
+	if l, err := m1.Lease(ctx); err != nil || l.Token() == 0 {
+		t.Fatalf("Mutex Lease = %v, %v; want a fencing token", l, err)
+	}
+	if ok, err := m2.TryLock(ctx); ok || err != nil {
+		t.Fatalf("Mutex TryLock while held = %v, %v; want false, nil", ok, err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- m2.Lock(ctx) }()
+	if err := m1.Unlock(ctx); err != nil {
+		t.Fatalf("Mutex Unlock: %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiting Mutex Lock: %v", err)
+	}
+	if err := m2.Unlock(ctx); err != nil {
+		t.Fatalf("Mutex Unlock: %v", err)
+	}
+}
+
+// braceRWMutex: two readers share it and keep a writer out; a writer then
+// waits for the last reader.
+func braceRWMutex(ctx context.Context, t *testing.T, rw1, rw2 *dsync.RWMutex) {
+	t.Helper()
+	if err := rw1.RLock(ctx); err != nil {
+		t.Fatalf("RLock: %v", err)
+	}
+	if err := rw2.RLock(ctx); err != nil {
+		t.Fatalf("second RLock: %v", err)
+	}
+	if ok, err := rw2.TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock while read = %v, %v; want false, nil", ok, err)
+	}
+	if err := rw2.RUnlock(ctx); err != nil {
+		t.Fatalf("RUnlock: %v", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- rw2.Lock(ctx) }()
+	if err := rw1.RUnlock(ctx); err != nil {
+		t.Fatalf("RUnlock: %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiting Lock: %v", err)
+	}
+	if err := rw2.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+}
+
+// braceSemaphore: s1 takes every permit, s2 is refused, then waits and is
+// served by s1's release.
+func braceSemaphore(ctx context.Context, t *testing.T, s1, s2 *dsync.Semaphore) {
+	t.Helper()
+	if err := s1.Acquire(ctx, 2); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if ok, err := s2.TryAcquire(ctx, 1); ok || err != nil {
+		t.Fatalf("TryAcquire while full = %v, %v; want false, nil", ok, err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- s2.Acquire(ctx, 1) }()
+	if err := s1.Release(ctx, 2); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiting Acquire: %v", err)
+	}
+	if err := s2.Release(ctx, 1); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+// braceOnce: f runs once across both handles.
+func braceOnce(ctx context.Context, t *testing.T, o1, o2 *dsync.Once) {
+	t.Helper()
+	var runs atomic.Int64
+	f := func(context.Context) error { runs.Add(1); return nil }
+	for _, o := range []*dsync.Once{o1, o2, o1} {
+		if err := o.Do(ctx, f); err != nil {
+			t.Fatalf("Do: %v", err)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("f ran %d times, want 1", n)
+	}
+}
+
+// TestBraceNamesAreDistinct holds the Mutex of every brace name at once:
+// no two of them share a key, also where one name's text is another's
+// stored form.
+func TestBraceNamesAreDistinct(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		p := redistest.Key(t)
+		c := newClient(t, b, dsync.Prefix(p))
+		var held []*dsync.Mutex
+		for _, name := range braceNames {
+			m := c.Mutex(name)
+			if ok, err := m.TryLock(ctx); !ok || err != nil {
+				t.Errorf("TryLock(%q) = %v, %v; want true, nil", name, ok, err)
+				continue
+			}
+			held = append(held, m)
+		}
+		defer func() {
+			for _, m := range held {
+				if err := m.Unlock(ctx); err != nil {
+					t.Errorf("Unlock: %v", err)
+				}
+			}
+		}()
+		rdb := b.NewClient(t)
+		for _, name := range braceNames {
+			k := keys.ForMutex(p, name)
+			if n, err := rdb.Exists(ctx, k.Lock).Result(); n != 1 || err != nil {
+				t.Errorf("%q: lock hash %q exists = %d, %v; want 1", name, k.Lock, n, err)
+			}
+		}
+	})
+}
