@@ -49,6 +49,15 @@ type Client struct {
 	holds  map[holdKey]*hold // holds of owners carried in ctx
 	closed chan struct{}
 	once   sync.Once
+
+	// Clean-up that outlives the call that needed it (see cleanup).
+	bg       sync.WaitGroup
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
+
+	// id tells this Client's holds apart from other processes' with the
+	// same owner token, under client reentrancy (see holderToken).
+	id string
 }
 
 // New returns a Client over rdb, which may be a single-node, cluster,
@@ -56,12 +65,7 @@ type Client struct {
 // the Client. Close stops the Client's background work; it does not close
 // rdb. A nil rdb or a bad option makes every call fail with [ErrInvalid].
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
-	c := &Client{
-		rdb:    rdb,
-		cfg:    defaultConfig(),
-		holds:  make(map[holdKey]*hold),
-		closed: make(chan struct{}),
-	}
+	c := newBase(rdb)
 	c.cfg.apply(opts)
 	c.err = c.cfg.err
 	if rdb == nil {
@@ -75,6 +79,20 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	return c
 }
 
+// newBase returns a Client over rdb with default options and nothing
+// started.
+func newBase(rdb redis.UniversalClient) *Client {
+	c := &Client{
+		rdb:    rdb,
+		cfg:    defaultConfig(),
+		holds:  make(map[holdKey]*hold),
+		closed: make(chan struct{}),
+		id:     newCallID(),
+	}
+	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
+	return c
+}
+
 // Close stops renewing every lease of the Client (their Done channels
 // close) and its notifications; calls in progress and later calls return
 // [ErrClosed]. Holds are not released: they expire at their TTL. Close does
@@ -82,6 +100,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
+		c.bgCancel()
+		c.bg.Wait()
 		if c.renew != nil {
 			c.renew.Close()
 		}

@@ -37,6 +37,12 @@ var (
 	// released again: a failover could have lost it.
 	ErrNotReplicated = errors.New("dsync: too few replicas acknowledged the hold")
 
+	// ErrCorrupt reports data in a primitive's keys that dsync did not
+	// write: a key of another type, garbage in a field, a fencing counter
+	// out of range. Nothing was changed; the name works again once the
+	// bad key expires or is removed.
+	ErrCorrupt = errors.New("dsync: unexpected data in Redis")
+
 	// ErrNoQuorum is returned by a Client made with NewQuorum when fewer
 	// than a majority of its masters answered: nothing can be granted (or
 	// released) safely. The error also wraps the first member's error.

@@ -5,6 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dsync-go/dsync/internal/renewhook"
 	"github.com/dsync-go/dsync/lua"
 )
 
@@ -49,3 +50,8 @@ func SwapScript(name, src string) (restore func()) {
 	*w = newScript(s)
 	return func() { *w = old }
 }
+
+// SetRenewStall makes c's renewer call f just before it sends each batch of
+// renewals, on the goroutine that sends the batch; nil removes the hook.
+// Only c is affected.
+func SetRenewStall(c *Client, f func()) { renewhook.SetStall(c.renew, f) }

@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,6 +56,7 @@ type hold struct {
 	count    int // re-entries made through this process (owner mode)
 	lease    *renew.Hold
 	released atomic.Bool
+	idMu     sync.Mutex
 	unlockID string // id of an unlock whose reply was lost, reused on retry
 
 	subs []*hold // quorum mode: the hold on each member, nil where not granted
@@ -146,9 +148,8 @@ func (c *Client) dropHold(k holdKey, h *hold) {
 }
 
 // handleHold is what a call finds through a handle: the hold of ctx's
-// owner, recorded under key, or without an owner the handle's own hold *cur,
-// guarded by mu.
-func (c *Client) handleHold(ctx context.Context, key string, mu *sync.Mutex, cur **hold) (*hold, error) {
+// owner, recorded under key, or without an owner the handle's own hold.
+func (c *Client) handleHold(ctx context.Context, key string, sl *slot) (*hold, error) {
 	tok, owned, err := owner(ctx)
 	if err != nil {
 		return nil, err
@@ -157,9 +158,7 @@ func (c *Client) handleHold(ctx context.Context, key string, mu *sync.Mutex, cur
 	if owned {
 		h = c.lookupHold(holdKey{key, tok})
 	} else {
-		mu.Lock()
-		h = *cur
-		mu.Unlock()
+		h = sl.get()
 	}
 	if h == nil {
 		return nil, ErrNotHeld
@@ -167,16 +166,185 @@ func (c *Client) handleHold(ctx context.Context, key string, mu *sync.Mutex, cur
 	return h, nil
 }
 
-// forgetHold forgets h, the hold of owner tok recorded under key, or the
-// handle's own hold *cur.
-func (c *Client) forgetHold(key string, owned bool, tok string, h *hold, mu *sync.Mutex, cur **hold) {
-	if owned {
-		c.dropHold(holdKey{key, tok}, h)
-		return
+// holderToken is the token under which owner tok holds in Redis: tok
+// itself with script reentrancy, so that a token carried to another
+// process re-enters there; with client reentrancy, tok qualified by this
+// Client, so that a carried token waits there like any other owner (the
+// count lives in one process).
+func (c *Client) holderToken(cfg *config, tok string) string {
+	if cfg.local {
+		return tok + "@" + c.id
 	}
-	mu.Lock()
-	if *cur == h {
-		*cur = nil
+	return tok
+}
+
+// A slot is where a handle keeps the hold it took without an owner in ctx.
+// Like a sync.Mutex value, the handle is locked from the Lock that filled
+// the slot until the Unlock that empties it, also when the hold was lost
+// meanwhile: a gate, taken by Lock and given back by Unlock (or by a Lock
+// that failed), makes a second Lock through the handle wait.
+type slot struct {
+	gate chan struct{} // holds a value while the handle is locked
+	mu   sync.Mutex
+	cur  *hold
+}
+
+func newSlot() slot { return slot{gate: make(chan struct{}, 1)} }
+
+// enter locks the handle's gate, waiting with wait, and reports whether it
+// did.
+func (s *slot) enter(ctx context.Context, wait bool, closed <-chan struct{}) (bool, error) {
+	select {
+	case s.gate <- struct{}{}:
+		return true, nil
+	default:
 	}
-	mu.Unlock()
+	if !wait {
+		return false, nil
+	}
+	select {
+	case s.gate <- struct{}{}:
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-closed:
+		return false, ErrClosed
+	}
+}
+
+// leave unlocks the handle's gate.
+func (s *slot) leave() { <-s.gate }
+
+func (s *slot) set(h *hold) {
+	s.mu.Lock()
+	s.cur = h
+	s.mu.Unlock()
+}
+
+// clear empties the slot if it holds h, and reports whether it did.
+func (s *slot) clear(h *hold) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur != h {
+		return false
+	}
+	s.cur = nil
+	return true
+}
+
+func (s *slot) get() *hold {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+// unlockCall returns the call id of an unlock of h: the id of an earlier
+// unlock whose reply was lost, so that a retry is recognised, or a new one.
+func (h *hold) unlockCall() string {
+	h.idMu.Lock()
+	defer h.idMu.Unlock()
+	if h.unlockID == "" {
+		h.unlockID = newCallID()
+	}
+	return h.unlockID
+}
+
+// unlocked forgets the id of an unlock of h that got its reply.
+func (h *hold) unlocked() {
+	h.idMu.Lock()
+	h.unlockID = ""
+	h.idMu.Unlock()
+}
+
+// fenceArg is the fencing token an unlock of h names: the hold it ends.
+func (h *hold) fenceArg() any {
+	if h == nil {
+		return ""
+	}
+	return strconv.FormatUint(h.fence, 10)
+}
+
+// A releaser runs a primitive's release script for holder tok with call
+// id, naming the hold's fencing token (see fenceArg). Its reply: 1
+// released, 2 still held (a count went down), 0 not held.
+type releaser func(ctx context.Context, tok, id string, fence any) (int64, error)
+
+// unlockOwner releases one level of the hold of the owner recorded under k,
+// held in Redis as tok.
+func (c *Client) unlockOwner(ctx context.Context, k holdKey, tok string, run releaser) error {
+	h := c.lookupHold(k)
+	id := newCallID()
+	if h != nil {
+		id = h.unlockCall()
+	}
+	dctx, cancel := releaseContext(ctx)
+	defer cancel()
+	r, err := run(dctx, tok, id, h.fenceArg())
+	if err != nil {
+		// The outcome is unknown: keep the hold, and let a retry reuse id.
+		return err
+	}
+	if h == nil {
+		// Taken by another process of this owner, which renews it.
+		switch r {
+		case 1, 2:
+			return nil
+		case 0:
+			return ErrNotHeld
+		}
+		return replyError("unlock", r)
+	}
+	h.unlocked()
+	switch r {
+	case 1:
+		c.dropHold(k, h)
+		h.release()
+		return nil
+	case 2:
+		c.mu.Lock()
+		h.count--
+		last := h.count <= 0
+		c.mu.Unlock()
+		if last {
+			// Another process re-entered with this owner and renews the
+			// rest of the hold.
+			c.dropHold(k, h)
+			h.release()
+		}
+		return nil
+	case 0:
+		c.dropHold(k, h)
+		h.lease.MarkLost()
+		return ErrLeaseLost
+	}
+	return replyError("unlock", r)
+}
+
+// unlockSlot releases the hold of a handle's slot and unlocks the handle.
+func (c *Client) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
+	h := sl.get()
+	if h == nil {
+		return ErrNotHeld
+	}
+	dctx, cancel := releaseContext(ctx)
+	defer cancel()
+	r, err := run(dctx, h.tok, h.unlockCall(), h.fenceArg())
+	if err != nil {
+		return err
+	}
+	h.unlocked()
+	if r != 0 && r != 1 && r != 2 {
+		return replyError("unlock", r)
+	}
+	if !sl.clear(h) {
+		// Another Unlock of the same hold came first.
+		return ErrNotHeld
+	}
+	defer sl.leave()
+	if r == 0 {
+		h.lease.MarkLost()
+		return ErrLeaseLost
+	}
+	h.release()
+	return nil
 }

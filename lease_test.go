@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/dsync-go/dsync"
-	"github.com/dsync-go/dsync/internal/faults"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
@@ -200,15 +199,16 @@ func TestLeaseStalledRenewerReportsLossBeforeExpiry(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Key(t)
 	const ttl = 600 * time.Millisecond
-	m := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
+	c := newClient(t, b, dsync.TTL(ttl))
+	m := c.Mutex(name)
 	release := make(chan struct{})
 	stall := func() { <-release }
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
 	l, _ := m.Lease(ctx)
-	faults.RenewStall.Store(&stall)
-	defer faults.RenewStall.Store(nil)
+	dsync.SetRenewStall(c, stall)
+	defer dsync.SetRenewStall(c, nil)
 	defer close(release)
 	// Another process waits; it may take the lock only once the server
 	// expired the hold, and the holder must have been told by then.

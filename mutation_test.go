@@ -100,7 +100,7 @@ func TestPropertyCatchesSeededBugs(t *testing.T) {
 		swaps []swap
 	}{
 		{"unlock without owner check", "mutex", []swap{
-			{"mutex_unlock", "local cnt = cur[1]\n", "local cnt = cur[1] or '1'\n"},
+			{"mutex_unlock", "local cnt = tonumber(cur[1])\n", "local cnt = tonumber(cur[1]) or 1\n"},
 		}},
 		{"reentry count not decremented", "mutex", []swap{
 			{"mutex_unlock", "redis.call('HINCRBY', KEYS[1], tok, -1)", ""},

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"strconv"
 	"time"
 
 	"github.com/dsync-go/dsync/renew"
@@ -35,7 +35,7 @@ type Mutex struct {
 	c    *Client
 	cfg  config
 	name string
-	keys []string // lock hash, fence hash, queue, queue data
+	keys []string // lock hash, fence hash, queue, queue data, call ids
 	err  error
 
 	// Script arguments boxed once per handle.
@@ -46,8 +46,7 @@ type Mutex struct {
 
 	subs []*Mutex // quorum mode: this handle on each member (see quorum.go)
 
-	mu  sync.Mutex
-	cur *hold // the handle's own hold, without an owner in ctx
+	slot slot // the handle's own hold, without an owner in ctx
 }
 
 var (
@@ -61,10 +60,10 @@ var (
 // Client's defaults for this handle. An empty name or a bad option makes
 // every call on the handle fail with [ErrInvalid].
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
-	m := &Mutex{c: c, name: name}
+	m := &Mutex{c: c, name: name, slot: newSlot()}
 	m.cfg, m.err = c.handleConfig(name, opts)
 	k := m.cfg.keyOf(name)
-	m.keys = []string{k, k + ":f", k + ":q", k + ":qd"}
+	m.keys = []string{k, k + ":f", k + ":q", k + ":qd", k + ":x"}
 	m.kargs = boxKeys(m.keys)
 	m.ttlArg = ms(m.cfg.ttl)
 	m.chanArg = k
@@ -111,126 +110,84 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	if err := m.check(); err != nil {
 		return false, err
 	}
-	if m.subs != nil {
-		return m.quorumLock(ctx, wait)
-	}
-	tok, owned, err := owner(ctx)
+	otok, owned, err := owner(ctx)
 	if err != nil {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	var id string
+	var tok string
 	if owned {
-		if m.cfg.local && m.c.reenter(holdKey{m.keys[0], tok}) {
+		if m.cfg.local && m.c.reenter(holdKey{m.keys[0], otok}) {
 			return true, nil
 		}
-		id = newCallID()
+		tok = m.c.holderToken(&m.cfg, otok)
 	} else {
-		// A fresh token per call is also a fine call id.
-		tok = newToken()
-		id = tok
-	}
-	var mk mark
-	if wait {
-		mk = m.c.notify.mark(m.keys[0])
-	}
-	start := time.Now()
-	v, err := m.attempt(ctx, tok, id, wait)
-	if err != nil {
-		m.abandon(ctx, tok, id)
-		return false, err
-	}
-	if v <= 0 && wait {
-		// The lease of a hold taken (or handed over) while waiting began
-		// after the last attempt was sent.
-		v, start, err = m.wait(ctx, tok, id, start, v, mk)
-		if err != nil {
-			m.abandon(ctx, tok, id)
+		// The handle is locked from Lock to Unlock, as a sync.Mutex is,
+		// also when its hold was lost meanwhile.
+		if ok, err := m.slot.enter(ctx, wait, m.c.closed); !ok || err != nil {
 			return false, err
 		}
+		tok = newToken()
 	}
-	if v <= 0 {
-		return false, nil
+	if m.subs != nil {
+		return m.quorumLock(ctx, otok, tok, owned, wait)
 	}
-	m.held(tok, owned, uint64(v), start)
+	id := newCallID()
+	a := &acquisition{
+		ch:  m.chanArg.(string),
+		to:  newAddressee(tok, id),
+		ttl: m.cfg.ttl,
+	}
+	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
+		return m.attempt(ctx, tok, id, a.to.secret, queue)
+	}
+	a.abandon = func(ctx context.Context) {
+		_ = m.c.eval(ctx, mutexUnlock, m.kargs, tok, newCallID(), m.chanArg, fenceIdleArg, id, argNone, argNone).Err()
+	}
+	g, start, err := m.c.take(ctx, a, wait)
+	if err == nil && g.kind == handed && m.cfg.replicas > 0 {
+		// With WaitReplicas, make sure the hand-over reached replicas.
+		if err = m.c.replicated(ctx, &m.cfg, mutexRenew, m.keys[:1], tok, m.ttlArg); err != nil {
+			m.c.cleanup(ctx, a.abandon)
+		}
+	}
+	if err == nil && g.kind == final {
+		err = g.err
+	}
+	if err != nil || (g.kind != taken && g.kind != handed) {
+		if !owned {
+			m.slot.leave()
+		}
+		return false, err
+	}
+	m.held(otok, tok, owned, g.fence, start)
 	return true, nil
 }
 
-// attempt runs the lock script once: > 0 is the fencing token of a hold,
-// ≤ 0 minus the ms to wait at most. With queue, a refused caller takes (or
+// attempt runs the lock script once. With queue, a refused caller takes (or
 // keeps) a place in the queue.
-func (m *Mutex) attempt(ctx context.Context, tok, id string, queue bool) (int64, error) {
+func (m *Mutex) attempt(ctx context.Context, tok, id, secret string, queue bool) (grant, error) {
 	s := argNo
 	if queue {
 		s = argYes
 	}
-	return m.c.acquire(ctx, &m.cfg, mutexLock, m.kargs, tok, m.ttlArg, id, s, fenceIdleArg, m.localArg)
-}
-
-// wait retries after notifications until the lock is held or ctx is done.
-// The first attempt, which returned v, was sent at start, after mk.
-func (m *Mutex) wait(ctx context.Context, tok, id string, start time.Time, v int64, mk mark) (int64, time.Time, error) {
-	// Unless the name's channel was subscribed before the first attempt
-	// and has delivered nothing for this waiter since, a release may have
-	// been missed: try again once subscribed.
-	w, retry := m.c.notify.watchSince(m.keys[0], tok, mk)
-	defer m.c.notify.unwatch(w)
-	w.awaitReady(ctx, m.c.closed)
-	t := time.NewTimer(m.sleepFor(v))
-	defer t.Stop()
-	sent := start
-	for {
-		if retry {
-			var err error
-			sent = time.Now()
-			v, err = m.attempt(ctx, tok, id, true)
-			if err != nil || v > 0 {
-				return v, sent, err
-			}
-			t.Reset(m.sleepFor(v))
-		}
-		select {
-		case <-ctx.Done():
-			return 0, sent, ctx.Err()
-		case <-m.c.closed:
-			return 0, sent, ErrClosed
-		case <-t.C:
-			retry = true
-		case <-w.sig:
-			if f, ok := w.handover(); ok {
-				// With WaitReplicas, make sure the hand-over reached replicas.
-				err := m.c.replicated(ctx, &m.cfg, mutexRenew, m.keys[:1], tok, m.ttlArg)
-				return int64(f), sent, err
-			}
-			// A plain release (or a resubscription) invites a retry; a
-			// hand-over to another waiter does not, and the timer set
-			// after the last attempt keeps running.
-			retry = w.shouldRetry()
-		}
+	r, err := m.c.acquirePair(ctx, &m.cfg, mutexLock, m.kargs, tok, m.ttlArg, id, s, fenceIdleArg, m.localArg, secret)
+	code, v, err := pair("mutex lock", r, err)
+	if err != nil {
+		return grant{}, err
 	}
+	g, ok, err := decodeGrant(code, v, true, "Mutex "+strconv.Quote(m.name))
+	if !ok {
+		return grant{}, replyError("mutex lock", code)
+	}
+	return g, err
 }
 
-// sleepFor is how long a waiter sleeps at most after an attempt that
-// returned v ≤ 0: no longer than the hold (or the queue place) can last,
-// and so that the queue place is refreshed within its TTL.
-func (m *Mutex) sleepFor(v int64) time.Duration {
-	d := min(time.Duration(-v)*time.Millisecond, m.cfg.ttl/2)
-	return max(d, time.Millisecond)
-}
-
-// abandon undoes whatever a failed Lock call may have done on the server:
-// a hold it took whose reply was lost, a re-entry, its place in the queue.
-// It runs detached from ctx, which may be done.
-func (m *Mutex) abandon(ctx context.Context, tok, id string) {
-	dctx, cancel := detached(ctx)
-	defer cancel()
-	_ = m.c.eval(dctx, mutexUnlock, m.kargs, tok, newCallID(), m.chanArg, fenceIdleArg, id).Err()
-}
-
-// held records a hold taken (or re-entered) by tok.
-func (m *Mutex) held(tok string, owned bool, fence uint64, start time.Time) {
+// held records a hold taken (or re-entered) by holder tok, for owner otok
+// when owned.
+func (m *Mutex) held(otok, tok string, owned bool, fence uint64, start time.Time) {
 	newHold := func() *hold {
 		return m.c.startHold(&m.cfg, renew.Spec{
 			Script: mutexRenew,
@@ -240,25 +197,18 @@ func (m *Mutex) held(tok string, owned bool, fence uint64, start time.Time) {
 		}, tok, fence, start)
 	}
 	if owned {
-		m.c.ownerHold(holdKey{m.keys[0], tok}, fence, newHold)
+		m.c.ownerHold(holdKey{m.keys[0], otok}, fence, newHold)
 		return
 	}
-	h := newHold()
-	m.mu.Lock()
-	old := m.cur
-	m.cur = h
-	m.mu.Unlock()
-	if old != nil {
-		// The previous hold of this handle is gone, or Lock would have waited.
-		old.release()
-	}
+	m.slot.set(newHold())
 }
 
 // Unlock unlocks m: one level of an owner's re-entry, or the handle's hold.
 // It runs even if ctx is already done, detached with its own deadline. It
 // returns [ErrNotHeld] if the caller does not hold m and [ErrLeaseLost] if
 // the hold was lost before Unlock; in both cases nothing is changed. Unlock
-// never affects another owner's hold, also when retried after a lost reply.
+// never affects another owner's hold, nor a later hold of the same owner or
+// handle, also when retried after a lost reply.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.check(); err != nil && !errors.Is(err, ErrClosed) {
 		return err
@@ -266,90 +216,20 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if m.subs != nil {
 		return m.quorumUnlock(ctx)
 	}
-	tok, owned, h, id, done, err := m.unlockTarget(ctx)
-	if done || err != nil {
+	otok, owned, err := owner(ctx)
+	if err != nil {
 		return err
 	}
-	dctx, cancel := releaseContext(ctx)
-	defer cancel()
-	r, err := m.c.eval(dctx, mutexUnlock, m.kargs, tok, id, m.chanArg, fenceIdleArg, argNone).Int64()
-	if err != nil {
-		// The outcome is unknown: keep the hold, and let a retry reuse id.
-		return err
-	}
-	if h != nil {
-		m.mu.Lock()
-		h.unlockID = ""
-		m.mu.Unlock()
-	}
-	switch {
-	case r == 1 || (r == 0 && h != nil):
-		if h != nil {
-			m.forget(owned, tok, h)
-			if r == 0 {
-				h.lease.MarkLost()
-				return ErrLeaseLost
-			}
-			h.release()
-		}
+	if owned && m.cfg.local && m.c.leave(holdKey{m.keys[0], otok}) {
 		return nil
-	case r == 2:
-		if h != nil && owned {
-			m.c.mu.Lock()
-			h.count--
-			last := h.count <= 0
-			m.c.mu.Unlock()
-			if last {
-				// Another process re-entered with this owner and renews
-				// the rest of the hold.
-				m.forget(owned, tok, h)
-				h.release()
-			}
-		}
-		return nil
-	default:
-		return ErrNotHeld
 	}
-}
-
-// unlockTarget finds what an Unlock with ctx releases: the owner's token
-// and this process's record of its hold (nil if another process took it),
-// or the handle's hold; and the call id, reused from an earlier Unlock whose
-// reply was lost. done reports an inner unlock of client reentrancy, which
-// needs no round trip.
-func (m *Mutex) unlockTarget(ctx context.Context) (tok string, owned bool, h *hold, id string, done bool, err error) {
-	tok, owned, err = owner(ctx)
-	if err != nil {
-		return "", false, nil, "", false, err
+	run := func(ctx context.Context, tok, id string, fence any) (int64, error) {
+		return m.c.eval(ctx, mutexUnlock, m.kargs, tok, id, m.chanArg, fenceIdleArg, argNone, argNone, fence).Int64()
 	}
 	if owned {
-		if m.cfg.local && m.c.leave(holdKey{m.keys[0], tok}) {
-			return "", false, nil, "", true, nil
-		}
-		h = m.c.lookupHold(holdKey{m.keys[0], tok})
-	} else {
-		m.mu.Lock()
-		h = m.cur
-		m.mu.Unlock()
-		if h == nil {
-			return "", false, nil, "", false, ErrNotHeld
-		}
-		tok = h.tok
+		return m.c.unlockOwner(ctx, holdKey{m.keys[0], otok}, m.c.holderToken(&m.cfg, otok), run)
 	}
-	id = newCallID()
-	if h != nil {
-		m.mu.Lock()
-		if h.unlockID != "" {
-			id = h.unlockID
-		}
-		h.unlockID = id
-		m.mu.Unlock()
-	}
-	return tok, owned, h, id, false, nil
-}
-
-func (m *Mutex) forget(owned bool, tok string, h *hold) {
-	m.c.forgetHold(m.keys[0], owned, tok, h, &m.mu, &m.cur)
+	return m.c.unlockSlot(ctx, &m.slot, run)
 }
 
 // Lease returns the lease of the current hold of ctx's owner on m or,
@@ -359,7 +239,7 @@ func (m *Mutex) Lease(ctx context.Context) (*Lease, error) {
 	if err := m.check(); err != nil {
 		return nil, err
 	}
-	h, err := m.c.handleHold(ctx, m.keys[0], &m.mu, &m.cur)
+	h, err := m.c.handleHold(ctx, m.keys[0], &m.slot)
 	if err != nil {
 		return nil, err
 	}

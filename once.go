@@ -231,7 +231,7 @@ func (o *Once) attempt(ctx context.Context, tok string) (onceReply, error) {
 // wait retries after notifications until the Once is done, the call holds
 // the run lease, or ctx is done.
 func (o *Once) wait(ctx context.Context, tok string, d time.Duration) (onceReply, error) {
-	w := o.c.notify.watch(o.keys[0], tok)
+	w := o.c.notify.watch(o.keys[0])
 	defer o.c.notify.unwatch(w)
 	w.awaitReady(ctx, o.c.closed)
 	t := time.NewTimer(0)

@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -83,12 +84,7 @@ type quorum struct {
 // not close the Redis clients.
 func NewQuorum(clients []redis.UniversalClient, opts ...Option) *Client {
 	refuse := refusingClient()
-	c := &Client{
-		rdb:    refuse,
-		cfg:    defaultConfig(),
-		holds:  make(map[holdKey]*hold),
-		closed: make(chan struct{}),
-	}
+	c := newBase(refuse)
 	c.cfg.apply(opts)
 	c.err = c.cfg.err
 	switch {
@@ -359,7 +355,7 @@ func (q *quorum) lock(ctx context.Context, closed chan struct{}, k *quorumCall, 
 			// Watch every member's channel, then try again at once: a
 			// release before the subscriptions may have been missed.
 			for _, c := range q.members {
-				ws = append(ws, c.notify.watch(k.channel, tok))
+				ws = append(ws, c.notify.watch(k.channel))
 			}
 			for i, w := range ws {
 				w.awaitReady(ctx, q.members[i].closed)
@@ -391,32 +387,36 @@ func (q *quorum) lock(ctx context.Context, closed chan struct{}, k *quorumCall, 
 	}
 }
 
-func (m *Mutex) quorumLock(ctx context.Context, wait bool) (bool, error) {
-	tok, owned, err := owner(ctx)
-	if err != nil {
-		return false, err
-	}
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	if owned && m.cfg.local && m.c.reenter(holdKey{m.keys[0], tok}) {
-		return true, nil
-	}
-	if !owned {
-		tok = newToken()
-	}
+func (m *Mutex) quorumLock(ctx context.Context, otok, tok string, owned, wait bool) (bool, error) {
 	a, start, err := m.c.q.lock(ctx, m.c.closed, &quorumCall{
 		channel: m.keys[0],
 		ttl:     m.cfg.ttl,
 		try: func(i int, id string) (int64, error) {
-			return m.subs[i].attempt(ctx, tok, id, false)
+			g, err := m.subs[i].attempt(ctx, tok, id, argNone.(string), false)
+			switch {
+			case err != nil:
+				return 0, err
+			case g.kind == taken || g.kind == handed:
+				return int64(g.fence), nil
+			case g.kind == final:
+				return 0, g.err
+			}
+			return -max(g.wait.Milliseconds(), 1), nil
 		},
-		undo: func(i int, id string) { m.subs[i].abandon(ctx, tok, id) },
+		undo: func(i int, id string) {
+			sub := m.subs[i]
+			dctx, cancel := detached(ctx)
+			defer cancel()
+			_ = sub.c.eval(dctx, mutexUnlock, sub.kargs, tok, newCallID(), sub.chanArg, fenceIdleArg, id, argNone, argNone).Err()
+		},
 	}, tok, wait)
 	if err != nil || a.v == nil {
+		if !owned {
+			m.slot.leave()
+		}
 		return false, err
 	}
-	m.quorumHeld(tok, owned, a, start)
+	m.quorumHeld(otok, tok, owned, a, start)
 	return true, nil
 }
 
@@ -458,7 +458,7 @@ func (c *Client) quorumHold(tok string, fence uint64, a answers, start time.Time
 }
 
 // quorumHeld records a quorum hold of m.
-func (m *Mutex) quorumHeld(tok string, owned bool, a answers, start time.Time) {
+func (m *Mutex) quorumHeld(otok, tok string, owned bool, a answers, start time.Time) {
 	fence := uint64(a.max)
 	newHold := func() *hold {
 		return m.c.quorumHold(tok, fence, a, start, func(i int) *hold {
@@ -471,17 +471,10 @@ func (m *Mutex) quorumHeld(tok string, owned bool, a answers, start time.Time) {
 		})
 	}
 	if owned {
-		m.c.ownerHold(holdKey{m.keys[0], tok}, fence, newHold)
+		m.c.ownerHold(holdKey{m.keys[0], otok}, fence, newHold)
 		return
 	}
-	h := newHold()
-	m.mu.Lock()
-	old := m.cur
-	m.cur = h
-	m.mu.Unlock()
-	if old != nil {
-		old.releaseAll()
-	}
+	m.slot.set(newHold())
 }
 
 // watch marks h lost when fewer than a quorum of its member holds are
@@ -523,15 +516,40 @@ func (h *hold) releaseSubs() {
 }
 
 func (m *Mutex) quorumUnlock(ctx context.Context) error {
-	tok, owned, h, id, done, err := m.unlockTarget(ctx)
-	if done || err != nil {
+	otok, owned, err := owner(ctx)
+	if err != nil {
 		return err
+	}
+	var h *hold
+	var tok string
+	if owned {
+		if m.cfg.local && m.c.leave(holdKey{m.keys[0], otok}) {
+			return nil
+		}
+		tok = m.c.holderToken(&m.cfg, otok)
+		h = m.c.lookupHold(holdKey{m.keys[0], otok})
+	} else {
+		if h = m.slot.get(); h == nil {
+			return ErrNotHeld
+		}
+		tok = h.tok
+	}
+	id := newCallID()
+	if h != nil {
+		id = h.unlockCall()
+	}
+	forget := func() {
+		if owned {
+			m.c.dropHold(holdKey{m.keys[0], otok}, h)
+		} else if m.slot.clear(h) {
+			m.slot.leave()
+		}
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
 	floor := floorArg(h)
 	a := each(m.subs, func(_ int, sub *Mutex) (int64, error) {
-		return sub.c.eval(dctx, mutexUnlock, sub.kargs, tok, id, sub.chanArg, fenceIdleArg, argNone, floor).Int64()
+		return sub.c.eval(dctx, mutexUnlock, sub.kargs, tok, id, sub.chanArg, fenceIdleArg, argNone, floor, argNone).Int64()
 	})
 	r, err := a.unlocked(m.c.q.need)
 	if err != nil {
@@ -539,9 +557,7 @@ func (m *Mutex) quorumUnlock(ctx context.Context) error {
 		return err
 	}
 	if h != nil {
-		m.mu.Lock()
-		h.unlockID = ""
-		m.mu.Unlock()
+		h.unlocked()
 	}
 	switch {
 	case r == 2:
@@ -551,20 +567,20 @@ func (m *Mutex) quorumUnlock(ctx context.Context) error {
 			last := h.count <= 0
 			m.c.mu.Unlock()
 			if last {
-				m.forget(owned, tok, h)
+				forget()
 				h.releaseAll()
 			}
 		}
 		return nil
 	case r == 1:
 		if h != nil {
-			m.forget(owned, tok, h)
+			forget()
 			h.releaseAll()
 		}
 		return nil
 	case h != nil:
 		// Fewer than a majority still had it: it was lost before Unlock.
-		m.forget(owned, tok, h)
+		forget()
 		h.lease.MarkLost()
 		h.releaseSubs()
 		return ErrLeaseLost
@@ -597,7 +613,7 @@ func (h *hold) releaseAll() {
 // between attempts, so a waiting writer holds back new readers there and a
 // writer's Unlock there grants a waiting reader (whose next attempt finds
 // the grant). An upgrade refused by any master undoes the call everywhere.
-func (rw *RWMutex) quorumLock(ctx context.Context, mode, tok string, owned, wait bool) (bool, error) {
+func (rw *RWMutex) quorumLock(ctx context.Context, mode, otok, tok string, owned, wait bool) (bool, error) {
 	a, start, err := rw.c.q.lock(ctx, rw.c.closed, &quorumCall{
 		channel: rw.keys[0],
 		ttl:     rw.cfg.ttl,
@@ -605,9 +621,27 @@ func (rw *RWMutex) quorumLock(ctx context.Context, mode, tok string, owned, wait
 			// Never starving: quorum writers do not queue. Each master
 			// would order its queue by the arrivals it saw and hand the
 			// lock to different writers, splitting the grants.
-			return rw.subs[i].attempt(ctx, mode, tok, id, wait, false)
+			g, err := rw.subs[i].attempt(ctx, mode, tok, id, "-", wait, false)
+			switch {
+			case err != nil:
+				return 0, err
+			case g.kind == taken || g.kind == handed:
+				if mode == modeRead {
+					return 1, nil
+				}
+				return int64(g.fence), nil
+			case g.kind == final && errors.Is(g.err, ErrUpgrade):
+				return 0, nil
+			case g.kind == final:
+				return 0, g.err
+			}
+			return -max(g.wait.Milliseconds(), 1), nil
 		},
-		undo: func(i int, id string) { rw.subs[i].abandon(ctx, mode, tok, id) },
+		undo: func(i int, id string) {
+			dctx, cancel := detached(ctx)
+			defer cancel()
+			rw.subs[i].abandon(dctx, mode, tok, id)
+		},
 		zero: ErrUpgrade,
 		keep: true,
 	}, tok, wait)
@@ -618,7 +652,7 @@ func (rw *RWMutex) quorumLock(ctx context.Context, mode, tok string, owned, wait
 	if mode == modeRead {
 		fence = 0
 	}
-	rw.held(mode, tok, owned, fence, start, &a)
+	rw.held(mode, otok, tok, owned, fence, start, &a)
 	return true, nil
 }
 

@@ -49,7 +49,11 @@ func (c *Client) acquire(ctx context.Context, cfg *config, sc *script, keys []an
 		return c.eval(ctx, sc, keys, args...).Int64()
 	}
 	key := keys[1].(string)
-	v, acked, err := c.evalWait(ctx, cfg, key, sc, keys, args...)
+	cmd, acked, err := c.evalWait(ctx, cfg, key, sc, keys, args...)
+	if err != nil {
+		return 0, err
+	}
+	v, err := cmd.Int64()
 	if err != nil {
 		return 0, err
 	}
@@ -57,6 +61,27 @@ func (c *Client) acquire(ctx context.Context, cfg *config, sc *script, keys []an
 		return v, notReplicated(acked, cfg.replicas)
 	}
 	return v, nil
+}
+
+// acquirePair is acquire for scripts whose reply is {code, value}, code 1
+// or 2 for a grant.
+func (c *Client) acquirePair(ctx context.Context, cfg *config, sc *script, keys []any, args ...any) ([]int64, error) {
+	if cfg.replicas == 0 {
+		return c.eval(ctx, sc, keys, args...).Int64Slice()
+	}
+	key := keys[1].(string)
+	cmd, acked, err := c.evalWait(ctx, cfg, key, sc, keys, args...)
+	if err != nil {
+		return nil, err
+	}
+	r, err := cmd.Int64Slice()
+	if err != nil {
+		return nil, err
+	}
+	if len(r) == 2 && (r[0] == 1 || r[0] == 2) && acked < int64(cfg.replicas) {
+		return r, notReplicated(acked, cfg.replicas)
+	}
+	return r, nil
 }
 
 // replicated makes sure a hold obtained without an acquire round trip of
@@ -69,7 +94,11 @@ func (c *Client) replicated(ctx context.Context, cfg *config, renew *redis.Scrip
 		return nil
 	}
 	ks := boxKeys(keys)
-	v, acked, err := c.evalWait(ctx, cfg, keys[0], newScript(renew), ks, args...)
+	cmd, acked, err := c.evalWait(ctx, cfg, keys[0], newScript(renew), ks, args...)
+	if err != nil {
+		return err
+	}
+	v, err := cmd.Int64()
 	switch {
 	case err != nil:
 		return err
@@ -88,13 +117,13 @@ func notReplicated(acked int64, want int) error {
 // evalWait sends EVALSHA and WAIT in one pipeline on one connection to the
 // master of key. Pipelines get no NOSCRIPT fallback: on NOSCRIPT it loads the
 // script and sends the pipeline again.
-func (c *Client) evalWait(ctx context.Context, cfg *config, key string, sc *script, keys []any, args ...any) (int64, int64, error) {
+func (c *Client) evalWait(ctx context.Context, cfg *config, key string, sc *script, keys []any, args ...any) (*redis.Cmd, int64, error) {
 	var rdb redis.Cmdable = c.rdb
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		// WAIT has no key: send both to the slot's master on one connection.
 		m, err := cc.MasterForKey(ctx, key)
 		if err != nil {
-			return 0, 0, err
+			return nil, 0, err
 		}
 		rdb = m
 	}
@@ -111,20 +140,19 @@ func (c *Client) evalWait(ctx context.Context, cfg *config, key string, sc *scri
 		_, _ = pipe.Exec(ctx)
 		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			if err := sc.s.Load(ctx, rdb).Err(); err != nil {
-				return 0, 0, err
+				return nil, 0, err
 			}
 			continue
 		}
-		v, err := cmd.Int64()
-		if err != nil {
-			return 0, 0, err
+		if err := cmd.Err(); err != nil {
+			return nil, 0, err
 		}
 		acked, err := wait.Result()
 		if err != nil {
 			// The script ran; its effect is unknown to replicas.
-			return v, 0, err
+			return cmd, 0, err
 		}
-		return v, acked, nil
+		return cmd, acked, nil
 	}
-	return 0, 0, fmt.Errorf("dsync: script not loaded on %s", key)
+	return nil, 0, fmt.Errorf("dsync: script not loaded on %s", key)
 }

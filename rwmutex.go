@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -73,8 +74,8 @@ type RWMutex struct {
 
 	subs []*RWMutex // quorum mode: this handle on each member (see quorum.go)
 
+	slot  slot // the handle's write hold, without an owner in ctx
 	mu    sync.Mutex
-	w     *hold   // the handle's write hold, without an owner in ctx
 	reads []*hold // the handle's read holds, without an owner, latest last
 }
 
@@ -83,7 +84,7 @@ type RWMutex struct {
 // every call on the handle fail with [ErrInvalid]. An RWMutex and a [Mutex]
 // of the same name are distinct locks.
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
-	rw := &RWMutex{c: c, name: name}
+	rw := &RWMutex{c: c, name: name, slot: newSlot()}
 	rw.cfg, rw.err = c.handleConfig(name, opts)
 	k := rw.cfg.keyOf(name) + ":rw"
 	rw.keys = []string{k, k + ":f", k + ":r", k + ":rc", k + ":ww", k + ":rq", k + ":x", k + ":wq", k + ":wd"}
@@ -152,65 +153,73 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	if err := rw.check(); err != nil {
 		return false, err
 	}
-	tok, owned, err := owner(ctx)
+	otok, owned, err := owner(ctx)
 	if err != nil {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	if owned && rw.cfg.local && rw.c.reenter(rw.holdKey(mode, tok)) {
-		// Client reentrancy: the owner holds rw in mode through this
-		// process, which counts the re-entry without a round trip.
+	if owned && rw.cfg.local && rw.c.reenter(rw.holdKey(mode, otok)) {
 		return true, nil
 	}
-	if !owned {
+	tok := otok
+	if owned {
+		tok = rw.c.holderToken(&rw.cfg, otok)
+	} else {
+		if mode == modeWrite {
+			// The handle is write-locked from Lock to Unlock, as a
+			// sync.RWMutex is, also when its hold was lost meanwhile.
+			if ok, err := rw.slot.enter(ctx, wait, rw.c.closed); !ok || err != nil {
+				return false, err
+			}
+		}
 		tok = newToken()
 	}
+	ok, err := rw.lockAs(ctx, mode, otok, tok, owned, wait)
+	if !ok && !owned && mode == modeWrite {
+		rw.slot.leave()
+	}
+	return ok, err
+}
+
+func (rw *RWMutex) lockAs(ctx context.Context, mode, otok, tok string, owned, wait bool) (bool, error) {
 	if rw.subs != nil {
-		return rw.quorumLock(ctx, mode, tok, owned, wait)
+		return rw.quorumLock(ctx, mode, otok, tok, owned, wait)
 	}
 	id := newCallID()
-	var mk mark
-	if wait {
-		mk = rw.c.notify.mark(rw.keys[0])
+	a := &acquisition{ch: rw.keys[0], to: newAddressee(tok, id), ttl: rw.cfg.ttl}
+	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
+		// Writers queue from their first refused attempt, as Mutex
+		// waiters do.
+		return rw.attempt(ctx, mode, tok, id, a.to.secret, queue, queue)
 	}
-	start := time.Now()
-	v, err := rw.attempt(ctx, mode, tok, id, wait, false)
-	if err == nil && v < 0 && wait {
-		v, start, err = rw.wait(ctx, mode, tok, id, start, v, mk)
+	a.abandon = func(ctx context.Context) { rw.abandon(ctx, mode, tok, id) }
+	g, start, err := rw.c.take(ctx, a, wait)
+	if err == nil && g.kind == final {
+		err = g.err
 	}
-	if err != nil {
-		rw.abandon(ctx, mode, tok, id)
+	if err != nil || (g.kind != taken && g.kind != handed) {
 		return false, err
 	}
-	switch {
-	case v == 0:
-		// The script dropped the caller's place, if it had one.
-		return false, ErrUpgrade
-	case v < 0:
-		return false, nil
-	}
 	if rw.cfg.replicas > 0 {
-		// With WaitReplicas, make sure the hold reached the replicas.
 		spec := rw.renewSpec(mode, tok)
 		if err := rw.c.replicated(ctx, &rw.cfg, spec.Script, spec.Keys, spec.Args...); err != nil {
-			rw.abandon(ctx, mode, tok, id)
+			rw.c.cleanup(ctx, a.abandon)
 			return false, err
 		}
 	}
-	fence := uint64(v)
+	fence := g.fence
 	if mode == modeRead {
 		fence = 0
 	}
-	rw.held(mode, tok, owned, fence, start, nil)
+	rw.held(mode, otok, tok, owned, fence, start, nil)
 	return true, nil
 }
 
-// attempt runs the lock script once: > 0 held (the fencing token of a write
-// hold), 0 an upgrade refused, < 0 minus the ms to wait at most. A waiting
-// writer that is starving queues if refused.
-func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id string, wait, starving bool) (int64, error) {
+// attempt runs the lock script once. starving makes a refused writer take
+// a place in the writers' queue.
+func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id, secret string, wait, starving bool) (grant, error) {
 	w, local, s := "0", "0", "0"
 	if wait {
 		w = "1"
@@ -221,71 +230,24 @@ func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id string, wait, star
 	if starving {
 		s = "1"
 	}
-	return rw.c.eval(ctx, rwLock, rw.kargs, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle), local, s).Int64()
-}
-
-// wait retries after notifications until the lock is held, refused as an
-// upgrade, or ctx is done. The call's first attempt, sent at start after
-// mk, replied v. A writer that has waited past the starvation threshold queues, and may
-// be handed the lock by a release: the notification names its call, which
-// then holds the lock without another attempt. With a hold, wait also
-// returns a time no later than the start of its lease: the send time of the
-// last refused attempt, since a release may have granted the hold (or
-// handed it over) after it.
-func (rw *RWMutex) wait(ctx context.Context, mode, tok, id string, start time.Time, v int64, mk mark) (int64, time.Time, error) {
-	// A hand-over names the lock call, not only the owner: two calls of one
-	// owner may wait at once. Unless the channel was subscribed before the
-	// first attempt and delivered nothing for this call since, a release
-	// may have been missed: try again once subscribed.
-	w, retry := rw.c.notify.watchSince(rw.keys[0], tok+" "+id, mk)
-	defer rw.c.notify.unwatch(w)
-	w.awaitReady(ctx, rw.c.closed)
-	t := time.NewTimer(rw.sleepFor(v))
-	defer t.Stop()
-	sent := start
-	for {
-		if retry {
-			now := time.Now()
-			v, err := rw.attempt(ctx, mode, tok, id, true, now.Sub(start) >= starvation)
-			if err != nil || v >= 0 {
-				return v, sent, err
-			}
-			sent = now
-			t.Reset(rw.sleepFor(v))
-		}
-		select {
-		case <-ctx.Done():
-			return 0, sent, ctx.Err()
-		case <-rw.c.closed:
-			return 0, sent, ErrClosed
-		case <-t.C:
-			retry = true
-		case <-w.sig:
-			if f, ok := w.handover(); ok {
-				return int64(f), sent, nil
-			}
-			// A plain release (or a resubscription) invites a retry; the
-			// timer set after the last attempt keeps running otherwise.
-			retry = w.shouldRetry()
-		}
+	r, err := rw.c.acquirePair(ctx, &rw.cfg, rwLock, rw.kargs, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle), local, s, secret)
+	code, v, err := pair("rwmutex lock", r, err)
+	if err != nil {
+		return grant{}, err
 	}
+	// Read holds carry no fencing token.
+	if g, ok, err := decodeGrant(code, v, mode == modeWrite, "RWMutex "+strconv.Quote(rw.name)); ok {
+		return g, err
+	}
+	if code == 4 {
+		return grant{kind: final, err: ErrUpgrade}, nil
+	}
+	return grant{}, replyError("rwmutex lock", code)
 }
 
-// sleepFor is how long a waiter sleeps at most after an attempt that
-// returned v < 0: no longer than the blocking hold (or writer's place) can
-// last, and so that the caller's own place is refreshed within its TTL.
-func (rw *RWMutex) sleepFor(v int64) time.Duration {
-	d := min(time.Duration(-v)*time.Millisecond, rw.cfg.ttl/2)
-	return max(d, time.Millisecond)
-}
-
-// abandon undoes whatever a failed lock call may have done on the server: a
-// hold it took (or was granted) whose reply was lost, a re-entry, its
-// waiting place. It runs detached from ctx, which may be done.
+// abandon undoes whatever a failed lock call may have done on the server.
 func (rw *RWMutex) abandon(ctx context.Context, mode, tok, id string) {
-	dctx, cancel := detached(ctx)
-	defer cancel()
-	_ = rw.c.eval(dctx, rwUnlock, rw.kargs, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id, "", ms(fenceIdle)).Err()
+	_ = rw.c.eval(ctx, rwUnlock, rw.kargs, mode, tok, newCallID(), rw.keys[0], ms(finishedKeep), id, "", ms(fenceIdle)).Err()
 }
 
 func (rw *RWMutex) holdKey(mode, tok string) holdKey {
@@ -305,7 +267,7 @@ func (rw *RWMutex) renewSpec(mode, tok string) renew.Spec {
 
 // held records a hold taken (or re-entered) by tok; q is the grant of a
 // quorum hold, nil on one deployment.
-func (rw *RWMutex) held(mode, tok string, owned bool, fence uint64, start time.Time, q *answers) {
+func (rw *RWMutex) held(mode, otok, tok string, owned bool, fence uint64, start time.Time, q *answers) {
 	newHold := func() *hold {
 		if q != nil {
 			return rw.quorumHold(mode, tok, fence, *q, start)
@@ -313,36 +275,24 @@ func (rw *RWMutex) held(mode, tok string, owned bool, fence uint64, start time.T
 		return rw.c.startHold(&rw.cfg, rw.renewSpec(mode, tok), tok, fence, start)
 	}
 	if owned {
-		rw.c.ownerHold(rw.holdKey(mode, tok), fence, newHold)
+		rw.c.ownerHold(rw.holdKey(mode, otok), fence, newHold)
 		return
 	}
 	h := newHold()
-	rw.mu.Lock()
-	if mode == modeRead {
-		rw.reads = append(rw.reads, h)
-		rw.mu.Unlock()
+	if mode == modeWrite {
+		rw.slot.set(h)
 		return
 	}
-	old := rw.w
-	rw.w = h
+	rw.mu.Lock()
+	rw.reads = append(rw.reads, h)
 	rw.mu.Unlock()
-	if old != nil {
-		// The previous write hold of this handle is gone, or Lock would
-		// have waited.
-		old.releaseAll()
-	}
 }
 
-// take removes the handle's hold in mode (the latest read hold) so that no
-// other unlock releases it too.
-func (rw *RWMutex) take(mode string) *hold {
+// takeRead removes the handle's latest read hold so that no other unlock
+// releases it too.
+func (rw *RWMutex) takeRead() *hold {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
-	if mode == modeWrite {
-		h := rw.w
-		rw.w = nil
-		return h
-	}
 	n := len(rw.reads)
 	if n == 0 {
 		return nil
@@ -353,15 +303,12 @@ func (rw *RWMutex) take(mode string) *hold {
 	return h
 }
 
-// restore gives back a hold taken by take whose unlock had an unknown outcome.
-func (rw *RWMutex) restore(mode string, h *hold) {
+// restoreRead gives back a read hold taken by takeRead whose unlock had an
+// unknown outcome.
+func (rw *RWMutex) restoreRead(h *hold) {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
-	if mode == modeRead {
-		rw.reads = append(rw.reads, h)
-	} else if rw.w == nil {
-		rw.w = h
-	}
+	rw.reads = append(rw.reads, h)
 }
 
 // RUnlock releases one read hold: one level of an owner's re-entry, or the
@@ -388,31 +335,46 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	if err := rw.check(); err != nil && !errors.Is(err, ErrClosed) {
 		return err
 	}
-	tok, owned, err := owner(ctx)
+	otok, owned, err := owner(ctx)
 	if err != nil {
 		return err
 	}
 	var h *hold
-	if owned {
-		if rw.cfg.local && rw.c.leave(rw.holdKey(mode, tok)) {
+	var tok string
+	switch {
+	case owned:
+		if rw.cfg.local && rw.c.leave(rw.holdKey(mode, otok)) {
 			// Client reentrancy: an inner unlock, counted in this process.
 			return nil
 		}
-		h = rw.c.lookupHold(rw.holdKey(mode, tok))
-	} else {
-		if h = rw.take(mode); h == nil {
+		h = rw.c.lookupHold(rw.holdKey(mode, otok))
+		tok = rw.c.holderToken(&rw.cfg, otok)
+	case mode == modeWrite:
+		if h = rw.slot.get(); h == nil {
+			return ErrNotHeld
+		}
+		tok = h.tok
+	default:
+		if h = rw.takeRead(); h == nil {
 			return ErrNotHeld
 		}
 		tok = h.tok
 	}
 	id := newCallID()
 	if h != nil {
-		rw.mu.Lock()
-		if h.unlockID != "" {
-			id = h.unlockID
+		id = h.unlockCall()
+	}
+	restore := func() {
+		if !owned && mode == modeRead {
+			rw.restoreRead(h)
 		}
-		h.unlockID = id
-		rw.mu.Unlock()
+	}
+	forget := func() {
+		if owned {
+			rw.c.dropHold(rw.holdKey(mode, otok), h)
+		} else if mode == modeWrite && rw.slot.clear(h) {
+			rw.slot.leave()
+		}
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
@@ -424,22 +386,16 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	}
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
-		if !owned {
-			rw.restore(mode, h)
-		}
+		restore()
 		return err
 	}
 	if h != nil {
-		rw.mu.Lock()
-		h.unlockID = ""
-		rw.mu.Unlock()
+		h.unlocked()
 	}
 	switch {
 	case r == 1 || (r == 0 && h != nil):
 		if h != nil {
-			if owned {
-				rw.c.dropHold(rw.holdKey(mode, tok), h)
-			}
+			forget()
 			if r == 0 {
 				h.lease.MarkLost()
 				h.releaseSubs()
@@ -451,7 +407,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	case r == 2:
 		if !owned {
 			// A handle's holds have a count of one; still held.
-			rw.restore(mode, h)
+			restore()
 			return nil
 		}
 		if h != nil {
@@ -462,7 +418,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 			if last {
 				// Another process re-entered with this owner and renews
 				// the rest of the hold.
-				rw.c.dropHold(rw.holdKey(mode, tok), h)
+				forget()
 				h.releaseAll()
 			}
 		}
@@ -498,11 +454,11 @@ func (rw *RWMutex) lease(ctx context.Context, mode string) (*Lease, error) {
 	var h *hold
 	if owned {
 		h = rw.c.lookupHold(rw.holdKey(mode, tok))
+	} else if mode == modeWrite {
+		h = rw.slot.get()
 	} else {
 		rw.mu.Lock()
-		if mode == modeWrite {
-			h = rw.w
-		} else if n := len(rw.reads); n > 0 {
+		if n := len(rw.reads); n > 0 {
 			h = rw.reads[n-1]
 		}
 		rw.mu.Unlock()

@@ -78,14 +78,34 @@ func rwScriptHash(args []any) string {
 	return s
 }
 
-// replay sends a recorded script again and returns its reply.
+// replay sends a recorded script again and returns its reply: for a lock
+// script, > 0 for a hold (the fencing token, 1 for a read), minus the ms to
+// wait when refused, 0 for an upgrade refused.
 func (r *rwRetryRig) replay(t *testing.T, args []any) int64 {
 	t.Helper()
-	v, err := r.rdb.Do(context.Background(), args...).Int64()
+	v, err := r.rdb.Do(context.Background(), args...).Result()
 	if err != nil {
 		t.Fatalf("replay: %v", err)
 	}
-	return v
+	switch v := v.(type) {
+	case int64:
+		return v
+	case []any:
+		if len(v) == 2 {
+			code, _ := v[0].(int64)
+			n, _ := v[1].(int64)
+			switch code {
+			case 1, 2:
+				return n
+			case 0:
+				return -n
+			case 4:
+				return 0
+			}
+		}
+	}
+	t.Fatalf("replay: reply %v", v)
+	return 0
 }
 
 // count returns the owner's reentry count in Redis for mode "r" or "w".

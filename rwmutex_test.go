@@ -2,6 +2,8 @@ package dsync_test
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -1135,8 +1137,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 					return ok
 				}
 				redisCount := func(key, field string) string {
-					v, _ := check.HGet(context.Background(), key, field).Result()
-					n, _, _ := strings.Cut(v, " ")
+					n, _, _ := strings.Cut(holderField(t, check, key, field), " ")
 					return n
 				}
 				wantCount := []string{"3", "1"}[mi]
@@ -1471,10 +1472,11 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		}
 		// A writer's starving lock call, as its caller sends it.
 		const tok, id = "abandoning-writer", "lock-call"
-		lockArgs := []any{"w", tok, 60000, id, "1", 86400000, "0", "1"}
+		const secret = "the-call-secret"
+		lockArgs := []any{"w", tok, 60000, id, "1", 86400000, "0", "1", secret}
 		lockScript := lua.Script("rwmutex_lock")
-		if v, err := lockScript.Run(ctx, rdb, keys, lockArgs...).Int64(); err != nil || v >= 0 {
-			t.Fatalf("lock call = %v, %v; want refused (< 0)", v, err)
+		if v, err := lockScript.Run(ctx, rdb, keys, lockArgs...).Int64Slice(); err != nil || v[0] != 0 {
+			t.Fatalf("lock call = %v, %v; want refused", v, err)
 		}
 		ps := rdb.Subscribe(ctx, rwKey(name, ""))
 		defer ps.Close()
@@ -1486,9 +1488,10 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		}
 		select {
 		case m := <-ps.Channel():
+			// "<call id> <sha1(holder)> <fencing token> <sha1(secret token)>"
 			f := strings.Fields(m.Payload)
-			if len(f) != 3 || f[0] != tok || f[1] != id {
-				t.Fatalf("notification %q, want a hand-over to %s's call %s", m.Payload, tok, id)
+			if len(f) != 4 || f[0] != id || f[1] != sha1hex(tok) || f[3] != sha1hex(secret+" "+f[2]) {
+				t.Fatalf("notification %q, want a proven hand-over to %s's call %s", m.Payload, tok, id)
 			}
 		case <-time.After(5 * time.Second):
 			t.Fatal("no hand-over notification")
@@ -1503,8 +1506,8 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 			t.Fatalf("cleanup = %v, %v; want 1 (released)", got, err)
 		}
 		// The call arriving late (a go-redis retry) takes nothing.
-		if v, err := lockScript.Run(ctx, rdb, keys, lockArgs...).Int64(); err != nil || v >= 0 {
-			t.Fatalf("late lock call = %v, %v; want refused (< 0)", v, err)
+		if v, err := lockScript.Run(ctx, rdb, keys, lockArgs...).Int64Slice(); err != nil || v[0] != 0 {
+			t.Fatalf("late lock call = %v, %v; want refused", v, err)
 		}
 		for _, s := range []string{"", ":ww", ":wq"} {
 			if n, _ := rdb.Exists(ctx, rwKey(name, s)).Result(); n != 0 {
@@ -1548,4 +1551,9 @@ func TestRWMutexNoWriterStarvation(t *testing.T) {
 		}
 		assertRWReleased(t, b, name)
 	})
+}
+
+func sha1hex(s string) string {
+	d := sha1.Sum([]byte(s))
+	return hex.EncodeToString(d[:])
 }

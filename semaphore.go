@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -53,16 +54,9 @@ type Semaphore struct {
 	mu   sync.Mutex
 	tok  string // the handle's holder token, made by its first Acquire
 	cur  *hold  // the handle's holding, without an owner in ctx
+	curN int64  // permits in cur
 	gone uint64 // fencing token of the handle's last holding known to have ended
 }
-
-// Replies of the acquire script.
-const (
-	semWait      = 0
-	semHeld      = 1
-	semSize      = 2
-	semAbandoned = 3
-)
 
 // Semaphore returns a handle on the semaphore called name, which allows size
 // permits at once. Options override the Client's defaults for this handle.
@@ -149,39 +143,30 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	if !owned {
 		tok = s.handleToken()
 	}
+	// Hand-overs name the call, not the holder: one holder may have several
+	// calls waiting.
 	id := newCallID()
-	var mk mark
-	if wait {
-		mk = s.c.notify.mark(s.keys[0])
+	a := &acquisition{ch: s.keys[0], to: newAddressee(tok, id), ttl: s.cfg.ttl}
+	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
+		return s.attempt(ctx, tok, id, a.to.secret, n, queue)
 	}
-	sent := time.Now()
-	st, v, err := s.attempt(ctx, tok, id, n, wait)
-	if err == nil && st == semWait && wait {
-		v, err = s.wait(ctx, tok, id, n, v, mk, &sent)
-		st = semHeld
+	a.abandon = func(ctx context.Context) { s.abandon(ctx, tok, owned, id, n) }
+	g, start, err := s.c.take(ctx, a, wait)
+	if err == nil && g.kind == final {
+		err = g.err
 	}
-	if err != nil {
-		s.abandon(ctx, tok, owned, id, n)
+	if err != nil || (g.kind != taken && g.kind != handed) {
 		return false, err
 	}
-	switch st {
-	case semHeld:
-		if s.cfg.replicas > 0 {
-			// With WaitReplicas, make sure the permits reached the replicas.
-			if err := s.c.replicated(ctx, &s.cfg, semRenew, s.rkeys, tok, s.ttlArg); err != nil {
-				s.abandon(ctx, tok, owned, id, n)
-				return false, err
-			}
+	if s.cfg.replicas > 0 {
+		// With WaitReplicas, make sure the permits reached the replicas.
+		if err := s.c.replicated(ctx, &s.cfg, semRenew, s.rkeys, tok, s.ttlArg); err != nil {
+			s.c.cleanup(ctx, a.abandon)
+			return false, err
 		}
-		s.held(tok, owned, uint64(v), sent)
-		return true, nil
-	case semSize:
-		return false, s.mismatch(v)
-	case semWait:
-		return false, nil
-	default:
-		return false, fmt.Errorf("dsync: semaphore acquire replied %d", st)
 	}
+	s.held(tok, owned, g.fence, n, start)
+	return true, nil
 }
 
 func (s *Semaphore) handleToken() string {
@@ -194,101 +179,38 @@ func (s *Semaphore) handleToken() string {
 }
 
 // attempt runs the acquire script once.
-func (s *Semaphore) attempt(ctx context.Context, tok, id string, n int64, queue bool) (st, v int64, err error) {
+func (s *Semaphore) attempt(ctx context.Context, tok, id, secret string, n int64, queue bool) (grant, error) {
 	q := argNo
 	if queue {
 		q = argYes
 	}
-	r, err := s.c.eval(ctx, semAcquire, s.kargs, tok, n, s.sizeArg, s.ttlArg, id, q, fenceIdleArg, s.chanArg).Int64Slice()
+	r, err := s.c.acquirePair(ctx, &s.cfg, semAcquire, s.kargs, tok, n, s.sizeArg, s.ttlArg, id, q, fenceIdleArg, s.chanArg, secret)
+	code, v, err := pair("semaphore acquire", r, err)
 	if err != nil {
-		return 0, 0, err
+		return grant{}, err
 	}
-	if len(r) != 2 {
-		return 0, 0, fmt.Errorf("dsync: semaphore acquire replied %v", r)
+	if g, ok, err := decodeGrant(code, v, true, "Semaphore "+strconv.Quote(s.name)); ok {
+		return g, err
 	}
-	return r[0], r[1], nil
-}
-
-// wait keeps the call's place in the queue until the permits are handed to
-// it or ctx is done, and returns the fencing token of the holding. The
-// first attempt, taken after mk, replied v (ms to wait at most). *sent is
-// set to the time of the last attempt, which precedes any hand-over.
-func (s *Semaphore) wait(ctx context.Context, tok, id string, n, v int64, mk mark, sent *time.Time) (int64, error) {
-	// Hand-overs name the call, not the holder: one holder may have several
-	// calls waiting. Unless the channel was subscribed before the first
-	// attempt and delivered nothing for this call since, a hand-over may
-	// have been missed: try again once subscribed.
-	w, retry := s.c.notify.watchSince(s.keys[0], id, mk)
-	defer s.c.notify.unwatch(w)
-	w.awaitReady(ctx, s.c.closed)
-	t := time.NewTimer(0)
-	defer t.Stop()
-	next := time.Now()
-	if !retry {
-		next = next.Add(s.sleepFor(v))
+	if code == 4 {
+		// The size differs (a place lapsed and another size took over).
+		return grant{kind: final, err: s.mismatch(v)}, nil
 	}
-	for {
-		if now := time.Now(); !now.Before(next) {
-			*sent = now
-			st, r, err := s.attempt(ctx, tok, id, n, true)
-			if err != nil {
-				return 0, err
-			}
-			switch st {
-			case semHeld:
-				return r, nil
-			case semSize:
-				// The place lapsed and another size took over meanwhile.
-				return 0, s.mismatch(r)
-			case semWait:
-			default:
-				return 0, fmt.Errorf("dsync: semaphore acquire replied %d", st)
-			}
-			next = time.Now().Add(s.sleepFor(r))
-		}
-		t.Reset(time.Until(next))
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-s.c.closed:
-			return 0, ErrClosed
-		case <-t.C:
-		case <-w.sig:
-			if f, ok := w.handover(); ok {
-				return int64(f), nil
-			}
-			// Only a hand-over serves a waiter, so a hand-over to another
-			// call is no reason to try now. A resubscription is: a
-			// hand-over to this call may have been missed.
-			if w.shouldRetry() {
-				next = time.Now()
-			}
-		}
-	}
-}
-
-// sleepFor is how long a waiter sleeps at most after an attempt that
-// replied to wait r ms: no longer than a lease (or the place ahead) can
-// last, and so that the place is refreshed within its TTL.
-func (s *Semaphore) sleepFor(r int64) time.Duration {
-	d := min(time.Duration(r)*time.Millisecond, s.cfg.ttl/2)
-	return max(d, time.Millisecond)
+	return grant{}, replyError("semaphore acquire", code)
 }
 
 // abandon undoes whatever a failed Acquire or TryAcquire call may have done
-// on the server: its place in the queue, permits it took or was handed whose
-// reply was lost. It runs detached from ctx, which may be done.
+// on the server: its place in the queue, permits it took or was handed
+// whose reply was lost.
 func (s *Semaphore) abandon(ctx context.Context, tok string, owned bool, id string, n int64) {
-	dctx, cancel := detached(ctx)
-	defer cancel()
-	r, err := s.c.eval(dctx, semAbandon, s.kargs, tok, n, id, fenceIdleArg, s.chanArg).Int64Slice()
+	r, err := s.c.eval(ctx, semAbandon, s.kargs, tok, n, id, fenceIdleArg, s.chanArg).Int64Slice()
 	if err == nil && len(r) == 2 && r[0] == 0 && r[1] > 0 {
 		s.ended(owned, tok, uint64(r[1]))
 	}
 }
 
-// held records permits taken by tok in a holding with fencing token fence.
-func (s *Semaphore) held(tok string, owned bool, fence uint64, start time.Time) {
+// held records n permits taken by tok in a holding with fencing token fence.
+func (s *Semaphore) held(tok string, owned bool, fence uint64, n int64, start time.Time) {
 	newHold := func() *hold {
 		return s.c.startHold(&s.cfg, renew.Spec{
 			Script: semRenew,
@@ -307,15 +229,16 @@ func (s *Semaphore) held(tok string, owned bool, fence uint64, start time.Time) 
 		// The reply of a release that ended this holding came first.
 		return
 	}
-	if s.cur != nil && s.cur.fence == fence && !s.cur.lost() {
-		return // added to the holding
+	if s.cur != nil && s.cur.fence == fence {
+		s.curN += n // added to the holding
+		return
 	}
-	old := s.cur
-	s.cur = newHold()
-	if old != nil {
-		// The previous holding ended, or the permits would have been added.
-		old.release()
+	if s.cur != nil {
+		// The handle's holding ended unreleased, or the permits would
+		// have been added to it: it was lost, and its lease says so.
+		s.cur.lease.MarkLost()
 	}
+	s.cur, s.curN = newHold(), n
 }
 
 // ended forgets tok's holding with fencing token fence, which the server
@@ -334,7 +257,7 @@ func (s *Semaphore) ended(owned bool, tok string, fence uint64) {
 	s.gone = max(s.gone, fence)
 	if s.cur != nil && s.cur.fence == fence {
 		s.cur.release()
-		s.cur = nil
+		s.cur, s.curN = nil, 0
 	}
 }
 
@@ -370,23 +293,28 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	r, err := s.c.eval(dctx, semRelease, s.kargs, tok, n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg).Int64Slice()
+	r, err := s.c.eval(dctx, semRelease, s.kargs, tok, n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg()).Int64Slice()
 	if err != nil {
 		return err
 	}
 	if len(r) != 3 {
-		return fmt.Errorf("dsync: semaphore release replied %v", r)
+		return replyError("semaphore release", r)
 	}
 	switch r[0] {
 	case 1:
 		if r[1] == 0 {
 			s.ended(owned, tok, uint64(r[2]))
+		} else if !owned {
+			s.mu.Lock()
+			if s.cur == h {
+				s.curN = max(s.curN-n, 0)
+			}
+			s.mu.Unlock()
 		}
 		return nil
 	case 0:
 		if h != nil {
-			s.forget(owned, tok, h)
-			h.lease.MarkLost()
+			s.lost(owned, tok, h)
 			return ErrLeaseLost
 		}
 		return ErrNotHeld
@@ -395,12 +323,22 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	case 3:
 		return s.mismatch(r[1])
 	default:
-		return fmt.Errorf("dsync: semaphore release replied %v", r)
+		return replyError("semaphore release", r)
 	}
 }
 
-func (s *Semaphore) forget(owned bool, tok string, h *hold) {
-	s.c.forgetHold(s.keys[0], owned, tok, h, &s.mu, &s.cur)
+// lost forgets h, a holding a Release found gone.
+func (s *Semaphore) lost(owned bool, tok string, h *hold) {
+	h.lease.MarkLost()
+	if owned {
+		s.c.dropHold(holdKey{s.keys[0], tok}, h)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == h {
+		s.cur, s.curN = nil, 0
+	}
 }
 
 // Lease returns the lease of the permits held by ctx's owner or, without
@@ -410,9 +348,30 @@ func (s *Semaphore) Lease(ctx context.Context) (*Lease, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	h, err := s.c.handleHold(ctx, s.keys[0], &s.mu, &s.cur)
+	h, err := s.handleHold(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return h.leaseView(), nil
+}
+
+// handleHold is the holding a Lease call finds: ctx's owner's or the
+// handle's.
+func (s *Semaphore) handleHold(ctx context.Context) (*hold, error) {
+	tok, owned, err := owner(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var h *hold
+	if owned {
+		h = s.c.lookupHold(holdKey{s.keys[0], tok})
+	} else {
+		s.mu.Lock()
+		h = s.cur
+		s.mu.Unlock()
+	}
+	if h == nil {
+		return nil, ErrNotHeld
+	}
+	return h, nil
 }

@@ -89,13 +89,13 @@ type mark struct {
 // A watcher is one waiter's interest in a channel.
 type watcher struct {
 	name  string
-	tok   string
+	to    addressee // zero: the waiter accepts no hand-over, only wakes
 	ready chan struct{}
 	sig   chan struct{} // a release, a hand-over or a resubscription happened
 
 	mu     sync.Mutex
-	handed string // the payload of a hand-over to tok, once seen
-	retry  bool   // a plain release or a resubscription since the last look
+	handed uint64 // the fencing token of a proven hand-over to this call
+	retry  bool   // a reason to try again since the last look
 }
 
 func newNotifier(rdb redis.UniversalClient) *notifier {
@@ -120,20 +120,20 @@ func (n *notifier) mark(name string) mark {
 	return mark{}
 }
 
-// watch registers interest in channel name for a waiter with owner token
-// tok. The caller must call unwatch.
-func (n *notifier) watch(name, tok string) *watcher {
-	w, _ := n.watchSince(name, tok, mark{})
+// watch registers interest in channel name for a waiter that accepts no
+// hand-overs: every release wakes it. The caller must call unwatch.
+func (n *notifier) watch(name string) *watcher {
+	w, _ := n.watchSince(name, addressee{}, mark{})
 	return w
 }
 
 // watchSince is watch for a waiter that took mk before its last attempt.
 // It reports whether the waiter must try again at once: unless since mk
 // the channel stayed subscribed and delivered no plain release,
-// resubscription or hand-over to tok (a hand-over to tok is passed on to
-// the watcher), a notification may have been missed.
-func (n *notifier) watchSince(name, tok string, mk mark) (*watcher, bool) {
-	w := &watcher{name: name, tok: tok, sig: make(chan struct{}, 1)}
+// resubscription or hand-over that concerns to (one is passed on to the
+// watcher), a notification may have been missed.
+func (n *notifier) watchSince(name string, to addressee, mk mark) (*watcher, bool) {
+	w := &watcher{name: name, to: to, sig: make(chan struct{}, 1)}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -171,17 +171,13 @@ func (ch *channel) missed(w *watcher, mk mark) bool {
 	if ch.seq-mk.seq > handedKept {
 		return true // more hand-overs than remembered
 	}
+	retry := false
 	for _, h := range ch.handed {
-		if h.seq > mk.seq {
-			if to, _ := splitHandover(h.payload); to == w.tok {
-				w.mu.Lock()
-				w.handed = h.payload
-				w.mu.Unlock()
-				w.signal()
-			}
+		if h.seq > mk.seq && w.offer(h.payload) {
+			retry = true
 		}
 	}
-	return false
+	return retry
 }
 
 func (n *notifier) unwatch(w *watcher) {
@@ -292,28 +288,25 @@ func (n *notifier) deliver(m any) {
 		if ch == nil {
 			return
 		}
-		// A plain release wakes every waiter; a hand-over only the waiter
-		// it went to (the others have no reason to look: the lock is held
-		// again, and their timers keep running).
-		to, _ := splitHandover(m.Payload)
+		// A plain release wakes every waiter; a hand-over only the call
+		// it went to and the other calls of the same holder (the others
+		// have no reason to look: the lock is held again, and their timers
+		// keep running).
 		ch.seq++
-		if to == "" {
+		if m.Payload == "" {
 			ch.retried = ch.seq
 		} else {
 			ch.handed[ch.seq%handedKept] = handedMsg{seq: ch.seq, payload: m.Payload}
 		}
 		for w := range ch.watchers {
-			if to != "" && to != w.tok {
+			if m.Payload == "" {
+				w.mu.Lock()
+				w.retry = true
+				w.mu.Unlock()
+				w.signal()
 				continue
 			}
-			w.mu.Lock()
-			if to == "" {
-				w.retry = true
-			} else {
-				w.handed = m.Payload
-			}
-			w.mu.Unlock()
-			w.signal()
+			w.offer(m.Payload)
 		}
 	}
 }
@@ -361,16 +354,44 @@ func (w *watcher) signal() {
 }
 
 // handover returns the fencing token of a hold handed to this waiter, if a
-// hand-over was seen.
+// proven hand-over was seen.
 func (w *watcher) handover() (uint64, bool) {
 	w.mu.Lock()
-	p := w.handed
-	w.mu.Unlock()
-	if p == "" {
-		return 0, false
+	defer w.mu.Unlock()
+	return w.handed, w.handed > 0
+}
+
+// offer passes w a hand-over message p and reports whether it asks w to
+// retry (a proven hand-over to w is passed on instead). A hand-over to w's call counts only with the proof that a script
+// sent it (see lua/lib.lua); one to another call of w's holder asks w to
+// try again (it re-enters), as does a message that names w's call without
+// a valid proof: a notification can wake a waiter, never grant it a hold.
+func (w *watcher) offer(p string) bool {
+	if w.to.id == "" {
+		// A waiter that takes no hand-overs: any message may free the name.
+		w.mu.Lock()
+		w.retry = true
+		w.mu.Unlock()
+		w.signal()
+		return true
 	}
-	_, f := splitHandover(p)
-	return f, f > 0
+	id, holder, f, proof, ok := splitHandover(p)
+	switch {
+	case ok && id == w.to.id && f > 0 && f <= maxFence && proof == digest(w.to.secret+" "+strconv.FormatUint(f, 10)):
+		w.mu.Lock()
+		w.handed = f
+		w.mu.Unlock()
+		w.signal()
+		return false
+	case id == w.to.id || (ok && holder == w.to.holder):
+		w.mu.Lock()
+		w.retry = true
+		w.mu.Unlock()
+	default:
+		return false
+	}
+	w.signal()
+	return true
 }
 
 // shouldRetry reports whether, since it was last asked, a plain release or
@@ -384,17 +405,18 @@ func (w *watcher) shouldRetry() bool {
 	return r
 }
 
-// splitHandover parses "<owner token> <fencing token>"; a plain release is "".
-func splitHandover(p string) (string, uint64) {
-	i := strings.LastIndexByte(p, ' ')
-	if i < 0 {
-		return "", 0
+// splitHandover parses "<call id> <holder digest> <fencing token> <proof>"
+// (see lua/lib.lua).
+func splitHandover(p string) (id, holder string, f uint64, proof string, ok bool) {
+	parts := strings.Split(p, " ")
+	if len(parts) != 4 {
+		return "", "", 0, "", false
 	}
-	f, err := strconv.ParseUint(p[i+1:], 10, 64)
+	f, err := strconv.ParseUint(parts[2], 10, 64)
 	if err != nil {
-		return "", 0
+		return parts[0], "", 0, "", false
 	}
-	return p[:i], f
+	return parts[0], parts[1], f, parts[3], true
 }
 
 // awaitReady waits, boundedly, until w's channel is subscribed, so that a

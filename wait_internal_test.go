@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -23,7 +24,7 @@ func TestWatchSinceMark(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Subscribe the channel and wait for the confirmation.
-	first := n.watch(name, "first")
+	first := n.watch(name)
 	first.awaitReady(ctx, nil)
 	select {
 	case <-first.ready:
@@ -33,6 +34,13 @@ func TestWatchSinceMark(t *testing.T) {
 	n.unwatch(first)
 
 	msg := func(payload string) { n.deliver(&redis.Message{Channel: name, Payload: payload}) }
+	me := newAddressee("holder", "me")
+	// handover is what a script publishes when it hands the lock to call id
+	// of holder tok, whose secret is secret (see lua/lib.lua).
+	handover := func(id, tok, secret string, f uint64) string {
+		fs := strconv.FormatUint(f, 10)
+		return id + " " + digest(tok) + " " + fs + " " + digest(secret+" "+fs)
+	}
 	cases := []struct {
 		name   string
 		mk     func() mark
@@ -42,11 +50,23 @@ func TestWatchSinceMark(t *testing.T) {
 	}{
 		{"nothing delivered", func() mark { return n.mark(name) }, func() {}, false, 0},
 		{"plain release", func() mark { return n.mark(name) }, func() { msg("") }, true, 0},
-		{"hand-over to another", func() mark { return n.mark(name) }, func() { msg("other 7") }, false, 0},
-		{"hand-over to the waiter", func() mark { return n.mark(name) }, func() { msg("other 7"); msg("me 9"); msg("x 11") }, false, 9},
+		{"hand-over to another", func() mark { return n.mark(name) }, func() { msg(handover("other", "someone", "s", 7)) }, false, 0},
+		{"hand-over to the waiter", func() mark { return n.mark(name) }, func() {
+			msg(handover("other", "someone", "s", 7))
+			msg(handover("me", "holder", me.secret, 9))
+			msg(handover("x", "someone", "s", 11))
+		}, false, 9},
+		{"forged hand-over to the waiter", func() mark { return n.mark(name) }, func() {
+			msg(handover("me", "holder", "guessed", 424242))
+			msg("me " + digest("holder") + " 9223372036854775808 x")
+			msg("me 42")
+		}, true, 0},
+		{"hand-over to another call of the holder", func() mark { return n.mark(name) }, func() {
+			msg(handover("sibling", "holder", "s", 7))
+		}, true, 0},
 		{"more hand-overs than kept", func() mark { return n.mark(name) }, func() {
 			for i := range handedKept + 1 {
-				msg(fmt.Sprintf("other %d", i+1))
+				msg(handover(fmt.Sprintf("other%d", i), "someone", "s", uint64(i+1)))
 			}
 		}, true, 0},
 		{"resubscription", func() mark { return n.mark(name) }, func() {
@@ -58,7 +78,7 @@ func TestWatchSinceMark(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			mk := c.mk()
 			c.send()
-			w, retry := n.watchSince(name, "me", mk)
+			w, retry := n.watchSince(name, me, mk)
 			defer n.unwatch(w)
 			if retry != c.retry {
 				t.Errorf("retry = %v, want %v", retry, c.retry)

@@ -37,7 +37,16 @@ func Source(name string) string {
 		panic(fmt.Sprintf("lua: no script %q", name))
 	}
 	if lib, ok := libs[name]; ok {
-		return Source(lib) + string(b)
+		return common() + Source(lib) + string(b)
+	}
+	return string(b)
+}
+
+// common is lib.lua, which every script that has a *_lib.lua begins with.
+func common() string {
+	b, err := files.ReadFile("lib.lua")
+	if err != nil {
+		panic("lua: no lib.lua")
 	}
 	return string(b)
 }
@@ -51,7 +60,7 @@ func Names() []string {
 	var names []string
 	for _, e := range entries {
 		n := strings.TrimSuffix(e.Name(), ".lua")
-		if !strings.HasSuffix(n, "_lib") {
+		if !strings.HasSuffix(n, "_lib") && n != "lib" {
 			names = append(names, n)
 		}
 	}

@@ -1,14 +1,15 @@
 -- mutex_lock: take or re-enter a Mutex, or report how long to wait.
 --
--- KEYS[1] lock hash: <owner token> -> reentry count, ':f' fencing token of
---         the hold, ':c' ids of the last calls applied to the hold, ':w' set
---         once someone waits
--- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
---         'r' ids of the last unlocks that released, 'x' ids of the last
---         abandoned calls
+-- KEYS[1] lock hash: <holder token> -> reentry count, ':f' fencing token of
+--         the hold, ':c' ids of the last calls applied to the hold (so an
+--         abandoned call undoes only its own effect), ':w' set once someone
+--         waits
+-- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token
 -- KEYS[3] queue zset: waiter token -> arrival time (µs)
--- KEYS[4] queue data hash: waiter token -> "<place deadline ms> <ttl ms> <call id>"
--- ARGV[1] owner token
+-- KEYS[4] queue data hash: waiter token -> "<place deadline ms> <ttl ms>
+--         <call id> <secret>"
+-- KEYS[5] call ids zset (see lib.lua): 1 took or re-entered, 2 abandoned
+-- ARGV[1] holder token
 -- ARGV[2] lease TTL (ms)
 -- ARGV[3] call id (the same for every attempt of one Lock call)
 -- ARGV[4] '1' when the caller waits (Lock): refused, it takes (or keeps) a
@@ -16,27 +17,44 @@
 -- ARGV[5] idle expiry of the fence hash (ms)
 -- ARGV[6] '1' when the owner counts re-entries itself (client reentrancy):
 --         a re-entry then leaves the count in Redis at 1
--- Reply: the fencing token (> 0) when the caller holds the lock, else
---        minus the number of ms after which to try again (< 0).
+-- ARGV[7] the call's secret, proof of a hand-over to it (see lib.lua)
+-- Reply: {1, fencing token} the caller took or re-entered the hold now;
+--        {2, fencing token} the hold was this call's already (a hand-over,
+--        or a repeat of this call); {0, ms} refused: try again after at
+--        most ms; {3, 0} the name's keys hold data dsync did not write (the
+--        name recovers when they expire or are removed).
 
 local tok, ttl, id = ARGV[1], ARGV[2], ARGV[3]
 
--- A call its caller abandoned must not take effect when it arrives late.
-local fence = redis.call('HMGET', KEYS[2], 'x', 'n')
-if seen(fence[1], id) then
-  return -1
+local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f', ':w')
+
+-- A repeat of a call that took effect, or of one its caller abandoned,
+-- changes nothing.
+local done = recall(KEYS[5], id)
+if done then
+  if done == 1 and cur[1] and cur[3] then
+    return { 2, tonumber(cur[3]) }
+  end
+  return { 0, 1 }
 end
 
-local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f', ':w')
 if cur[1] then
-  -- Re-entry, or a repeat of this very call (a retry after a lost reply,
-  -- or a hold handed to this waiter): a repeat changes nothing.
-  if not seen(cur[2], id) and ARGV[6] ~= '1' then
+  if not tonumber(cur[3]) then
+    return { 3, 0 }
+  end
+  if seen(cur[2], id) then
+    -- Handed over to this call.
+    return { 2, tonumber(cur[3]) }
+  end
+  -- Re-entry: it never moves the expiry earlier.
+  if ARGV[6] ~= '1' then
     redis.call('HINCRBY', KEYS[1], tok, 1)
     redis.call('HSET', KEYS[1], ':c', remember(cur[2], id))
-    redis.call('PEXPIRE', KEYS[1], ttl)
   end
-  return tonumber(cur[3])
+  extend_key(KEYS[1], ttl)
+  clock()
+  note(KEYS[5], id, now_ms, 1)
+  return { 1, tonumber(cur[3]) }
 end
 
 -- The queue head whose place has not lapsed; lapsed places are dropped.
@@ -49,8 +67,8 @@ local function head()
     clock()
     local d = redis.call('HGET', KEYS[4], h)
     if d then
-      local dl = tonumber(string.match(d, '^(%d+)'))
-      if dl > now_ms then
+      local dl = tonumber(string.match(d, '^(%d+) %d+ %S+ %S+$'))
+      if dl and dl > now_ms then
         return h, dl
       end
     end
@@ -64,16 +82,18 @@ local function enqueue()
   -- The place lasts one lease TTL and is refreshed by every attempt.
   clock()
   redis.call('ZADD', KEYS[3], 'NX', now_us, tok)
-  redis.call('HSET', KEYS[4], tok, string.format('%.0f %s %s', now_ms + tonumber(ttl), ttl, id))
+  redis.call('HSET', KEYS[4], tok, string.format('%.0f %s %s %s', now_ms + tonumber(ttl), ttl, id, ARGV[7]))
   for i = 3, 4 do
-    if redis.call('PTTL', KEYS[i]) < tonumber(ttl) then
-      redis.call('PEXPIRE', KEYS[i], ttl)
-    end
+    extend_key(KEYS[i], ttl)
   end
 end
 
+local function pause(ms)
+  return { 0, math.max(ms, 1) }
+end
+
 if cur[3] then
-  -- Held by another owner (every hold has a fencing token).
+  -- Held by another owner.
   if not cur[4] then
     redis.call('HSET', KEYS[1], ':w', '1')
   end
@@ -81,10 +101,11 @@ if cur[3] then
     enqueue()
   end
   local p = redis.call('PTTL', KEYS[1])
-  if p < 1 then
-    p = 1
+  if p < 0 then
+    -- No expiry: not a hold dsync wrote. Wait a lease at most.
+    p = tonumber(ttl)
   end
-  return -p
+  return pause(p)
 end
 
 local h, dl = head()
@@ -94,7 +115,7 @@ if h and h ~= tok then
   if ARGV[4] == '1' then
     enqueue()
   end
-  return -math.max(dl - now_ms, 1)
+  return pause(dl - now_ms)
 end
 if h then
   redis.call('ZREM', KEYS[3], tok)
@@ -102,7 +123,10 @@ if h then
 end
 
 -- Fresh acquisition.
-local f = next_token(fence[2], ARGV[5])
+local f = next_token(redis.call('HGET', KEYS[2], 'n'), ARGV[5])
+if not f then
+  return { 3, 0 }
+end
 if h then
   -- Others may still be queued behind: make the release notify them.
   redis.call('HSET', KEYS[1], tok, '1', ':f', f, ':c', id, ':w', '1')
@@ -110,4 +134,5 @@ else
   redis.call('HSET', KEYS[1], tok, '1', ':f', f, ':c', id)
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
-return tonumber(f)
+note(KEYS[5], id, now_ms, 1)
+return { 1, tonumber(f) }

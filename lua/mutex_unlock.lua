@@ -1,8 +1,10 @@
 -- mutex_unlock: release one level of a Mutex hold; a full release hands the
 -- lock straight to the first waiter in the queue, if any.
 --
--- KEYS[1..4] as in mutex_lock.lua (lock hash, fence hash, queue, queue data)
--- ARGV[1] owner token
+-- KEYS[1..5] as in mutex_lock.lua (lock hash, fence hash, queue, queue
+--         data, call ids); call ids of unlocks: 1 released, 2 lowered the
+--         count
+-- ARGV[1] holder token
 -- ARGV[2] call id of this unlock
 -- ARGV[3] notification channel
 -- ARGV[4] idle expiry of the fence hash (ms)
@@ -13,6 +15,9 @@
 -- ARGV[6] (quorum mode only) the fencing token of the hold: this master's
 --         counter is raised to it, so the next holder's token is larger even
 --         where another master's clock ran ahead when it was issued
+-- ARGV[7] the fencing token of the hold this Unlock ends, or '' when the
+--         caller does not know it: a hold with another token is not the
+--         caller's (a later hold of the same holder is never ended)
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it.
 
@@ -35,10 +40,10 @@ if ARGV[6] and ARGV[6] ~= '' then
   end
 end
 
--- A repeat of an unlock that released answers as before.
-local fence = redis.call('HMGET', KEYS[2], 'r', 'n')
-if seen(fence[1], id) then
-  return 1
+-- A repeat of an unlock answers as before.
+local done = recall(KEYS[5], id)
+if done then
+  return done
 end
 
 local function head()
@@ -49,21 +54,25 @@ local function head()
     end
     clock()
     local d = redis.call('HGET', KEYS[4], h)
-    if d and tonumber(string.match(d, '^(%d+)')) > now_ms then
-      return h, d
+    local dl, ttl, cid, secret
+    if d then
+      dl, ttl, cid, secret = string.match(d, '^(%d+) (%d+) (%S+) (%S+)$')
     end
     redis.call('ZREM', KEYS[3], h)
     redis.call('HDEL', KEYS[4], h)
+    if dl and tonumber(dl) > now_ms and not recall(KEYS[5], cid) then
+      return h, ttl, cid, secret
+    end
   end
   return nil
 end
 
 local calls -- the ids in ':c', once read
 if guard ~= '' then
-  redis.call('HSET', KEYS[2], 'x', remember(redis.call('HGET', KEYS[2], 'x'), guard))
-  keep_fence(idle)
+  clock()
+  note(KEYS[5], guard, now_ms, 2)
   local d = redis.call('HGET', KEYS[4], tok)
-  if d and string.match(d, '(%S+)$') == guard then
+  if d and string.match(d, '^%d+ %d+ (%S+)') == guard then
     redis.call('ZREM', KEYS[3], tok)
     redis.call('HDEL', KEYS[4], tok)
     if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[3]) == 1 then
@@ -80,27 +89,29 @@ if guard ~= '' then
   calls = forget(calls, guard)
 end
 
-local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':w')
-local cnt = cur[1]
-if not cnt then
+local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':w', ':f')
+local cnt = tonumber(cur[1])
+if not cnt or (ARGV[7] and ARGV[7] ~= '' and cur[4] ~= ARGV[7]) then
   return 0
 end
-if seen(cur[2], id) then
-  -- A repeat of an unlock that only lowered the count.
-  return 2
-end
-if tonumber(cnt) > 1 then
+clock()
+if cnt > 1 then
   redis.call('HINCRBY', KEYS[1], tok, -1)
-  redis.call('HSET', KEYS[1], ':c', remember(calls or cur[2], id))
+  if guard ~= '' then
+    redis.call('HSET', KEYS[1], ':c', calls)
+  else
+    note(KEYS[5], id, now_ms, 2)
+  end
   return 2
 end
 
-redis.call('HSET', KEYS[2], 'r', remember(fence[1], id))
-keep_fence(idle)
+if guard == '' then
+  note(KEYS[5], id, now_ms, 1)
+end
 local waited = cur[3]
 redis.call('DEL', KEYS[1])
 
-local h, d = head()
+local h, ttl, cid, secret = head()
 if not h then
   if waited then
     redis.call('PUBLISH', ch, '')
@@ -110,11 +121,13 @@ end
 
 -- Hand over: the head owns the lock now, with its own TTL and its Lock
 -- call's id, so that call's next attempt finds it held and changes nothing.
-local ttl, cid = string.match(d, '^%d+ (%d+) (%S+)$')
-redis.call('ZREM', KEYS[3], h)
-redis.call('HDEL', KEYS[4], h)
-local f = next_token(fence[2], idle)
+local f = next_token(redis.call('HGET', KEYS[2], 'n'), idle)
+if not f then
+  redis.call('PUBLISH', ch, '')
+  return 1
+end
 redis.call('HSET', KEYS[1], h, '1', ':f', f, ':c', cid, ':w', '1')
 redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PUBLISH', ch, h .. ' ' .. f)
+note(KEYS[5], cid, now_ms, 1)
+publish_handover(ch, cid, h, f, secret)
 return 1

@@ -121,8 +121,8 @@ end
 -- Hands the free lock (no writer, no reader) to the first queued writer:
 -- it holds the lock now, with its own TTL and its lock call's id, so that
 -- the call's next attempt finds the hold and changes nothing, and the
--- notification "<token> <call id> <fencing token>" tells that call, which
--- then owns the lock without another attempt. Reports whether it did.
+-- notification (see publish_handover) tells that call, which then owns the
+-- lock without another attempt. Reports whether it did.
 local function hand_over(ch, idle)
   for _ = 1, 100 do
     local h, _, d = head()
@@ -130,13 +130,13 @@ local function hand_over(ch, idle)
       return false
     end
     unplace(h)
-    local ttl, cid = string.match(d, '^(%d+) (%S+)$')
+    local ttl, cid, secret = string.match(d, '^(%d+) (%S+) (%S+)$')
     -- A call abandoned by its caller must not get the lock.
     if ttl and not redis.call('ZSCORE', X, cid) then
       local f = next_fence(idle)
       redis.call('HSET', W, h, 1, ':f', num(f), ':c', cid)
       redis.call('PEXPIRE', W, ttl)
-      redis.call('PUBLISH', ch, h .. ' ' .. cid .. ' ' .. num(f))
+      publish_handover(ch, cid, h, num(f), secret)
       -- A writer that waits without a queue place (it was not starving
       -- yet when it last tried, and no queue existed) is told to try
       -- again, and then queues: no hand-over would wake it.

@@ -17,7 +17,8 @@
 -- KEYS[8] writers' queue zset: queued writer token -> arrival (server µs);
 --         a writer queues once it has waited past the starvation threshold,
 --         or when others are queued, and the queue's head gets the lock first
--- KEYS[9] queued writers hash: queued writer token -> "<ttl ms> <call id>";
+-- KEYS[9] queued writers hash: queued writer token -> "<ttl ms> <call id>
+--         <secret>";
 --         a queue place lives as long as the writer's place in KEYS[5]
 -- ARGV[1] 'r' to read, 'w' to write
 -- ARGV[2] owner token
@@ -29,20 +30,24 @@
 --         a re-entry then leaves the count in Redis at 1
 -- ARGV[8] '1' when the caller (a waiting writer) has waited past the
 --         starvation threshold: a refused attempt then queues it
--- Reply: > 0 held: the fencing token for a write hold, 1 for a read hold;
---        0 write refused because the owner holds a read lock (an upgrade);
---        < 0 refused: minus the number of ms after which to try again.
+-- ARGV[9] the call's secret, proof of a hand-over to it (see lib.lua)
+-- Reply: {1, v} the caller took or re-entered the hold now, {2, v} the
+--        hold was this call's already (granted to it while it waited, or a
+--        repeat), where v is the fencing token for a write hold and 1 for a
+--        read hold; {4, 0} write refused because the owner holds a read
+--        lock (an upgrade); {3, 0} foreign data in the keys; {0, ms}
+--        refused: try again after at most ms.
 
 local mode, tok, ttl, id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local wait = ARGV[5] == '1'
 local counted = ARGV[7] ~= '1' -- re-entries are counted here
 local function retry_at(deadline)
-  return -math.max(deadline - now, 1)
+  return { 0, math.max(deadline - now, 1) }
 end
 
 -- A call its caller abandoned must not take effect when it arrives late.
 if redis.call('ZSCORE', X, id) then
-  return -1
+  return { 0, 1 }
 end
 
 if mode == 'r' then
@@ -53,15 +58,18 @@ if mode == 'r' then
     -- a hold granted to this waiter by a writer's unlock): a repeat changes
     -- nothing.
     local cnt, ids = string.match(rec, '^(%d+) (.*)$')
-    if counted and not seen(ids, id) then
-      redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) + 1, remember(ids, id)))
-      local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
-      if now + ttl > s then
-        redis.call('ZADD', R, num(now + ttl), tok)
-        fit(R, RC)
-      end
+    if seen(ids, id) then
+      return { 2, 1 }
     end
-    return 1
+    if counted then
+      redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) + 1, remember(ids, id)))
+    end
+    local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
+    if now + ttl > s then
+      redis.call('ZADD', R, num(now + ttl), tok)
+      fit(R, RC)
+    end
+    return { 1, 1 }
   end
   local held = redis.call('EXISTS', W) == 1
   local mine = held and redis.call('HEXISTS', W, tok) == 1
@@ -89,7 +97,7 @@ if mode == 'r' then
   redis.call('ZADD', R, num(now + ttl), tok)
   redis.call('HDEL', RQ, tok)
   fit(R, RC)
-  return 1
+  return { 1, 1 }
 end
 
 -- Write.
@@ -97,18 +105,26 @@ local cnt = redis.call('HGET', W, tok)
 if cnt then
   -- Re-entry, or a repeat of a recent call: a repeat changes nothing.
   local ids = redis.call('HGET', W, ':c')
-  if counted and not seen(ids, id) then
+  local f = tonumber(redis.call('HGET', W, ':f'))
+  if not f then
+    return { 3, 0 }
+  end
+  if seen(ids, id) then
+    return { 2, f }
+  end
+  if counted then
     redis.call('HINCRBY', W, tok, 1)
     redis.call('HSET', W, ':c', remember(ids, id))
-    redis.call('PEXPIRE', W, ttl)
   end
-  return tonumber(redis.call('HGET', W, ':f'))
+  -- A re-entry never moves the expiry earlier.
+  extend_key(W, ttl)
+  return { 1, f }
 end
 
 if redis.call('HEXISTS', RC, tok) == 1 then
   -- The owner reads: waiting for the write lock would wait for itself.
   unplace(tok)
-  return 0
+  return { 4, 0 }
 end
 
 local function enqueue()
@@ -120,7 +136,7 @@ local function enqueue()
     -- Starving, or behind writers that starve: keep the arrival order. The
     -- queue keys outlive every place in them; each place lapses alone.
     redis.call('ZADD', WQ, 'NX', num(now_us), tok)
-    redis.call('HSET', WD, tok, string.format('%d %s', ttl, id))
+    redis.call('HSET', WD, tok, string.format('%d %s %s', ttl, id, ARGV[9]))
     for _, k in ipairs({WQ, WD}) do
       if redis.call('PTTL', k) < ttl then
         redis.call('PEXPIRE', k, ttl)
@@ -160,4 +176,4 @@ local f = next_fence(ARGV[6])
 redis.call('HSET', W, tok, 1, ':f', num(f), ':c', id)
 redis.call('PEXPIRE', W, ttl)
 unplace(tok)
-return f
+return { 1, f }

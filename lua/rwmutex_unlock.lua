@@ -58,7 +58,7 @@ if guard ~= '' then
     -- The places are the abandoned call's unless another call of the same
     -- owner queued since (its id is in the queue place).
     local d = redis.call('HGET', WD, tok)
-    if not d or string.match(d, '(%S+)$') == guard then
+    if not d or string.match(d, '^%d+ (%S+)') == guard then
       if redis.call('ZSCORE', WW, tok) then
         unplace(tok)
         if redis.call('EXISTS', W) == 0 then

@@ -11,18 +11,20 @@
 --         '0' to change nothing then (TryAcquire)
 -- ARGV[7] idle expiry of the fence hash (ms)
 -- ARGV[8] notification channel
--- Reply: {1, fencing token} the holder holds the permits (now or already:
---        a repeat of this call answers as before); {0, ms} not served,
---        try again within ms (queued if ARGV[6] is '1'); {2, size in force}
---        the size differs, nothing changed; {3, 0} the call was abandoned
---        by its caller, nothing changed.
+-- ARGV[9] the call's secret, proof of a hand-over to it (see lib.lua)
+-- Reply: {1, fencing token} the holder took the permits now; {2, fencing
+--        token} they were handed to this call while it waited (or a repeat
+--        of this call); {0, ms} not served, try again within ms (queued if
+--        ARGV[6] is '1'; also a late copy of an abandoned call, which
+--        changes nothing); {4, size in force} the size differs, nothing
+--        changed.
 
 local tok, n, size, ttl, id = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local queue, idle, ch = ARGV[6] == '1', ARGV[7], ARGV[8]
 
 -- An attempt that arrives after its caller gave up must not take effect.
 if find(fence_get('sx'), id) then
-  return { 3, 0 }
+  return { 0, 1 }
 end
 
 prune()
@@ -37,12 +39,12 @@ end
 -- the permits were handed to it) changes nothing.
 h = hold(tok)
 if h.n > 0 and find(h.c, id) then
-  return { 1, tonumber(h.f) }
+  return { 2, tonumber(h.f) }
 end
 
 tidy(head)
 if in_force and in_force ~= size then
-  return { 2, in_force }
+  return { 4, in_force }
 end
 
 -- Fits and nobody waits: take the permits. (If anyone waits, the head did
@@ -69,7 +71,7 @@ if not redis.call('ZSCORE', KEYS[4], id) then
   end
   redis.call('ZADD', KEYS[4], fmt(a), id)
 end
-redis.call('HSET', KEYS[5], id, string.format('%.0f %s %d %s', now_ms + tonumber(ttl), ttl, n, tok))
+redis.call('HSET', KEYS[5], id, string.format('%.0f %s %d %s %s', now_ms + tonumber(ttl), ttl, n, ARGV[9], tok))
 -- The holders zset must outlive the state hash: prune reads the deadlines
 -- there, and permits counted in the hash without one would never return.
 for i = 3, 5 do

@@ -14,7 +14,8 @@
 --         latest abandoned Acquire call ids.
 -- KEYS[3] holders zset: <token> -> lease deadline (server ms)
 -- KEYS[4] queue zset: Acquire call id -> arrival (server µs, increasing)
--- KEYS[5] queue data hash: call id -> "<place deadline ms> <ttl ms> <n> <token>"
+-- KEYS[5] queue data hash: call id -> "<place deadline ms> <ttl ms> <n>
+--         <secret> <token>"
 --
 -- Invariants kept by every script: a holder whose deadline passed is pruned
 -- before anything else is decided, so its permits come back by themselves;
@@ -243,9 +244,9 @@ local function grant(ch, idle, self, first)
       break
     end
     d = redis.call('HGET', KEYS[5], h)
-    local dl, ttl, n, tok
+    local dl, ttl, n, secret, tok
     if d then
-      dl, ttl, n, tok = string.match(d, '^(%d+) (%d+) (%d+) (.+)$')
+      dl, ttl, n, secret, tok = string.match(d, '^(%d+) (%d+) (%d+) (%S+) (.+)$')
     end
     if not dl or tonumber(dl) <= now_ms then
       unqueue(h)
@@ -257,7 +258,7 @@ local function grant(ch, idle, self, first)
       if h == self then
         served = f
       else
-        redis.call('PUBLISH', ch, h .. ' ' .. f)
+        publish_handover(ch, h, tok, f, secret)
       end
     end
   end

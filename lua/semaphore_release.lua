@@ -8,6 +8,8 @@
 -- ARGV[4] call id of this release
 -- ARGV[5] idle expiry of the fence hash (ms)
 -- ARGV[6] notification channel
+-- ARGV[7] the fencing token of the holding the caller releases, or '':
+--         a holding with another token is not the caller's
 -- Reply: {1, permits still held, fencing token} released (0 held: the
 --        holding ended; a repeat of this call answers so again);
 --        {0, 0, 0} the holder holds nothing; {2, permits held, fencing
@@ -32,6 +34,10 @@ if cnt == 0 then
 end
 if find(h.c, id) then
   return { 1, cnt, tonumber(f) }
+end
+if ARGV[7] and ARGV[7] ~= '' and f ~= ARGV[7] then
+  -- A later holding of the same holder: the caller's ended unreleased.
+  return { 0, 0, 0 }
 end
 if in_force and in_force ~= size then
   return { 3, in_force, 0 }

@@ -37,6 +37,11 @@ func (m *Mutex) live() *hold {
 // hold is fresh.
 func (m *Mutex) TryLock(h Holder) (ok, isFresh bool) {
 	now := m.clk.Now()
+	if !h.Owner && m.known[h.ID] != nil {
+		// A handle is locked from Lock to Unlock, also when its hold was
+		// lost meanwhile.
+		return false, false
+	}
 	if c := m.live(); c != nil {
 		if h.Owner && c.tok == h.ID {
 			c.count++

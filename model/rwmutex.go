@@ -94,6 +94,11 @@ func (rw *RWMutex) TryRLock(h Holder) bool {
 func (rw *RWMutex) TryLock(h Holder) (ok, isFresh bool, e Err) {
 	rw.prune()
 	now := rw.clk.Now()
+	if !h.Owner && rw.knownW[h.ID] != nil {
+		// A handle is write-locked from Lock to Unlock, also when its hold
+		// was lost meanwhile.
+		return false, false, OK
+	}
 	if h.Owner && rw.w != nil && rw.w.tok == h.ID {
 		rw.w.count++
 		rw.w.deadline = now + rw.ttl

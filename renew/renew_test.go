@@ -12,7 +12,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/dsync-go/dsync/internal/faults"
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -417,10 +416,10 @@ func TestCoalescedBatches(t *testing.T) {
 }
 
 // TestStalledRenewerReportsLoss stalls the renewer past the TTL and checks
-// that on resuming it reports the loss instead of renewing. Not parallel: the
-// stall hook is global.
+// that on resuming it reports the loss instead of renewing.
 func TestStalledRenewerReportsLoss(t *testing.T) {
-	eachBackend(t, false, func(t *testing.T, b *backend) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
 		const (
 			ttl      = 600 * time.Millisecond
 			interval = 200 * time.Millisecond
@@ -437,10 +436,8 @@ func TestStalledRenewerReportsLoss(t *testing.T) {
 				<-resume
 			}
 		}
-		faults.RenewStall.Store(&hook)
-		t.Cleanup(func() { faults.RenewStall.Store(nil) })
-
 		r := newRenewer(t, b)
+		renew.SetStall(r, hook)
 		s1, s2 := acquire(t, b, ttl), acquire(t, b, ttl)
 		s1.Interval, s2.Interval = interval, interval
 		h1, h2 := r.Add(s1), r.Add(s2)

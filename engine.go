@@ -1,0 +1,268 @@
+package dsync
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The acquisition engine. Every primitive takes a hold the same way: an
+// attempt (one script), and if refused, a wait for a notification or for
+// the time the script said the current hold can last, then another
+// attempt, until the hold is taken, handed over, or the call gives up; a
+// call that gives up has whatever it may have done on the server undone in
+// the background. A primitive supplies its attempt and abandon scripts as
+// functions and decodes its replies into a grant; the engine does the rest.
+
+// A grantKind says what one attempt achieved.
+type grantKind int8
+
+const (
+	// refused: not held; wait (at most grant.wait) and try again.
+	refused grantKind = iota
+	// taken: this attempt took the hold or re-entered it.
+	taken
+	// handed: the hold was this call's before this attempt ran: handed
+	// over to it while it waited, or taken by an earlier copy of the same
+	// attempt (a go-redis retry after a lost reply).
+	handed
+	// final: not held, and waiting will not change that; grant.err says
+	// why (nil for a try that found the name held).
+	final
+)
+
+// A grant is a primitive's decoding of one attempt's reply.
+type grant struct {
+	kind  grantKind
+	fence uint64        // taken, handed: the hold's fencing token
+	wait  time.Duration // refused: the longest the caller need wait
+	err   error         // final
+}
+
+// maxFence bounds fencing tokens: Lua numbers count by one only up to 2^53,
+// so a larger token can only come from foreign data.
+const maxFence = 1 << 53
+
+// checkFence turns a token read from a reply into a grant's fence.
+func checkFence(v int64) (uint64, error) {
+	if v <= 0 || v > maxFence {
+		return 0, fmt.Errorf("%w: fencing token %d", ErrCorrupt, v)
+	}
+	return uint64(v), nil
+}
+
+// minRetry is the shortest time between two attempts of one waiter that
+// were not asked for by a release: whatever Redis holds or anyone
+// publishes, a waiter does not retry more often.
+const minRetry = 20 * time.Millisecond
+
+// cleanupGrace is how long a failed call waits for its clean-up before it
+// returns and leaves the clean-up to the Client's background.
+const cleanupGrace = 20 * time.Millisecond
+
+// An acquisition is one call that takes a hold (Lock, RLock, Acquire).
+type acquisition struct {
+	ch      string // the primitive's notification channel
+	to      addressee
+	ttl     time.Duration
+	attempt func(ctx context.Context, queue bool) (grant, error)
+	abandon func(ctx context.Context) // undoes what the call may have done
+}
+
+// An addressee is a waiting call as hand-overs name it.
+type addressee struct {
+	id     string // the call id
+	holder string // hex SHA-1 of the holder token (not the token itself)
+	secret string // given to the scripts; a hand-over proves it knew it
+}
+
+// newAddressee returns the addressee of a new call of holder tok with id.
+func newAddressee(tok, id string) addressee {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return addressee{id: id, holder: digest(tok), secret: hex.EncodeToString(b[:])}
+}
+
+func digest(s string) string {
+	d := sha1.Sum([]byte(s))
+	return hex.EncodeToString(d[:])
+}
+
+// take runs a: one attempt, and with wait, more after notifications until
+// the hold is taken or handed over, or ctx ends. It returns the last grant
+// and the lease start: the send time of the earliest attempt that could
+// have produced the hold (for a hand-over, the last attempt sent before
+// it). On error, a.abandon runs, in the background if it takes long.
+func (c *Client) take(ctx context.Context, a *acquisition, wait bool) (grant, time.Time, error) {
+	var mk mark
+	if wait {
+		mk = c.notify.mark(a.ch)
+	}
+	sent := time.Now()
+	g, err := a.attempt(ctx, wait)
+	if err == nil && g.kind == refused && wait {
+		g, sent, err = c.await(ctx, a, g, sent, mk)
+	}
+	if err != nil {
+		c.cleanup(ctx, a.abandon)
+		return grant{}, sent, err
+	}
+	return g, sent, nil
+}
+
+// await waits after a refused attempt sent at last, which returned g,
+// until the hold is this call's or ctx ends.
+func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.Time, mk mark) (grant, time.Time, error) {
+	// Unless the channel was subscribed before the first attempt and
+	// delivered nothing for this call since, a release may have been
+	// missed: try again once subscribed.
+	w, retry := c.notify.watchSince(a.ch, a.to, mk)
+	defer c.notify.unwatch(w)
+	w.awaitReady(ctx, c.closed)
+	t := time.NewTimer(sleepFor(g.wait, a.ttl))
+	defer t.Stop()
+	asked := false // the next attempt was asked for by a notification
+	for {
+		if retry {
+			if asked {
+				// A notification asks for an attempt; however many arrive,
+				// a waiter attempts at most every minRetry.
+				if d := minRetry - time.Since(last); d > 0 {
+					t.Reset(d)
+					retry, asked = false, false
+					goto sleep
+				}
+			}
+			now := time.Now()
+			var err error
+			g, err = a.attempt(ctx, true)
+			if err != nil {
+				return grant{}, now, err
+			}
+			switch g.kind {
+			case taken, final:
+				return g, now, nil
+			case handed:
+				// Handed over after the previous attempt ran.
+				return g, last, nil
+			}
+			last = now
+			t.Reset(sleepFor(g.wait, a.ttl))
+			retry, asked = false, false
+		}
+	sleep:
+		select {
+		case <-ctx.Done():
+			return grant{}, last, ctx.Err()
+		case <-c.closed:
+			return grant{}, last, ErrClosed
+		case <-t.C:
+			retry = true
+		case <-w.sig:
+			if f, ok := w.handover(); ok {
+				return grant{kind: handed, fence: f}, last, nil
+			}
+			// A plain release, a resubscription or a hand-over to another
+			// call of the same holder invites a retry; a hand-over to
+			// another waiter does not, and the timer keeps running.
+			if w.shouldRetry() {
+				retry, asked = true, true
+			}
+		}
+	}
+}
+
+// sleepFor is how long a waiter sleeps at most after a refused attempt
+// that said to wait d: no longer than the hold (or queue place) can last,
+// and so that its queue place is refreshed within its TTL; never less than
+// minRetry.
+func sleepFor(d, ttl time.Duration) time.Duration {
+	return max(min(d, ttl/2), minRetry)
+}
+
+// cleanup runs f, which undoes what a failed call may have done on the
+// server, on a context of its own: the call's ctx may be done. It waits
+// cleanupGrace at most; the rest runs in the background, owned by c (Close
+// stops it), so that a call returns in time also when Redis is slow or
+// unreachable.
+func (c *Client) cleanup(ctx context.Context, f func(ctx context.Context)) {
+	if f == nil {
+		return
+	}
+	done := make(chan struct{})
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		defer close(done)
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		stop := context.AfterFunc(c.bgCtx, cancel)
+		defer stop()
+		f(dctx)
+	}()
+	t := time.NewTimer(cleanupGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// decodeGrant turns the reply codes every lock script shares into a grant:
+// 0 refused (v: the ms to wait at most), 1 taken by this attempt and 2 this
+// call's already (v: the fencing token, checked when fenced), 3 foreign data
+// in the keys of what. ok is false for other codes: the primitive's own.
+func decodeGrant(code, v int64, fenced bool, what string) (g grant, ok bool, err error) {
+	switch code {
+	case 0:
+		return grant{kind: refused, wait: time.Duration(v) * time.Millisecond}, true, nil
+	case 1, 2:
+		g.kind = taken
+		if code == 2 {
+			g.kind = handed
+		}
+		if fenced {
+			if g.fence, err = checkFence(v); err != nil {
+				return grant{}, true, err
+			}
+		}
+		return g, true, nil
+	case 3:
+		return grant{kind: final, err: fmt.Errorf("%w: in the keys of %s", ErrCorrupt, what)}, true, nil
+	}
+	return grant{}, false, nil
+}
+
+// replyError turns an error of a script call into what a caller sees: a
+// reply of the wrong shape is ErrCorrupt.
+func replyError(what string, r any) error {
+	return fmt.Errorf("%w: %s replied %v", ErrCorrupt, what, r)
+}
+
+// pair decodes a script reply {code, value}.
+func pair(what string, r []int64, err error) (int64, int64, error) {
+	if err != nil {
+		return 0, 0, scriptError(err)
+	}
+	if len(r) != 2 {
+		return 0, 0, replyError(what, r)
+	}
+	return r[0], r[1], nil
+}
+
+// scriptError marks the errors Redis raises for foreign data in a
+// primitive's keys (a key of another type) as ErrCorrupt, keeping the
+// cause.
+func scriptError(err error) error {
+	var re redis.Error
+	if errors.As(err, &re) && (redis.HasErrorPrefix(err, "WRONGTYPE") || redis.HasErrorPrefix(err, "ERR")) {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return err
+}
