@@ -2,22 +2,28 @@ package dsync_test
 
 // The faults of the nemesis (nemesis_test.go), and the plain Redis access it
 // needs to inject them: a per-"process" network emulator (stalled or failing
-// commands, delayed pub/sub deliveries, a record of the scripts sent, for
-// late duplicates), key deletion, forged and replayed notifications, and
-// CLIENT PAUSE. Everything here goes through public interfaces: go-redis
-// hooks and dialers, and plain commands on the keys and channels that carry
-// the primitive's name as their hash tag.
+// commands, delayed pub/sub deliveries, a stalled lease renewer, a record of
+// the scripts sent, for late duplicates), key deletion, forged and replayed
+// notifications, and CLIENT PAUSE. Everything here goes through public
+// interfaces (go-redis hooks and dialers, plain commands on the keys and
+// channels that carry the primitive's name as their hash tag) and one test
+// hook, dsync.SetRenewStall.
 
 import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,11 +37,14 @@ var errNemDown = errors.New("nemesis: server unreachable (injected)")
 // dialer, installed on the process's own go-redis client.
 type netem struct {
 	stallUntil atomic.Int64 // unix ns: commands wait until then (or their ctx ends)
-	pipesUntil atomic.Int64 // unix ns: pipelines (lease renewals) wait until then
+	renewUntil atomic.Int64 // unix ns: the Client's renewer does not send until then
 	downUntil  atomic.Int64 // unix ns: commands fail at once until then
-	psDelay    atomic.Int64 // ns: each read on a pub/sub connection is delivered this late
+	psDelay    atomic.Int64 // ns: what a pub/sub connection reads is delivered this long after it arrived
 
-	rec *scriptLog // scripts sent, for late duplicates; nil: not recorded
+	rec   *scriptLog // scripts sent, for late duplicates; nil: not recorded
+	idx   int        // the process; -1: the test's own client
+	trace *nemTrace  // commands and replies, for the reports; nil: none
+	ids   *sync.Map  // the words (call ids, tokens) its scripts carried; nil: not kept
 }
 
 var _ redis.Hook = (*netem)(nil)
@@ -57,11 +66,33 @@ func (n *netem) stall(d time.Duration) {
 	raise(&n.stallUntil, time.Now().Add(d).UnixNano())
 }
 
-// stallPipes makes pipelines wait for d from now: the process's lease
-// renewals, which it pipelines, are late (as when the renewer is starved),
-// while its other commands go through.
-func (n *netem) stallPipes(d time.Duration) {
-	raise(&n.pipesUntil, time.Now().Add(d).UnixNano())
+// stallRenewals makes the process's lease renewer send nothing for d from
+// now (as when it is starved), while its other commands go through. It
+// takes effect through renewStall, installed with dsync.SetRenewStall.
+func (n *netem) stallRenewals(d time.Duration) {
+	raise(&n.renewUntil, time.Now().Add(d).UnixNano())
+}
+
+// renewStall returns the hook for dsync.SetRenewStall: called before each
+// batch of renewals, it blocks until the renewal stall is over or done is
+// closed. The renewer's scheduler, which declares leases lost at their
+// deadlines, keeps running meanwhile.
+func (n *netem) renewStall(done <-chan struct{}) func() {
+	return func() {
+		for range 1000 {
+			d := time.Until(time.Unix(0, n.renewUntil.Load()))
+			if d <= 0 {
+				return
+			}
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-done:
+				t.Stop()
+				return
+			}
+		}
+	}
 }
 
 // down makes commands fail at once for d from now.
@@ -70,7 +101,7 @@ func (n *netem) down(d time.Duration) {
 }
 
 func raise(a *atomic.Int64, v int64) {
-	for {
+	for range 1000 {
 		old := a.Load()
 		if old >= v || a.CompareAndSwap(old, v) {
 			return
@@ -79,16 +110,12 @@ func raise(a *atomic.Int64, v int64) {
 }
 
 // gate applies the current stall or outage to one command (or pipeline).
-func (n *netem) gate(ctx context.Context, pipe bool) error {
+func (n *netem) gate(ctx context.Context) error {
 	now := time.Now().UnixNano()
 	if now < n.downUntil.Load() {
 		return errNemDown
 	}
-	until := n.stallUntil.Load()
-	if pipe {
-		until = max(until, n.pipesUntil.Load())
-	}
-	if now < until {
+	if until := n.stallUntil.Load(); now < until {
 		t := time.NewTimer(time.Duration(until - now))
 		defer t.Stop()
 		select {
@@ -112,12 +139,18 @@ func (n *netem) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if nemSetup(cmd) {
 			return next(ctx, cmd)
 		}
-		if err := n.gate(ctx, false); err != nil {
+		called := time.Now()
+		if err := n.gate(ctx); err != nil {
 			cmd.SetErr(err)
+			n.trace.add(n.idx, called, time.Time{}, cmd)
 			return err
 		}
 		n.rec.add(ctx, cmd)
-		return next(ctx, cmd)
+		n.keepIDs(cmd)
+		sent := time.Now()
+		err := next(ctx, cmd)
+		n.trace.add(n.idx, called, sent, cmd)
+		return err
 	}
 }
 
@@ -132,7 +165,8 @@ func (n *netem) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 			// go-redis's handshake on a new connection.
 			return next(ctx, cmds)
 		}
-		if err := n.gate(ctx, true); err != nil {
+		called := time.Now()
+		if err := n.gate(ctx); err != nil {
 			for _, c := range cmds {
 				c.SetErr(err)
 			}
@@ -140,9 +174,166 @@ func (n *netem) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 		}
 		for _, c := range cmds {
 			n.rec.add(ctx, c)
+			n.keepIDs(c)
 		}
-		return next(ctx, cmds)
+		sent := time.Now()
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			n.trace.add(n.idx, called, sent, c)
+		}
+		return err
 	}
+}
+
+// keepIDs notes the words a script carries (its call id among them), if
+// ids are kept.
+func (n *netem) keepIDs(cmd redis.Cmder) {
+	if n.ids == nil || !isScript(cmd) {
+		return
+	}
+	for _, a := range cmd.Args() {
+		if s, ok := a.(string); ok && idLike(s) {
+			n.ids.Store(s, true)
+		}
+	}
+}
+
+// sent reports whether the process sent a script carrying id.
+func (n *netem) sent(id string) bool {
+	if n.ids == nil {
+		return false
+	}
+	_, ok := n.ids.Load(id)
+	return ok
+}
+
+func isScript(cmd redis.Cmder) bool {
+	switch strings.ToLower(cmd.Name()) {
+	case "evalsha", "eval", "evalsha_ro", "eval_ro":
+		return true
+	}
+	return false
+}
+
+// isSecret reports whether s has the form of a waiting call's secret (16
+// random bytes in hex), which hand-overs prove they know.
+func isSecret(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// nemTrace is a bounded record of what the processes sent and what they
+// got back, and of the notifications published, so that a failing check
+// can show what happened to its name.
+type nemTrace struct {
+	mu   sync.Mutex
+	ring []traceEntry
+	next int
+	n    int
+}
+
+type traceEntry struct {
+	at   time.Time   // the command was called (or the notification heard)
+	sent time.Time   // it passed the emulated network; zero: it did not
+	done time.Time   // it returned
+	proc int         // -1: the test's own client
+	cmd  redis.Cmder // nil for a notification
+	note string      // a notification: "<channel> <payload>"
+}
+
+func newTrace(size int) *nemTrace { return &nemTrace{ring: make([]traceEntry, size)} }
+
+func (tr *nemTrace) add(proc int, at, sent time.Time, cmd redis.Cmder) {
+	if tr == nil {
+		return
+	}
+	tr.put(traceEntry{at: at, sent: sent, done: time.Now(), proc: proc, cmd: cmd})
+}
+
+func (tr *nemTrace) heard(h heard) {
+	if tr == nil {
+		return
+	}
+	tr.put(traceEntry{at: h.at, proc: -1, note: h.channel + " " + strconv.Quote(h.payload)})
+}
+
+func (tr *nemTrace) put(e traceEntry) {
+	tr.mu.Lock()
+	tr.ring[tr.next] = e
+	tr.next = (tr.next + 1) % len(tr.ring)
+	tr.n = min(tr.n+1, len(tr.ring))
+	tr.mu.Unlock()
+}
+
+// about returns, in time order, the entries from..to accepted by keep that
+// concern the keys or channels carrying tag, each formatted by line: at
+// most the first and the last max/2.
+func (tr *nemTrace) about(tag string, from, to time.Time, max int, keep func(traceEntry) bool, line func(e traceEntry, text string) string) []string {
+	tr.mu.Lock()
+	var es []traceEntry
+	for i := 0; i < tr.n; i++ {
+		e := tr.ring[i]
+		if e.at.Before(from) || e.at.After(to) || !keep(e) {
+			continue
+		}
+		if e.cmd == nil {
+			if strings.Contains(e.note, tag) {
+				es = append(es, e)
+			}
+			continue
+		}
+		for _, a := range e.cmd.Args() {
+			if s, ok := a.(string); ok && strings.Contains(s, tag) {
+				es = append(es, e)
+				break
+			}
+		}
+	}
+	tr.mu.Unlock()
+	sort.Slice(es, func(i, j int) bool { return es[i].at.Before(es[j].at) })
+	out := make([]string, 0, min(len(es), max+1))
+	for i, e := range es {
+		if len(es) > max && i >= max/2 && i < len(es)-max/2 {
+			if i == max/2 {
+				out = append(out, fmt.Sprintf("  ... %d entries left out ...", len(es)-max/2*2))
+			}
+			continue
+		}
+		text := e.note
+		if e.cmd != nil {
+			text = traceCmd(e.cmd)
+		}
+		out = append(out, line(e, text))
+	}
+	return out
+}
+
+// traceCmd formats a command and its outcome, the script's sha shortened.
+func traceCmd(cmd redis.Cmder) string {
+	args := cmd.Args()
+	parts := make([]string, 0, len(args)+2)
+	for i, a := range args {
+		s := fmt.Sprint(a)
+		if i == 1 && isScript(cmd) && len(s) == 40 {
+			s = s[:8]
+		}
+		parts = append(parts, s)
+	}
+	out := strings.Join(parts, " ")
+	if err := cmd.Err(); err != nil {
+		return out + " -> error: " + err.Error()
+	}
+	if c, ok := cmd.(*redis.Cmd); ok {
+		return out + fmt.Sprintf(" -> %v", c.Val())
+	}
+	return out
 }
 
 // nemSetup reports whether cmd is one go-redis sends when it sets up a
@@ -155,14 +346,29 @@ func nemSetup(cmd redis.Cmder) bool {
 	return false
 }
 
-// nemConn delays what a pub/sub connection reads by the process's psDelay.
-// A connection is a pub/sub one once it has sent a SUBSCRIBE.
+// nemConn delays what a pub/sub connection reads by the process's psDelay:
+// each chunk the server sends is delivered psDelay after it arrived (a slow
+// network, not a slow reader: delays do not add up). A connection is a
+// pub/sub one once it has sent a SUBSCRIBE. Its reads then go through a
+// goroutine that stamps each chunk with its arrival; read deadlines are
+// kept by Read itself, so that the goroutine can block on the connection.
 type nemConn struct {
 	net.Conn
 	n      *netem
 	pubsub atomic.Bool
 	once   sync.Once
 	closed chan struct{}
+
+	readDL atomic.Int64 // unix ns of the read deadline while delayed; 0: none
+	start  sync.Once    // of readLoop
+	chunks chan nemChunk
+	cur    *nemChunk // being delivered; only Read touches it
+}
+
+type nemChunk struct {
+	at  time.Time // arrival
+	b   []byte
+	err error
 }
 
 func (c *nemConn) Close() error {
@@ -170,28 +376,106 @@ func (c *nemConn) Close() error {
 	return c.Conn.Close()
 }
 
+// delayed reports whether reads are delayed.
+func (c *nemConn) delayed() bool { return c.pubsub.Load() && c.n.psDelay.Load() > 0 }
+
 var subscribeCmd = []byte("subscribe\r\n")
 
 func (c *nemConn) Write(p []byte) (int, error) {
 	if !c.pubsub.Load() && bytes.Contains(bytes.ToLower(p), subscribeCmd) {
 		c.pubsub.Store(true)
+		if c.delayed() {
+			// From now on Read keeps the read deadline.
+			c.readDL.Store(0)
+			_ = c.Conn.SetReadDeadline(time.Time{})
+		}
 	}
 	return c.Conn.Write(p)
 }
 
+func (c *nemConn) SetReadDeadline(t time.Time) error {
+	if !c.delayed() {
+		return c.Conn.SetReadDeadline(t)
+	}
+	if t.IsZero() {
+		c.readDL.Store(0)
+	} else {
+		c.readDL.Store(t.UnixNano())
+	}
+	return nil
+}
+
+func (c *nemConn) SetDeadline(t time.Time) error {
+	if err := c.Conn.SetWriteDeadline(t); err != nil {
+		return err
+	}
+	return c.SetReadDeadline(t)
+}
+
 func (c *nemConn) Read(p []byte) (int, error) {
-	k, err := c.Conn.Read(p)
-	if k > 0 && c.pubsub.Load() {
-		if d := time.Duration(c.n.psDelay.Load()); d > 0 {
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-c.closed:
-				t.Stop()
-			}
+	if !c.delayed() {
+		return c.Conn.Read(p)
+	}
+	c.start.Do(func() {
+		c.chunks = make(chan nemChunk, 64)
+		go c.readLoop()
+	})
+	var deadline <-chan time.Time
+	if dl := c.readDL.Load(); dl != 0 {
+		t := time.NewTimer(time.Until(time.Unix(0, dl)))
+		defer t.Stop()
+		deadline = t.C
+	}
+	if c.cur == nil {
+		select {
+		case ch := <-c.chunks:
+			c.cur = &ch
+		case <-deadline:
+			return 0, os.ErrDeadlineExceeded
+		case <-c.closed:
+			return 0, net.ErrClosed
 		}
 	}
-	return k, err
+	if wait := time.Until(c.cur.at.Add(time.Duration(c.n.psDelay.Load()))); wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-deadline:
+			return 0, os.ErrDeadlineExceeded
+		case <-c.closed:
+			return 0, net.ErrClosed
+		}
+	}
+	if len(c.cur.b) == 0 {
+		if c.cur.err != nil {
+			return 0, c.cur.err
+		}
+		c.cur = nil
+		return 0, nil
+	}
+	k := copy(p, c.cur.b)
+	c.cur.b = c.cur.b[k:]
+	if len(c.cur.b) == 0 && c.cur.err == nil {
+		c.cur = nil
+	}
+	return k, nil
+}
+
+// readLoop reads the connection into c.chunks until it fails or closes.
+func (c *nemConn) readLoop() {
+	for range 100_000_000 { // bounded; the connection's end ends it first
+		buf := make([]byte, 4096)
+		k, err := c.Conn.Read(buf)
+		select {
+		case c.chunks <- nemChunk{at: time.Now(), b: buf[:k], err: err}:
+		case <-c.closed:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // scriptLog remembers the last scripts (EVALSHA, EVAL) a process sent, with
@@ -212,8 +496,9 @@ type sentScript struct {
 }
 
 // nemOpKey tags the ctx of a call with what the test does ("acquire",
-// "release"), so that the scripts a call sends can be told apart: dsync
-// passes the caller's ctx (or one derived from it) down to go-redis.
+// "try" for a TryLock, TryRLock or TryAcquire, "release"), so that the
+// scripts a call sends can be told apart: dsync passes the caller's ctx (or
+// one derived from it) down to go-redis.
 type nemOpKey struct{}
 
 func nemOp(ctx context.Context) string {
@@ -224,12 +509,7 @@ func nemOp(ctx context.Context) string {
 func newScriptLog(size int) *scriptLog { return &scriptLog{ring: make([]sentScript, size)} }
 
 func (l *scriptLog) add(ctx context.Context, cmd redis.Cmder) {
-	if l == nil {
-		return
-	}
-	switch strings.ToLower(cmd.Name()) {
-	case "evalsha", "eval", "evalsha_ro", "eval_ro":
-	default:
+	if l == nil || !isScript(cmd) {
 		return
 	}
 	args := append([]any(nil), cmd.Args()...)
@@ -241,15 +521,15 @@ func (l *scriptLog) add(ctx context.Context, cmd redis.Cmder) {
 }
 
 // pick returns up to k scripts sent between minAge and maxAge ago by calls
-// of kind op ("" for any), and accepted by ok if not nil, at random.
-func (l *scriptLog) pick(r *rand.Rand, k int, minAge, maxAge time.Duration, op string, ok func(args []any) bool) [][]any {
+// of a kind op accepts, and accepted by ok if not nil, at random.
+func (l *scriptLog) pick(r *rand.Rand, k int, minAge, maxAge time.Duration, op func(string) bool, ok func(args []any) bool) [][]any {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
 	var idx []int
 	for i := 0; i < l.n; i++ {
 		age := now.Sub(l.ring[i].at)
-		if age >= minAge && age <= maxAge && (op == "" || l.ring[i].op == op) && (ok == nil || ok(l.ring[i].args)) {
+		if age >= minAge && age <= maxAge && op(l.ring[i].op) && (ok == nil || ok(l.ring[i].args)) {
 			idx = append(idx, i)
 		}
 	}
@@ -364,9 +644,9 @@ func nemWords(ctx context.Context, rdb redis.UniversalClient, key string) [][]st
 }
 
 // idLike reports whether s could be a token or a call id: not a number, not
-// a key, not tiny.
+// a key, not tiny, not a secret.
 func idLike(s string) bool {
-	if len(s) < 6 || strings.HasPrefix(s, "dsync:") || strings.HasPrefix(s, ":") {
+	if len(s) < 6 || strings.HasPrefix(s, "dsync:") || strings.HasPrefix(s, ":") || isSecret(s) {
 		return false
 	}
 	if _, err := strconv.ParseFloat(s, 64); err == nil {
@@ -375,31 +655,138 @@ func idLike(s string) bool {
 	return true
 }
 
-// forgeries returns the hand-over payloads a publisher that can read the
-// keys of a name could forge: "<id> <fence>" and "<id> <id> <fence>" for
-// the ids found together in one field, with absurd and plausible fences.
-func forgeries(r *rand.Rand, groups [][]string, plausible uint64) []string {
-	fences := []string{"424242", "9223372036854775808", "18446744073709551615", "1",
-		strconv.FormatUint(plausible, 10), strconv.FormatUint(plausible+1000, 10)}
-	var out []string
+// A forgery is one forged notification.
+type forgery struct {
+	payload string
+	kind    string // what it tries, for the counts
+	queued  bool   // it names a call read from a queue (a waiting call)
+}
+
+// Hand-over fences that no script issues: fencing tokens track the
+// server's clock in µs (about 1.8e15) and stay below 2^53.
+var absurdFences = []string{"1", "424242", "9007199254740991"}
+
+// forgeries returns the hand-overs that a publisher who reads the keys of a
+// name can forge, in the format of lua/lib.lua, "<call id> <sha1(holder)>
+// <fence> <proof>", with proof sha1(secret .. ' ' .. fence) over the
+// waiting call's secret. groups are what the keys hold (see nemWords), one
+// group per queued call: its id, holder token and secret among other
+// words; fences are plausible fencing tokens. It forges hand-overs without
+// a proof (the older formats, a missing or junk proof) and with a
+// plausible one: a digest of what the forger knows (the call id, the
+// holder, its digest, another call's secret, nothing), of a secret one
+// character off, of the right secret for another fence, or of the right
+// secret for a fence no script sends (0, past 2^53). None of them is valid:
+// a waiter may wake on them and must never take them for a grant. What it
+// never forges is the one hand-over a script would send (the right secret
+// and an issuable fence): that would be a grant by design, from someone
+// the design trusts with the keys' contents.
+// (sha1hex, in rwmutex_test.go, is the scripts' redis.sha1hex.)
+func forgeries(r *rand.Rand, groups [][]string, fences []string) []forgery {
+	var secrets []string
 	for _, g := range groups {
-		var ids []string
-		for _, s := range g {
-			if idLike(s) {
-				ids = append(ids, s)
+		for _, w := range g {
+			if isSecret(w) {
+				secrets = append(secrets, w)
 			}
 		}
-		for i, a := range ids {
-			f := fences[r.IntN(len(fences))]
-			out = append(out, a+" "+f)
-			for j, b := range ids {
-				if i != j {
-					out = append(out, a+" "+b+" "+fences[r.IntN(len(fences))])
+	}
+	own := callSecrets(groups)
+	pick := func(ss []string) string { return ss[r.IntN(len(ss))] }
+	fences = append(slices.Clone(fences), absurdFences...)
+	var out []forgery
+	for _, g := range groups {
+		var ids []string
+		secret := ""
+		for _, w := range g {
+			switch {
+			case isSecret(w) && secret == "":
+				secret = w
+			case idLike(w):
+				ids = append(ids, w)
+			}
+		}
+		queued := secret != ""
+		for i, cid := range ids {
+			holder := cid
+			if len(ids) > 1 {
+				holder = ids[(i+1+r.IntN(len(ids)-1))%len(ids)]
+			}
+			hd := sha1hex(holder)
+			f := pick(fences)
+			add := func(kind, p string) { out = append(out, forgery{payload: p, kind: kind, queued: queued}) }
+			// Without a proof.
+			add("no proof", cid+" "+f)
+			add("no proof", cid+" "+holder+" "+f)
+			add("no proof", cid+" "+hd+" "+f)
+			add("junk proof", cid+" "+hd+" "+f+" "+sha1hex(strconv.FormatUint(r.Uint64(), 16)))
+			add("junk proof", cid+" "+hd+" "+f+" "+hd)
+			// With a plausible proof.
+			for _, x := range []string{cid, holder, hd, ""} {
+				add("plausible proof", cid+" "+hd+" "+f+" "+sha1hex(x+" "+f))
+			}
+			if len(secrets) > 0 {
+				// Another call's secret (not one found with this id).
+				if o := pick(secrets); !slices.Contains(own[cid], o) {
+					add("plausible proof", cid+" "+hd+" "+f+" "+sha1hex(o+" "+f))
+				}
+			}
+			if secret != "" {
+				b := []byte(secret)
+				k := r.IntN(len(b))
+				b[k] = "0123456789abcdef"[(strings.IndexByte("0123456789abcdef", b[k])+1+r.IntN(15))%16]
+				add("plausible proof", cid+" "+hd+" "+f+" "+sha1hex(string(b)+" "+f))
+				if f2 := pick(fences); f2 != f {
+					add("plausible proof", cid+" "+hd+" "+f+" "+sha1hex(secret+" "+f2))
+				}
+				add("plausible proof", cid+" "+hd+" "+f+" "+sha1hex(secret+f))
+				for _, bad := range []string{"0", "9007199254740993", "18446744073709551615"} {
+					add("proof of a fence no script sends", cid+" "+hd+" "+bad+" "+sha1hex(secret+" "+bad))
 				}
 			}
 		}
 	}
 	return out
+}
+
+// callSecrets maps each id found in groups to the secrets found with it:
+// the secrets a call with that id may have given the scripts.
+func callSecrets(groups [][]string) map[string][]string {
+	m := map[string][]string{}
+	for _, g := range groups {
+		for _, s := range g {
+			if !isSecret(s) {
+				continue
+			}
+			for _, id := range g {
+				if idLike(id) {
+					m[id] = append(m[id], s)
+				}
+			}
+		}
+	}
+	return m
+}
+
+// grants reports whether a waiting call would take payload for a hand-over
+// to it: it has the form of one, an issuable fence and the proof over a
+// secret of the call it names (secretsOf, see callSecrets). The nemesis
+// never publishes such a payload.
+func grants(payload string, secretsOf map[string][]string) bool {
+	parts := strings.Split(payload, " ")
+	if len(parts) != 4 {
+		return false
+	}
+	f, err := strconv.ParseUint(parts[2], 10, 64)
+	if err != nil || f == 0 || f > 1<<53 {
+		return false
+	}
+	for _, s := range secretsOf[parts[0]] {
+		if parts[3] == sha1hex(s+" "+strconv.FormatUint(f, 10)) {
+			return true
+		}
+	}
+	return false
 }
 
 // heard is one notification seen on a dsync channel.
@@ -412,8 +799,9 @@ type heard struct {
 // listener records the notifications published on the channels of a set
 // of names, so that they can be delivered again later.
 type listener struct {
-	ps   *redis.PubSub
-	done chan struct{}
+	ps    *redis.PubSub
+	done  chan struct{}
+	onMsg func(heard) // called for each notification, on the listener's goroutine
 
 	mu   sync.Mutex
 	ring []heard
@@ -421,16 +809,17 @@ type listener struct {
 	n    int
 }
 
-func listen(ctx context.Context, rdb redis.UniversalClient, pattern string) (*listener, error) {
+func listen(ctx context.Context, rdb redis.UniversalClient, pattern string, onMsg func(heard)) (*listener, error) {
 	ps := rdb.PSubscribe(ctx, pattern)
 	if _, err := ps.Receive(ctx); err != nil {
 		_ = ps.Close()
 		return nil, err
 	}
-	l := &listener{ps: ps, done: make(chan struct{}), ring: make([]heard, 512)}
+	l := &listener{ps: ps, done: make(chan struct{}), ring: make([]heard, 512), onMsg: onMsg}
 	go func() {
 		defer close(l.done)
-		for {
+		// Bounded, though close ends it first: a run hears far fewer.
+		for range 10_000_000 {
 			m, err := ps.ReceiveTimeout(context.Background(), time.Second)
 			if errors.Is(err, redis.ErrClosed) {
 				return
@@ -442,11 +831,15 @@ func listen(ctx context.Context, rdb redis.UniversalClient, pattern string) (*li
 				}
 				continue
 			}
+			h := heard{at: time.Now(), channel: msg.Channel, payload: msg.Payload}
 			l.mu.Lock()
-			l.ring[l.next] = heard{at: time.Now(), channel: msg.Channel, payload: msg.Payload}
+			l.ring[l.next] = h
 			l.next = (l.next + 1) % len(l.ring)
 			l.n = min(l.n+1, len(l.ring))
 			l.mu.Unlock()
+			if l.onMsg != nil {
+				l.onMsg(h)
+			}
 		}
 	}()
 	return l, nil
@@ -480,4 +873,44 @@ func nemPause(ctx context.Context, rdb redis.UniversalClient, d time.Duration) e
 	return nemMasters(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
 		return c.Do(ctx, "client", "pause", strconv.FormatInt(d.Milliseconds(), 10), "write").Err()
 	})
+}
+
+// TestNemesisForgeriesNeverGrant checks the forger of the nemesis itself:
+// every hand-over it forges from the queue data of each primitive fails the
+// waiter's check (grants), while the hand-over a script would publish for
+// the same data passes it, so the check is not vacuous.
+func TestNemesisForgeriesNeverGrant(t *testing.T) {
+	const (
+		tok    = "0b7d7a0e-7a53-4f0e-9a3b-6f1d2c3b4a59"
+		cid    = "2e7o97qqo1655"
+		secret = "c7d5c9f741f7f4d61d21cb0f3b45dea8"
+		other  = "0bc9fc1529617e24753519c70f39b6dc"
+		fence  = "1795422193779448"
+	)
+	groups := [][]string{
+		{tok, "1795422195000", "1626", cid, secret},      // Mutex: token -> "<deadline> <ttl> <cid> <secret>"
+		{cid, "1795422195000", "1626", "2", secret, tok}, // Semaphore: cid -> "<deadline> <ttl> <n> <secret> <token>"
+		{tok + "@x1", "1626", "php5wkirn3k4", other},     // RWMutex writer: token -> "<ttl> <cid> <secret>"
+		{tok, "1"}, // a holder's count
+	}
+	secretsOf := callSecrets(groups)
+	real := cid + " " + sha1hex(tok) + " " + fence + " " + sha1hex(secret+" "+fence)
+	if !grants(real, secretsOf) {
+		t.Fatalf("grants(%q) = false for the hand-over a script would publish", real)
+	}
+	kinds := map[string]int{}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 50 {
+		for _, f := range forgeries(r, groups, []string{fence, "1795422193779449"}) {
+			kinds[f.kind]++
+			if grants(f.payload, secretsOf) {
+				t.Errorf("forged %s hand-over %q would be granted", f.kind, f.payload)
+			}
+		}
+	}
+	for _, k := range []string{"no proof", "junk proof", "plausible proof", "proof of a fence no script sends"} {
+		if kinds[k] == 0 {
+			t.Errorf("no forgery of kind %q (got %v)", k, kinds)
+		}
+	}
 }
