@@ -63,12 +63,18 @@ export DSYNC_BENCH_REDIS_ADDR=127.0.0.1:$port
 for round in $(seq 1 "$count"); do
 	echo "compare.sh: round $round of $count" >&2
 	for side in old new; do
+		redis-cli -p "$port" config resetstat >/dev/null
 		(cd "$repo" && "${client_pin[@]}" "$work/$side.test" -test.run '^$' -test.benchmem \
 			-test.benchtime "$benchtime" -test.bench "$bench") | grep '^Benchmark' | sed "s/^/$side /" >>"$work/out.txt"
+		# Server time of the scripts: total µs and calls of EVALSHA.
+		redis-cli -p "$port" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' |
+			sed -E "s/.*calls=([0-9]+),usec=([0-9]+),.*/$side \1 \2/" >>"$work/server.txt"
 	done
 done
 
 # Median ns/op and allocs/op per benchmark and side, and new/old.
+echo "| benchmark | $rev µs/op | new µs/op | new/old | $rev allocs | new allocs |"
+echo "|---|--:|--:|--:|--:|--:|"
 awk '
 function median(list,   n, a, i, j, t) {
 	n = split(list, a, " ")
@@ -84,11 +90,14 @@ function median(list,   n, a, i, j, t) {
 	names[name] = 1
 }
 END {
-	printf "| benchmark | old µs/op | new µs/op | new/old | old allocs | new allocs |\n|---|--:|--:|--:|--:|--:|\n"
 	for (n in names) {
 		o = median(ns["old", n]); w = median(ns["new", n])
 		printf "| %s | %.1f | %.1f | %.2f | %s | %s |\n", n, o / 1000, w / 1000, (o > 0 ? w / o : 0), median(al["old", n]), median(al["new", n])
 	}
 }' "$work/out.txt" | sort
+awk '{ c[$1] += $2; u[$1] += $3 } END {
+	printf "\nServer time per script call (EVALSHA, all benchmarks above): %s %.1f µs, new %.1f µs (new/old %.2f)\n",
+		rev, u["old"] / c["old"], u["new"] / c["new"], (u["new"] / c["new"]) / (u["old"] / c["old"])
+}' rev="$rev" "$work/server.txt"
 echo
 echo "rounds: $count of $benchtime, interleaved; redis-server $(redis-server --version | cut -d' ' -f3); load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
