@@ -133,10 +133,12 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 	defer t.Stop()
 	w.awaitReady(ctx, c.closed)
 	asked := false // the next attempt was asked for by a notification
-	// refusedAgain: an attempt after the first was refused too. A
-	// hand-over message may then be stale: delayed past the end of the
-	// hold it gave, which that refusal saw gone.
-	refusedAgain := false
+	// A hand-over message may be stale: delayed past the end of the hold
+	// it gave, which a later attempt found gone and was refused. The hold
+	// was given after the first refusal and lasts a.ttl, so a refusal
+	// that came back within a.ttl of the first attempt's sending cannot
+	// have seen it gone: then the hand-over came after that refusal too.
+	first, refusedLate := last, false
 	prompt := true // the first attempt a notification asks for is made at once
 	for {
 		if retry {
@@ -166,7 +168,10 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 				// Handed over after the previous attempt ran.
 				return g, last, nil
 			}
-			last, refusedAgain = now, true
+			last = now
+			if time.Since(first) >= a.ttl-a.ttl/100-2*time.Millisecond {
+				refusedLate = true
+			}
 			t.Reset(sleepFor(g.wait, a.ttl))
 			retry, asked = false, false
 		}
@@ -180,8 +185,8 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 			retry = true
 		case <-w.sig:
 			if f, ok := w.handover(); ok {
-				if !refusedAgain {
-					// Handed over after the only attempt, which was
+				if !refusedLate {
+					// Handed over after the last attempt, which was
 					// refused: the lease starts no later than the send
 					// time of that attempt.
 					return grant{kind: handed, fence: f}, last, nil
