@@ -5,15 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
 
 // A Mutex is a mutual exclusion lock shared by every process that names it,
-// the distributed twin of [sync.Mutex]. Get one with [Client.Mutex]; a Mutex
-// handle is safe for concurrent use and cheap, so make one where needed.
+// the distributed twin of [sync.Mutex]. Get one with [Client.Mutex] (or,
+// over several independent masters, [Quorum.Mutex]); a Mutex handle is safe
+// for concurrent use and cheap, so make one where needed.
 //
 // Without an owner in ctx a Mutex handle behaves like sync.Mutex: it is not
 // reentrant, it remembers the hold it took, and any goroutine using the
@@ -33,22 +33,35 @@ import (
 // to the first in line, which owns it without another round trip. TryLock
 // never queues.
 type Mutex struct {
-	c    *Client
+	// The Client's or Quorum's closed state and owners' holds; nil if
+	// the handle was made by a nil one.
+	b    *base
+	impl mutexImpl // takes and releases the holds
 	cfg  config
-	name string
-	keys []string // lock hash, fence hash, queue, queue data, call ids
+	key  string // the lock hash: owners' holds are recorded under it
 	err  error
 
-	// Script arguments boxed once per handle.
-	kargs    []any // key count and keys
-	ttlArg   any
-	chanArg  any
-	localArg any    // '1' with client reentrancy
-	what     string // how errors name the Mutex
-
-	subs []*Mutex // quorum mode: this handle on each member (see quorum.go)
-
 	slot slot // the handle's own hold, without an owner in ctx
+}
+
+// A mutexImpl takes and releases the holds of a Mutex: on one deployment
+// (mutexScripts, below) or on a quorum of masters (quorumMutex in
+// quorum_mutex.go). The Mutex methods do the rest, the same in both modes:
+// argument checks, owners, the handle's slot, re-entry counts and leases.
+type mutexImpl interface {
+	// lock makes the attempts of one Lock (wait) or TryLock call for
+	// holder c.tok and, if it takes the hold, records it with m.held. It
+	// reports whether it did; on an error it leaves no hold behind.
+	lock(ctx context.Context, m *Mutex, c lockCall, wait bool) (bool, error)
+	// unlock is the Mutex's releaser.
+	unlock(ctx context.Context, tok, id string, h *hold) (int64, error)
+}
+
+// A lockCall is one lock call's holder: owner otok when owned, otherwise
+// the handle; tok is the holder token the scripts see.
+type lockCall struct {
+	otok, tok string
+	owned     bool
 }
 
 var (
@@ -62,29 +75,26 @@ var (
 // Client's defaults for this handle. An empty name or a bad option makes
 // every call on the handle fail with [ErrInvalid].
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
-	m := &Mutex{c: c, name: name, slot: newSlot()}
-	m.cfg, m.err = c.handleConfig(name, opts)
-	k := keys.ForMutex(m.cfg.prefix, name)
-	m.keys = k.Keys()
-	m.kargs = boxKeys(m.keys)
-	m.ttlArg = ms(m.cfg.ttl)
-	m.chanArg = k.Channel()
-	m.localArg = argNo
-	m.what = "Mutex " + strconv.Quote(name)
-	if m.cfg.local {
-		m.localArg = argYes
-	}
-	if c != nil && c.q != nil {
-		m.subs = c.q.mutexes(name, opts)
-	}
+	m, k := newMutex(c.shared(), name, opts)
+	m.impl = newMutexScripts(c, &m.cfg, k, name)
 	return m
+}
+
+// newMutex returns a handle, without its impl, on the Mutex called name
+// made through b, and the Mutex's keys.
+func newMutex(b *base, name string, opts []Option) (*Mutex, keys.Mutex) {
+	m := &Mutex{b: b, slot: newSlot()}
+	m.cfg, m.err = b.handleConfig(name, opts)
+	k := keys.ForMutex(m.cfg.prefix, name)
+	m.key = k.Lock
+	return m, k
 }
 
 func (m *Mutex) check() error {
 	if m == nil {
 		return fmt.Errorf("%w: nil Mutex", ErrInvalid)
 	}
-	if err := m.c.check(); err != nil {
+	if err := m.b.check(); err != nil {
 		return err
 	}
 	return m.err
@@ -120,87 +130,32 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	var tok string
+	c := lockCall{otok: otok, owned: owned}
 	if owned {
-		if m.cfg.local && m.c.reenter(holdKey{m.keys[0], otok}) {
+		if m.cfg.local && m.b.reenter(holdKey{m.key, otok}) {
 			return true, nil
 		}
-		tok = m.c.holderToken(&m.cfg, otok)
+		c.tok = m.b.holderToken(&m.cfg, otok)
 	} else {
 		// The handle is locked from Lock to Unlock, as a sync.Mutex is,
 		// also when its hold was lost meanwhile.
-		if ok, err := m.slot.enter(ctx, wait, m.c.closed); !ok || err != nil {
+		if ok, err := m.slot.enter(ctx, wait, m.b.closed); !ok || err != nil {
 			return false, err
 		}
-		tok = newToken()
+		c.tok = newToken()
 	}
-	if m.subs != nil {
-		return m.quorumLock(ctx, otok, tok, owned, wait)
+	ok, err := m.impl.lock(ctx, m, c, wait)
+	if !ok && !owned {
+		m.slot.leave()
 	}
-	id := newCallID()
-	a := &acquisition{
-		ch:  m.chanArg.(string),
-		to:  newAddressee(tok, id),
-		ttl: m.cfg.ttl,
-	}
-	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
-		return m.attempt(ctx, tok, id, a.to.secret, queue)
-	}
-	a.abandon = func(ctx context.Context) {
-		_ = m.c.eval(ctx, mutexUnlock, m.kargs, tok, newCallID(), m.chanArg, fenceIdleArg, id, argNone, argNone).Err()
-	}
-	g, start, err := m.c.take(ctx, a, wait)
-	if err == nil && g.kind == handed && m.cfg.replicas > 0 {
-		// With WaitReplicas, make sure the hand-over reached replicas.
-		if err = m.c.replicated(ctx, &m.cfg, mutexRenew, m.keys[:1], tok, m.ttlArg); err != nil {
-			m.c.cleanup(ctx, a.abandon)
-		}
-	}
-	if err == nil && g.kind == final {
-		err = g.err
-	}
-	if err != nil || (g.kind != taken && g.kind != handed) {
-		if !owned {
-			m.slot.leave()
-		}
-		return false, err
-	}
-	m.held(otok, tok, owned, g.fence, start)
-	return true, nil
+	return ok, err
 }
 
-// attempt runs the lock script once. With queue, a refused caller takes (or
-// keeps) a place in the queue.
-func (m *Mutex) attempt(ctx context.Context, tok, id, secret string, queue bool) (grant, error) {
-	s := argNo
-	if queue {
-		s = argYes
-	}
-	r, err := m.c.acquirePair(ctx, &m.cfg, mutexLock, m.kargs, tok, m.ttlArg, id, s, fenceIdleArg, m.localArg, secret)
-	code, v, err := pair("mutex lock", r, err)
-	if err != nil {
-		return grant{}, err
-	}
-	g, ok, err := decodeGrant(code, v, true, m.what)
-	if !ok {
-		return grant{}, replyError("mutex lock", code)
-	}
-	return g, err
-}
-
-// held records a hold taken (or re-entered) by holder tok, for owner otok
-// when owned.
-func (m *Mutex) held(otok, tok string, owned bool, fence uint64, start time.Time) {
-	newHold := func() *hold {
-		return m.c.startHold(&m.cfg, renew.Spec{
-			Script: mutexRenew,
-			Batch:  mutexRenews,
-			Keys:   m.keys[:1],
-			Args:   []any{tok, m.ttlArg},
-		}, tok, fence, start)
-	}
-	if owned {
-		m.c.ownerHold(holdKey{m.keys[0], otok}, fence, newHold)
+// held records a hold taken (or re-entered) by call c with fencing token
+// fence; newHold starts the lease of a hold that is not a re-entry.
+func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) {
+	if c.owned {
+		m.b.ownerHold(holdKey{m.key, c.otok}, fence, newHold)
 		return
 	}
 	m.slot.set(newHold())
@@ -216,23 +171,17 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.check(); err != nil && !errors.Is(err, ErrClosed) {
 		return err
 	}
-	if m.subs != nil {
-		return m.quorumUnlock(ctx)
-	}
 	otok, owned, err := owner(ctx)
 	if err != nil {
 		return err
 	}
-	if owned && m.cfg.local && m.c.leave(holdKey{m.keys[0], otok}) {
+	if owned && m.cfg.local && m.b.leave(holdKey{m.key, otok}) {
 		return nil
 	}
-	run := func(ctx context.Context, tok, id string, fence any) (int64, error) {
-		return m.c.eval(ctx, mutexUnlock, m.kargs, tok, id, m.chanArg, fenceIdleArg, argNone, argNone, fence).Int64()
-	}
 	if owned {
-		return m.c.unlockOwner(ctx, holdKey{m.keys[0], otok}, m.c.holderToken(&m.cfg, otok), run)
+		return m.b.unlockOwner(ctx, holdKey{m.key, otok}, m.b.holderToken(&m.cfg, otok), m.impl.unlock)
 	}
-	return m.c.unlockSlot(ctx, &m.slot, run)
+	return m.b.unlockSlot(ctx, &m.slot, m.impl.unlock)
 }
 
 // Lease returns the lease of the current hold of ctx's owner on m or,
@@ -242,9 +191,108 @@ func (m *Mutex) Lease(ctx context.Context) (*Lease, error) {
 	if err := m.check(); err != nil {
 		return nil, err
 	}
-	h, err := m.c.handleHold(ctx, m.keys[0], &m.slot)
+	h, err := m.b.handleHold(ctx, m.key, &m.slot)
 	if err != nil {
 		return nil, err
 	}
 	return h.leaseView(), nil
+}
+
+// mutexScripts is a Mutex on one deployment: its scripts run on the
+// Client's Redis, and its calls wait through the Client's engine. A
+// quorumMutex runs one per master.
+type mutexScripts struct {
+	c    *Client
+	cfg  *config
+	keys []string // lock hash, fence hash, queue, queue data, call ids
+
+	// Script arguments boxed once per handle.
+	kargs    []any // key count and keys
+	ttlArg   any
+	chanArg  any
+	localArg any    // '1' with client reentrancy
+	what     string // how errors name the Mutex
+}
+
+func newMutexScripts(c *Client, cfg *config, k keys.Mutex, name string) *mutexScripts {
+	s := &mutexScripts{c: c, cfg: cfg, keys: k.Keys(), chanArg: k.Channel(), localArg: argNo}
+	s.kargs = boxKeys(s.keys)
+	s.ttlArg = ms(cfg.ttl)
+	s.what = "Mutex " + strconv.Quote(name)
+	if cfg.local {
+		s.localArg = argYes
+	}
+	return s
+}
+
+// lock takes the hold through the engine (see mutexImpl).
+func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool) (bool, error) {
+	tok, id := c.tok, newCallID()
+	a := &acquisition{
+		ch:  s.chanArg.(string),
+		to:  newAddressee(tok, id),
+		ttl: s.cfg.ttl,
+	}
+	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
+		return s.attempt(ctx, tok, id, a.to.secret, queue)
+	}
+	a.abandon = func(ctx context.Context) { s.abandon(ctx, tok, id) }
+	g, start, err := s.c.take(ctx, a, wait)
+	if err == nil && g.kind == handed && s.cfg.replicas > 0 {
+		// With WaitReplicas, make sure the hand-over reached replicas.
+		if err = s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], tok, s.ttlArg); err != nil {
+			s.c.cleanup(ctx, a.abandon)
+		}
+	}
+	if err == nil && g.kind == final {
+		err = g.err
+	}
+	if err != nil || (g.kind != taken && g.kind != handed) {
+		return false, err
+	}
+	m.held(c, g.fence, func() *hold {
+		return s.c.startHold(s.cfg, s.renewSpec(tok), tok, g.fence, start)
+	})
+	return true, nil
+}
+
+// attempt runs the lock script once. With queue, a refused caller takes (or
+// keeps) a place in the queue.
+func (s *mutexScripts) attempt(ctx context.Context, tok, id, secret string, queue bool) (grant, error) {
+	q := argNo
+	if queue {
+		q = argYes
+	}
+	r, err := s.c.acquirePair(ctx, s.cfg, mutexLock, s.kargs, tok, s.ttlArg, id, q, fenceIdleArg, s.localArg, secret)
+	code, v, err := pair("mutex lock", r, err)
+	if err != nil {
+		return grant{}, err
+	}
+	g, ok, err := decodeGrant(code, v, true, s.what)
+	if !ok {
+		return grant{}, replyError("mutex lock", code)
+	}
+	return g, err
+}
+
+// abandon undoes whatever the lock call id of tok may have done.
+func (s *mutexScripts) abandon(ctx context.Context, tok, id string) {
+	_ = s.c.eval(ctx, mutexUnlock, s.kargs, tok, newCallID(), s.chanArg, fenceIdleArg, id, argNone, argNone).Err()
+}
+
+// unlock runs the unlock script, naming the hold h ends.
+func (s *mutexScripts) unlock(ctx context.Context, tok, id string, h *hold) (int64, error) {
+	return s.unlockFloor(ctx, tok, id, argNone, h.fenceArg())
+}
+
+// unlockFloor runs the unlock script for holder tok with call id; floor,
+// if set, raises the fencing counter to it, and fence, if set, names the
+// hold the unlock ends.
+func (s *mutexScripts) unlockFloor(ctx context.Context, tok, id string, floor, fence any) (int64, error) {
+	return s.c.eval(ctx, mutexUnlock, s.kargs, tok, id, s.chanArg, fenceIdleArg, argNone, floor, fence).Int64()
+}
+
+// renewSpec describes the renewal of tok's hold.
+func (s *mutexScripts) renewSpec(tok string) renew.Spec {
+	return renew.Spec{Script: mutexRenew, Batch: mutexRenews, Keys: s.keys[:1], Args: []any{tok, s.ttlArg}}
 }
