@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 
 	"github.com/dsync-go/dsync/internal/keys"
-	"github.com/dsync-go/dsync/renew"
 )
 
 // finishedKeep is how long an RWMutex remembers the id of a call that
@@ -77,7 +75,7 @@ type RWMutex struct {
 }
 
 // An rwImpl takes and releases the holds of an RWMutex: on one deployment
-// (rwScripts, below) or on a quorum of masters (quorumRWMutex in
+// (rwScripts, rwmutex_scripts.go) or on a quorum of masters (quorumRWMutex in
 // quorum_rwmutex.go). The RWMutex methods do the rest, the same in both
 // modes.
 type rwImpl interface {
@@ -396,112 +394,4 @@ func (rw *RWMutex) lease(ctx context.Context, mode string) (*Lease, error) {
 		return nil, ErrNotHeld
 	}
 	return h.leaseView(), nil
-}
-
-// rwScripts is an RWMutex on one deployment: its scripts run on the
-// Client's Redis, and its calls wait through the Client's engine. A
-// quorumRWMutex runs one per master.
-type rwScripts struct {
-	c   *Client
-	cfg *config
-	// writer hash, fence hash, readers zset, readers hash, waiting writers
-	// zset, waiting readers hash, finished calls zset, writers' queue zset,
-	// queued writers hash
-	keys  []string
-	kargs []any  // keys boxed once (see boxKeys)
-	ch    string // notification channel
-	what  string // how errors name the RWMutex
-}
-
-func newRWScripts(c *Client, cfg *config, k keys.RWMutex, name string) *rwScripts {
-	s := &rwScripts{c: c, cfg: cfg, keys: k.Keys(), ch: k.Channel(), what: "RWMutex " + strconv.Quote(name)}
-	s.kargs = boxKeys(s.keys)
-	return s
-}
-
-// lock takes the hold through the engine (see rwImpl).
-func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCall, wait bool) (bool, error) {
-	tok, id := c.tok, newCallID()
-	a := &acquisition{ch: s.ch, to: newAddressee(tok, id), ttl: s.cfg.ttl}
-	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
-		// Writers queue from their first refused attempt, as Mutex
-		// waiters do.
-		return s.attempt(ctx, mode, tok, id, a.to.secret, queue, queue)
-	}
-	a.abandon = func(ctx context.Context) { s.abandon(ctx, mode, tok, id) }
-	g, start, err := s.c.take(ctx, a, wait)
-	if err == nil && g.kind == final {
-		err = g.err
-	}
-	if err != nil || (g.kind != taken && g.kind != handed) {
-		return false, err
-	}
-	if s.cfg.replicas > 0 {
-		spec := s.renewSpec(mode, tok)
-		if err := s.c.replicated(ctx, s.cfg, spec.Script, spec.Keys, spec.Args...); err != nil {
-			s.c.cleanup(ctx, a.abandon)
-			return false, err
-		}
-	}
-	fence := g.fence
-	if mode == modeRead {
-		fence = 0
-	}
-	rw.held(mode, c, fence, func() *hold {
-		return s.c.startHold(s.cfg, s.renewSpec(mode, tok), tok, fence, start)
-	})
-	return true, nil
-}
-
-// attempt runs the lock script once. starving makes a refused writer take
-// a place in the writers' queue.
-func (s *rwScripts) attempt(ctx context.Context, mode, tok, id, secret string, wait, starving bool) (grant, error) {
-	w, local, q := "0", "0", "0"
-	if wait {
-		w = "1"
-	}
-	if s.cfg.local {
-		local = "1"
-	}
-	if starving {
-		q = "1"
-	}
-	r, err := s.c.acquirePair(ctx, s.cfg, rwLock, s.kargs, mode, tok, ms(s.cfg.ttl), id, w, ms(fenceIdle), local, q, secret)
-	code, v, err := pair("rwmutex lock", r, err)
-	if err != nil {
-		return grant{}, err
-	}
-	// Read holds carry no fencing token.
-	if g, ok, err := decodeGrant(code, v, mode == modeWrite, s.what); ok {
-		return g, err
-	}
-	if code == 4 {
-		return grant{kind: final, err: ErrUpgrade}, nil
-	}
-	return grant{}, replyError("rwmutex lock", code)
-}
-
-// abandon undoes whatever a failed lock call may have done on the server.
-func (s *rwScripts) abandon(ctx context.Context, mode, tok, id string) {
-	_ = s.c.eval(ctx, rwUnlock, s.kargs, mode, tok, newCallID(), s.ch, ms(finishedKeep), id, "", ms(fenceIdle)).Err()
-}
-
-// unlock runs the unlock script for a release (no floor: see
-// quorumRWMutex.unlock).
-func (s *rwScripts) unlock(ctx context.Context, mode, tok, id string, _ *hold) (int64, error) {
-	return s.unlockFloor(ctx, mode, tok, id, "")
-}
-
-// unlockFloor runs the unlock script for a release; floor, if set, raises
-// the fencing counter to it.
-func (s *rwScripts) unlockFloor(ctx context.Context, mode, tok, id string, floor any) (int64, error) {
-	return s.c.eval(ctx, rwUnlock, s.kargs, mode, tok, id, s.ch, ms(finishedKeep), "", floor, ms(fenceIdle)).Int64()
-}
-
-// renewSpec describes the renewal of tok's hold in mode.
-func (s *rwScripts) renewSpec(mode, tok string) renew.Spec {
-	if mode == modeRead {
-		return renew.Spec{Script: rwRRenew, Batch: rwRRenews, Keys: s.keys[2:4], Args: []any{tok, ms(s.cfg.ttl)}}
-	}
-	return renew.Spec{Script: rwRenew, Batch: mutexRenews, Keys: s.keys[:1], Args: []any{tok, ms(s.cfg.ttl)}}
 }
