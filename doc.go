@@ -36,7 +36,10 @@
 //   - A call whose ctx ends returns an error matching ctx.Err() and leaves
 //     nothing held; releases run even with a done ctx.
 //   - Every state change is one Lua script, and scripts are idempotent
-//     under go-redis's automatic retries.
+//     under go-redis's automatic retries: a copy of a call's script that
+//     reaches the server within the replay window of 60 s after the call
+//     changes nothing, however many calls came in between, and an unlock
+//     or release never ends a later hold than the one it names.
 //   - Bad input is an error wrapping [ErrInvalid], returned before anything
 //     is sent; remote state never causes a panic.
 package dsync

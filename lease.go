@@ -64,7 +64,11 @@ type holdKey struct{ key, tok string }
 
 // hold is this process's view of one hold.
 type hold struct {
-	tok      string
+	tok string
+	// The hold's fencing token; for an RWMutex read hold, which has none,
+	// the hold id its grant carried (its Lease shows 0; a quorum read
+	// hold has 0, and its member holds carry their masters' ids). Either
+	// tells this hold from the holder's later ones.
 	fence    uint64
 	count    int // re-entries made through this process (owner mode)
 	lease    leaser
@@ -327,7 +331,8 @@ func (h *hold) unlocked() {
 	h.idMu.Unlock()
 }
 
-// fenceArg is the fencing token an unlock of h names: the hold it ends.
+// fenceArg is the fencing token (or read hold id) an unlock of h names: the
+// hold it ends, and no later one of the same holder.
 func (h *hold) fenceArg() any {
 	if h == nil {
 		return ""

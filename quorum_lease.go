@@ -53,6 +53,18 @@ func (l *quorumLease) end(lost bool) {
 	}
 }
 
+// memberHold returns the member hold on master i of quorum hold h, nil if h
+// is nil or master i did not grant it.
+func memberHold(h *hold, i int) *hold {
+	if h == nil {
+		return nil
+	}
+	if l, ok := h.lease.(*quorumLease); ok && i < len(l.subs) {
+		return l.subs[i]
+	}
+	return nil
+}
+
 // hold makes the hold of a quorum grant a to holder tok: one member hold
 // per granting master, started by sub(i), and the hold's own lease.
 func (q *Quorum) hold(tok string, fence uint64, a answers, sub func(i int) *hold) *hold {

@@ -46,11 +46,8 @@ func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c l
 			if err == nil && g.kind == final && errors.Is(g.err, ErrUpgrade) {
 				return 0, nil // see quorumCall.zero
 			}
-			v := int64(g.fence)
-			if mode == modeRead {
-				v = 1
-			}
-			return vote(g, err, v)
+			// The fencing token, or a read hold's id.
+			return vote(g, err, int64(g.fence))
 		},
 		undo: func(ctx context.Context, i int, id string) { qr.subs[i].abandon(ctx, mode, tok, id) },
 		zero: ErrUpgrade,
@@ -66,11 +63,8 @@ func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c l
 	rw.held(mode, c, fence, func() *hold {
 		return qr.q.hold(tok, fence, a, func(i int) *hold {
 			sub := qr.subs[i]
-			f := uint64(a.v[i])
-			if mode == modeRead {
-				f = 0
-			}
-			return sub.c.startHold(sub.cfg, sub.renewSpec(mode, tok), tok, f, start)
+			// This master's fencing token, or its id of the read hold.
+			return sub.c.startHold(sub.cfg, sub.renewSpec(mode, tok), tok, uint64(a.v[i]), start)
 		})
 	})
 	return true, nil
@@ -78,11 +72,12 @@ func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c l
 
 // unlock runs the unlock script on every master and sums up their replies
 // as one master's reply (see answers.unlocked). An Unlock raises every
-// master's fencing counter to the write hold's token, as for Mutex.
+// master's fencing counter to the write hold's token, as for Mutex, and
+// names on each master the hold that master granted, where known.
 func (qr *quorumRWMutex) unlock(ctx context.Context, mode, tok, id string, h *hold) (int64, error) {
 	floor := floorArg(h)
-	a := each(qr.subs, func(_ int, sub *rwScripts) (int64, error) {
-		return sub.unlockFloor(ctx, mode, tok, id, floor)
+	a := each(qr.subs, func(i int, sub *rwScripts) (int64, error) {
+		return sub.unlockFloor(ctx, mode, tok, id, floor, memberHold(h, i).fenceArg())
 	})
 	return a.unlocked(qr.q.need)
 }

@@ -9,12 +9,6 @@ import (
 	"github.com/dsync-go/dsync/internal/keys"
 )
 
-// finishedKeep is how long an RWMutex remembers the id of a call that
-// finished (a full release, an abandoned lock call), so that a retry of it
-// after a lost reply, or its late arrival, changes nothing. It bounds how
-// long one go-redis call, with its retries, may take.
-const finishedKeep = 2 * releaseTimeout
-
 // Lock modes, as the scripts spell them.
 const (
 	modeRead  = "r"
@@ -393,5 +387,10 @@ func (rw *RWMutex) lease(ctx context.Context, mode string) (*Lease, error) {
 	if h == nil {
 		return nil, ErrNotHeld
 	}
-	return h.leaseView(), nil
+	l := h.leaseView()
+	if mode == modeRead {
+		// A read hold's h.fence is its hold id, not a fencing token.
+		l.token = 0
+	}
+	return l, nil
 }

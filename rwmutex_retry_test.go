@@ -79,8 +79,8 @@ func rwScriptHash(args []any) string {
 }
 
 // replay sends a recorded script again and returns its reply: for a lock
-// script, > 0 for a hold (the fencing token, 1 for a read), minus the ms to
-// wait when refused, 0 for an upgrade refused.
+// script, > 0 for a hold (the fencing token, or a read hold's id), minus
+// the ms to wait when refused, 0 for an upgrade refused.
 func (r *rwRetryRig) replay(t *testing.T, args []any) int64 {
 	t.Helper()
 	v, err := r.rdb.Do(context.Background(), args...).Result()
@@ -106,6 +106,15 @@ func (r *rwRetryRig) replay(t *testing.T, args []any) int64 {
 	}
 	t.Fatalf("replay: reply %v", v)
 	return 0
+}
+
+// readHoldID returns the id of the owner's read hold in Redis, 0 if none.
+func (r *rwRetryRig) readHoldID(t *testing.T) int64 {
+	t.Helper()
+	v, _ := r.rdb.HGet(context.Background(), rwk(r.name).ReaderData, dsync.OwnerToken(r.ctx)).Result()
+	var n, id int64
+	fmt.Sscan(v, &n, &id)
+	return id
 }
 
 // count returns the owner's reentry count in Redis for mode "r" or "w".
@@ -281,8 +290,8 @@ func TestRWMutexLateRLockRetryAfterRUnlock(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.lockUnlock(t, "r", gap)
-			if got := r.replay(t, args); got != 1 {
-				t.Errorf("gap %d: late repeat of RLock replied %d, want 1", gap, got)
+			if got, want := r.replay(t, args), r.readHoldID(t); got != want || got <= 0 {
+				t.Errorf("gap %d: late repeat of RLock replied %d, want the read hold's id %d", gap, got, want)
 			}
 			if got := r.count(t, "r"); got != "1" {
 				t.Errorf("gap %d: read count after the repeat = %q, want 1", gap, got)
@@ -336,7 +345,7 @@ func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
 				keys[i] = args[3+i].(string)
 			}
 			tok := dsync.OwnerToken(r.ctx)
-			got, err := lua.Script("rwmutex_unlock").Run(context.Background(), r.rdb, keys, mode, tok, "cleanup-"+mode, keys[0], 10000, rwLockCallID(t, args), "", 86400000).Int64()
+			got, err := lua.Script("rwmutex_unlock").Run(context.Background(), r.rdb, keys, mode, tok, "cleanup-"+mode, keys[0], "", rwLockCallID(t, args), "", 86400000).Int64()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -394,8 +403,8 @@ func TestRWMutexRemembersBoundedCallIDs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f := strings.Fields(rec); len(f) != 17 || f[0] != "1" {
-			t.Errorf("reader record = %q, want a count of 1 and 16 call ids", rec)
+		if f := strings.Fields(rec); len(f) != 18 || f[0] != "1" {
+			t.Errorf("reader record = %q, want a count of 1, the hold id and 16 call ids", rec)
 		}
 		if err := r.rw.RUnlock(r.ctx); err != nil {
 			t.Fatal(err)

@@ -15,7 +15,7 @@ type rwScripts struct {
 	c   *Client
 	cfg *config
 	// writer hash, fence hash, readers zset, readers hash, waiting writers
-	// zset, waiting readers hash, finished calls zset, writers' queue zset,
+	// zset, waiting readers hash, call ids zset, writers' queue zset,
 	// queued writers hash
 	keys  []string
 	kargs []any  // keys boxed once (see boxKeys)
@@ -53,12 +53,9 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 			return false, err
 		}
 	}
-	fence := g.fence
-	if mode == modeRead {
-		fence = 0
-	}
-	rw.held(mode, c, fence, func() *hold {
-		return s.c.startHold(s.cfg, s.renewSpec(mode, tok), tok, fence, start)
+	// For a read hold, g.fence is its hold id (see s.attempt).
+	rw.held(mode, c, g.fence, func() *hold {
+		return s.c.startHold(s.cfg, s.renewSpec(mode, tok), tok, g.fence, start)
 	})
 	return true, nil
 }
@@ -81,8 +78,10 @@ func (s *rwScripts) attempt(ctx context.Context, mode, tok, id, secret string, w
 	if err != nil {
 		return grant{}, err
 	}
-	// Read holds carry no fencing token.
-	if g, ok, err := decodeGrant(code, v, mode == modeWrite, s.what); ok {
+	// A read hold carries no fencing token; its grant carries its hold id
+	// instead, which its RUnlock names (see rwmutex_unlock.lua) and its
+	// Lease does not show.
+	if g, ok, err := decodeGrant(code, v, true, s.what); ok {
 		return g, err
 	}
 	if code == 4 {
@@ -93,19 +92,21 @@ func (s *rwScripts) attempt(ctx context.Context, mode, tok, id, secret string, w
 
 // abandon undoes whatever a failed lock call may have done on the server.
 func (s *rwScripts) abandon(ctx context.Context, mode, tok, id string) {
-	_ = s.c.eval(ctx, rwUnlock, s.kargs, mode, tok, newCallID(), s.ch, ms(finishedKeep), id, "", ms(fenceIdle)).Err()
+	_ = s.c.eval(ctx, rwUnlock, s.kargs, mode, tok, newCallID(), s.ch, argNone, id, argNone, fenceIdleArg).Err()
 }
 
-// unlock runs the unlock script for a release (no floor: see
-// quorumRWMutex.unlock).
-func (s *rwScripts) unlock(ctx context.Context, mode, tok, id string, _ *hold) (int64, error) {
-	return s.unlockFloor(ctx, mode, tok, id, "")
+// unlock runs the unlock script for a release of h. It names the hold it
+// ends (its fencing token, or a read hold's id), so that a late copy of it
+// never ends a later hold.
+func (s *rwScripts) unlock(ctx context.Context, mode, tok, id string, h *hold) (int64, error) {
+	return s.unlockFloor(ctx, mode, tok, id, argNone, h.fenceArg())
 }
 
 // unlockFloor runs the unlock script for a release; floor, if set, raises
-// the fencing counter to it.
-func (s *rwScripts) unlockFloor(ctx context.Context, mode, tok, id string, floor any) (int64, error) {
-	return s.c.eval(ctx, rwUnlock, s.kargs, mode, tok, id, s.ch, ms(finishedKeep), "", floor, ms(fenceIdle)).Int64()
+// the fencing counter to it, and name, if set, names the hold the unlock
+// ends.
+func (s *rwScripts) unlockFloor(ctx context.Context, mode, tok, id string, floor, name any) (int64, error) {
+	return s.c.eval(ctx, rwUnlock, s.kargs, mode, tok, id, s.ch, name, argNone, floor, fenceIdleArg).Int64()
 }
 
 // renewSpec describes the renewal of tok's hold in mode.

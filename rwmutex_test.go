@@ -27,7 +27,7 @@ import (
 func rwk(name string) keys.RWMutex { return keys.ForRWMutex(dsync.DefaultPrefix, name) }
 
 // assertRWReleased checks that a free RWMutex left only bookkeeping with an
-// expiry behind: the fence hash and the finished call ids.
+// expiry behind: the fence hash and the call ids.
 func assertRWReleased(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
 	rdb := b.NewClient(t)
@@ -41,7 +41,7 @@ func assertRWReleased(t *testing.T, b redistest.Backend, name string) {
 		if n == 0 {
 			continue
 		}
-		if k != ks.Fence && k != ks.Finished {
+		if k != ks.Fence && k != ks.Calls {
 			t.Errorf("%s left after release", k)
 		}
 		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
@@ -1489,7 +1489,7 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		}
 		// The caller gave up before it saw the notification: the cleanup
 		// releases the hold the call was handed.
-		got, err := lua.Script("rwmutex_unlock").Run(ctx, rdb, keys, "w", tok, "cleanup", keys[0], 10000, id, "", 86400000).Int64()
+		got, err := lua.Script("rwmutex_unlock").Run(ctx, rdb, keys, "w", tok, "cleanup", keys[0], "", id, "", 86400000).Int64()
 		if err != nil || got != 1 {
 			t.Fatalf("cleanup = %v, %v; want 1 (released)", got, err)
 		}

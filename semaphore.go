@@ -42,7 +42,7 @@ type Semaphore struct {
 	cfg  config
 	name string
 	size int64
-	keys []string // state hash, fence hash, holders, queue, queue data
+	keys []string // state hash, fence hash, holders, queue, queue data, call ids
 	err  error
 
 	// Script arguments boxed once per handle.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,7 +21,8 @@ import (
 func semKeys(name string) keys.Semaphore { return keys.ForSemaphore(dsync.DefaultPrefix, name) }
 
 // assertNoSemKeys checks that a semaphore with nothing held or queued left
-// only its fence hash behind, with an expiry.
+// only its fence hash and its call ids behind, each with an expiry (the
+// call ids within the replay window).
 func assertNoSemKeys(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
 	rdb := b.NewClient(t)
@@ -35,6 +37,10 @@ func assertNoSemKeys(t *testing.T, b redistest.Backend, name string) {
 		case k == ks.Fence && n == 1:
 			if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
 				t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
+			}
+		case k == ks.Calls && n == 1:
+			if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 || ttl > time.Minute {
+				t.Errorf("%s: PTTL %v, want at most the replay window", k, ttl)
 			}
 		case n > 0 && k != ks.Fence:
 			all, _ := rdb.Dump(ctx, k).Result()
@@ -622,9 +628,15 @@ func TestSemaphoreScriptsIdempotent(t *testing.T) {
 			}
 			return r
 		}
-		release := func(tok, id string, n int64) []int64 {
+		// The release names the holding it ends by its fencing token, as
+		// Release does; 0: the caller does not know it.
+		release := func(tok, id string, n, fence int64) []int64 {
 			t.Helper()
-			r, err := lua.Script("semaphore_release").Run(ctx, rdb, keys, tok, n, 4, id, 86400000, keys[0]).Int64Slice()
+			name := ""
+			if fence > 0 {
+				name = strconv.FormatInt(fence, 10)
+			}
+			r, err := lua.Script("semaphore_release").Run(ctx, rdb, keys, tok, n, 4, id, 86400000, keys[0], name).Int64Slice()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -642,13 +654,13 @@ func TestSemaphoreScriptsIdempotent(t *testing.T) {
 			t.Fatalf("acquire twice: %v then %v, count %d; want one grant of 2", a1, a2, count("a"))
 		}
 		acquire("a", "call2", 1)
-		r1 := release("a", "call3", 1)
-		r2 := release("a", "call3", 1)
+		r1 := release("a", "call3", 1, 0)
+		r2 := release("a", "call3", 1, 0)
 		if !slices.Equal(r1, r2) || r1[1] != 2 || count("a") != 2 {
 			t.Fatalf("release twice: %v then %v, count %d; want one release", r1, r2, count("a"))
 		}
-		e1 := release("a", "call4", 2)
-		e2 := release("a", "call4", 2)
+		e1 := release("a", "call4", 2, a1[1])
+		e2 := release("a", "call4", 2, a1[1])
 		if !slices.Equal(e1, e2) || e1[1] != 0 || e1[2] != a1[1] {
 			t.Fatalf("final release twice: %v then %v; want {1 0 %d} both times", e1, e2, a1[1])
 		}

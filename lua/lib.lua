@@ -24,14 +24,27 @@ local function extend_key(key, ttl)
   end
 end
 
+-- Server time, read at most once per script, here and nowhere else: a
+-- script calls clock() before it uses now_us or now_ms.
+local now_us, now_ms
+local function clock()
+  if not now_us then
+    local t = redis.call('TIME')
+    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    now_ms = math.floor(now_us / 1000)
+  end
+end
+
 -- Call ids. go-redis sends a script again after a read timeout, and the
 -- first copy may still arrive later, after other calls; a cancelled call's
 -- attempt may arrive after its caller gave up. So every call that changed
--- something, or was abandoned, is remembered for REPLAY_MS (the replay
--- window) in a zset of the primitive: member the call id, score
--- (forget-after ms) * 4 + a code saying what the call did. A repeat within
--- the window answers from the code and changes nothing. Memory is bounded by
--- time, not by count, and old ids are pruned by every write.
+-- something, was abandoned, or was refused for good is remembered for
+-- REPLAY_MS (the replay window) in a zset of the primitive: member the call
+-- id, score (forget-after ms) * 4 + a code saying what the call did. A
+-- repeat within the window answers from the code and changes nothing,
+-- however many calls came in between. Memory is bounded by time, not by
+-- count: old ids are pruned by every write, and the zset expires with its
+-- newest id.
 local REPLAY_MS = 60000
 
 -- The code remembered for id in the zset key, or nil.
@@ -43,9 +56,70 @@ local function recall(key, id)
   return tonumber(s) % 4
 end
 
+-- Remembers the calls in list ({id, code, id, code, ...}, codes 0 to 3)
+-- for the replay window from now_ms: one prune, one ZADD (per 500 ids) and
+-- one PEXPIRE, whatever the number of ids.
+local function note_all(key, list, now_ms)
+  if #list == 0 then
+    return
+  end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('(%.0f', now_ms * 4))
+  local base = (now_ms + REPLAY_MS) * 4
+  local args = {}
+  for i = 1, #list, 2 do
+    args[#args + 1] = string.format('%.0f', base + list[i + 1])
+    args[#args + 1] = list[i]
+    if #args >= 1000 or i + 1 >= #list then
+      redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+  -- Every id in key is forgotten by now + REPLAY_MS at the latest, so the
+  -- key need not live longer (nor can it already).
+  redis.call('PEXPIRE', key, REPLAY_MS)
+end
+
 -- Remembers id with code (0 to 3) for the replay window from now_ms.
 local function note(key, id, now_ms, code)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('(%.0f', now_ms * 4))
-  redis.call('ZADD', key, string.format('%.0f', (now_ms + REPLAY_MS) * 4 + code), id)
-  extend_key(key, REPLAY_MS)
+  note_all(key, { id, code }, now_ms)
+end
+
+-- The calls applied to a hold (taken, re-entered, handed over): a field
+-- holds the ids of the last few, space-separated, latest last. They are not
+-- for recognising repeats (recall does that, for the whole replay window):
+-- an abandon (a call its caller gave up on, reply lost) undoes its call's
+-- effect only if the call is among them, and only once, since an undone id
+-- leaves the list. An abandon runs as soon as its call failed, so the last
+-- few ids suffice.
+
+-- list: the remembered ids, or nil/false when there are none.
+local function seen(list, id)
+  return list ~= nil and list ~= false and string.find(' ' .. list .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
+end
+
+-- list with id added, keeping the last keep ids (default 16).
+local function remember(list, id, keep)
+  if not list or list == '' then
+    return id
+  end
+  local l = list .. ' ' .. id
+  local _, n = string.gsub(l, ' ', ' ')
+  for _ = keep or 16, n do
+    l = string.sub(l, string.find(l, ' ', 1, true) + 1)
+  end
+  return l
+end
+
+-- list without id.
+local function forget(list, id)
+  if not list then
+    return ''
+  end
+  local l = ' ' .. list .. ' '
+  local i = string.find(l, ' ' .. id .. ' ', 1, true)
+  if not i then
+    return list
+  end
+  l = string.sub(l, 1, i) .. string.sub(l, i + #id + 2)
+  return string.sub(l, 2, -2)
 end

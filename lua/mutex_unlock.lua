@@ -22,15 +22,6 @@
 --        went down), 0 the owner does not hold it.
 
 local tok, id, ch, idle, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local function forget(list, id)
-  local l = ' ' .. list .. ' '
-  local i = string.find(l, ' ' .. id .. ' ', 1, true)
-  if not i then
-    return list
-  end
-  l = string.sub(l, 1, i) .. string.sub(l, i + #id + 2)
-  return string.sub(l, 2, -2)
-end
 
 if ARGV[6] and ARGV[6] ~= '' then
   local floor = tonumber(ARGV[6])

@@ -5,13 +5,12 @@
 --
 -- KEYS[1] writer hash, KEYS[2] fence hash, KEYS[3] readers zset, KEYS[4]
 -- readers hash, KEYS[5] waiting writers zset, KEYS[6] waiting readers hash,
--- KEYS[7] finished calls zset, KEYS[8] writers' queue zset, KEYS[9] queued
--- writers hash (see rwmutex_lock.lua)
+-- KEYS[7] call ids zset (see lib.lua), KEYS[8] writers' queue zset, KEYS[9]
+-- queued writers hash (see rwmutex_lock.lua)
 
 local W, F, R, RC, WW, RQ, X, WQ, WD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now = math.floor(now_us / 1000)
+clock()
+local now = now_ms
 
 -- Big numbers go to Redis as plain integers, never in Lua's %.14g form.
 local function num(x)
@@ -19,7 +18,7 @@ local function num(x)
 end
 
 -- Leases and places end by server time: drop every expired reader (each
--- reader's share expires alone), lapsed writer places and old call ids.
+-- reader's share expires alone) and lapsed writer places.
 local gone = redis.call('ZRANGEBYSCORE', R, '-inf', num(now))
 for _, r in ipairs(gone) do
   redis.call('HDEL', RC, r)
@@ -28,10 +27,10 @@ if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', R, '-inf', num(now))
 end
 redis.call('ZREMRANGEBYSCORE', WW, '-inf', num(now))
-redis.call('ZREMRANGEBYSCORE', X, '-inf', num(now))
 
 -- A zset (and its companion hash) expires with its furthest deadline, so no
--- key outlives the leases or places it records.
+-- key outlives the leases or places it records. Reports whether z has any
+-- entry left.
 local function fit(z, h)
   local top = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
   if top[2] then
@@ -40,46 +39,69 @@ local function fit(z, h)
     if h then
       redis.call('PEXPIRE', h, d)
     end
+    return true
   elseif h then
     redis.call('DEL', h)
   end
+  return false
 end
 
--- A hold remembers the ids of the last calls applied to it, not only the
--- last one: go-redis may send a script again after a read timeout, and the
--- repeat can arrive after other calls of the same owner; a repeat of any
--- remembered call changes nothing.
-local KEEP_IDS = 16
-
--- ids: the remembered list, or nil/false when there is none.
-local function seen(ids, cid)
-  if not ids then
-    return false
-  end
-  return string.find(' ' .. ids .. ' ', ' ' .. cid .. ' ', 1, true) ~= nil
+-- Calls to remember (see note_all in lib.lua), written once, by out, when
+-- the script returns.
+local calls = {}
+local function noted(cid, code)
+  calls[#calls + 1] = cid
+  calls[#calls + 1] = code
+end
+local function out(reply)
+  note_all(X, calls, now)
+  return reply
 end
 
-local function remember(ids, cid)
-  if not ids or ids == '' then
-    return cid
+-- A reader's record in the readers hash: "<reentry count> <hold id> <ids
+-- of the calls applied to the hold>". The hold id tells one read hold of an
+-- owner from its later ones: an RUnlock names it, so that a late copy of
+-- one never ends a later read hold. Returns count, hold id (a string) and
+-- ids; nil for a record dsync did not write.
+local function read_rec(rec)
+  -- write_rec always puts a space after the hold id, also before no ids.
+  local cnt, rid, ids = string.match(rec, '^(%d+) (%d+) (.*)$')
+  if not cnt then
+    return nil
   end
-  ids = ids .. ' ' .. cid
-  local _, n = string.gsub(ids, ' ', ' ')
-  for _ = KEEP_IDS, n do
-    ids = string.sub(ids, string.find(ids, ' ', 1, true) + 1)
+  return tonumber(cnt), rid, ids
+end
+
+-- The id of a read hold that the lock call cid begins: 52 bits of the
+-- call id's SHA-1, plus 1. Call ids are random, so one owner's read holds
+-- differ whatever the server clock does (it may stand still, or step back).
+local function hold_id(cid)
+  return tonumber(string.sub(redis.sha1hex(cid), 1, 13), 16) + 1
+end
+
+local function write_rec(tok, cnt, rid, ids)
+  redis.call('HSET', RC, tok, string.format('%d %s %s', cnt, rid, ids))
+end
+
+-- Keeps the fence hash alive for idle ms after its last use. It is
+-- refreshed once less than half of that is left, so that most calls need
+-- not write its expiry.
+local function keep_fence(idle)
+  if redis.call('PTTL', F) < tonumber(idle) / 2 then
+    redis.call('PEXPIRE', F, idle)
   end
-  return ids
 end
 
 -- The next fencing token of a fresh write hold: max(last + 1, server time
--- in µs), so tokens keep rising even after the fence hash expired.
+-- in µs), so tokens keep rising even after the fence hash expired. nil when
+-- the counter is past 2^53 (foreign data: Lua numbers stop counting by one).
 local function next_fence(idle)
-  local f = redis.call('HINCRBY', F, 'n', 1)
-  if f < now_us then
-    f = now_us
-    redis.call('HSET', F, 'n', num(f))
+  local f = math.max((tonumber(redis.call('HGET', F, 'n')) or 0) + 1, now_us)
+  if f ~= f or f >= 9007199254740992 then
+    return nil
   end
-  redis.call('PEXPIRE', F, idle)
+  redis.call('HSET', F, 'n', num(f))
+  keep_fence(idle)
   return f
 end
 
@@ -119,10 +141,11 @@ local function unplace(w)
 end
 
 -- Hands the free lock (no writer, no reader) to the first queued writer:
--- it holds the lock now, with its own TTL and its lock call's id, so that
--- the call's next attempt finds the hold and changes nothing, and the
--- notification (see publish_handover) tells that call, which then owns the
--- lock without another attempt. Reports whether it did.
+-- it holds the lock now, with its own TTL, and its lock call is remembered
+-- as one that took effect, so that the call's next attempt finds the hold
+-- and changes nothing, and the notification (see publish_handover) tells
+-- that call, which then owns the lock without another attempt. Reports
+-- whether it did.
 local function hand_over(ch, idle)
   for _ = 1, 100 do
     local h, _, d = head()
@@ -132,10 +155,14 @@ local function hand_over(ch, idle)
     unplace(h)
     local ttl, cid, secret = string.match(d, '^(%d+) (%S+) (%S+)$')
     -- A call abandoned by its caller must not get the lock.
-    if ttl and not redis.call('ZSCORE', X, cid) then
+    if ttl and not recall(X, cid) then
       local f = next_fence(idle)
+      if not f then
+        return false
+      end
       redis.call('HSET', W, h, 1, ':f', num(f), ':c', cid)
       redis.call('PEXPIRE', W, ttl)
+      noted(cid, 1)
       publish_handover(ch, cid, h, num(f), secret)
       -- A writer that waits without a queue place (it was not starving
       -- yet when it last tried, and no queue existed) is told to try

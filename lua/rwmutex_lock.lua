@@ -2,18 +2,21 @@
 -- report how long to wait.
 --
 -- KEYS[1] writer hash: <owner token> -> reentry count, ':f' fencing token of
---         the write hold, ':c' ids of the last calls applied to it (at most
---         16, space-separated, latest last)
+--         the write hold, ':c' ids of the last calls applied to it (see
+--         lib.lua: what an abandon may undo)
 -- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token
 -- KEYS[3] readers zset: reader token -> lease deadline (server ms)
--- KEYS[4] readers hash: reader token -> "<reentry count> <ids of the last
---         calls applied>" (as ':c' above)
+-- KEYS[4] readers hash: reader token -> "<reentry count> <hold id> <ids
+--         of the last calls applied>" (ids as ':c' above; the hold id,
+--         drawn from the id of the call that began the read hold, is what
+--         an RUnlock names)
 -- KEYS[5] waiting writers zset: writer token -> place deadline (ms); while
 --         one lives, new readers wait
 -- KEYS[6] waiting readers hash: reader token -> "<place deadline ms> <ttl ms> <call id>"
--- KEYS[7] finished calls zset: call id -> when it may be forgotten (ms); holds
---         the ids of full releases (a repeat answers as before) and of
---         abandoned calls (a late arrival must not take effect)
+-- KEYS[7] call ids zset (see lib.lua): for a lock call 1 took, re-entered
+--         or was granted the hold, 2 abandoned or refused for good (a try
+--         refused, an upgrade): a repeat within the replay window changes
+--         nothing
 -- KEYS[8] writers' queue zset: queued writer token -> arrival (server µs);
 --         a writer queues once it has waited past the starvation threshold,
 --         or when others are queued, and the queue's head gets the lock first
@@ -33,20 +36,46 @@
 -- ARGV[9] the call's secret, proof of a hand-over to it (see lib.lua)
 -- Reply: {1, v} the caller took or re-entered the hold now, {2, v} the
 --        hold was this call's already (granted to it while it waited, or a
---        repeat), where v is the fencing token for a write hold and 1 for a
---        read hold; {4, 0} write refused because the owner holds a read
---        lock (an upgrade); {3, 0} foreign data in the keys; {0, ms}
---        refused: try again after at most ms.
+--        repeat), where v is the fencing token for a write hold and the
+--        hold id for a read hold; {4, 0} write refused because the owner
+--        holds a read lock (an upgrade); {3, 0} foreign data in the keys;
+--        {0, ms} refused: try again after at most ms.
 
 local mode, tok, ttl, id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local wait = ARGV[5] == '1'
 local counted = ARGV[7] ~= '1' -- re-entries are counted here
-local function retry_at(deadline)
-  return { 0, math.max(deadline - now, 1) }
+
+-- A refusal: a waiting call (wait) tries again later under the same id; a
+-- try is done, and is remembered so that a late copy of it cannot take the
+-- lock.
+local function refused(deadline)
+  if not wait then
+    noted(id, 2)
+  end
+  return out({ 0, math.max(deadline - now, 1) })
 end
 
--- A call its caller abandoned must not take effect when it arrives late.
-if redis.call('ZSCORE', X, id) then
+-- A repeat of a call that took effect, or of one abandoned or refused for
+-- good, changes nothing: it answers with the hold it finds, if any.
+local done = recall(X, id)
+if done then
+  if done == 1 then
+    if mode == 'r' then
+      local rec = redis.call('HGET', RC, tok)
+      local cnt, rid = nil, nil
+      if rec then
+        cnt, rid = read_rec(rec)
+      end
+      if cnt then
+        return { 2, tonumber(rid) }
+      end
+    else
+      local cur = redis.call('HMGET', W, tok, ':f')
+      if cur[1] and tonumber(cur[2]) then
+        return { 2, tonumber(cur[2]) }
+      end
+    end
+  end
   return { 0, 1 }
 end
 
@@ -54,77 +83,79 @@ if mode == 'r' then
   local rec = redis.call('HGET', RC, tok)
   if rec then
     -- Re-entry (never blocked by a waiting writer: the owner would wait for
-    -- itself), or a repeat of a recent call (a retry after a lost reply, or
-    -- a hold granted to this waiter by a writer's unlock): a repeat changes
-    -- nothing.
-    local cnt, ids = string.match(rec, '^(%d+) (.*)$')
+    -- itself), or the hold a writer's unlock granted this waiting call.
+    local cnt, rid, ids = read_rec(rec)
+    if not cnt then
+      return { 3, 0 }
+    end
     if seen(ids, id) then
-      return { 2, 1 }
+      return { 2, tonumber(rid) }
     end
     if counted then
-      redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) + 1, remember(ids, id)))
+      write_rec(tok, cnt + 1, rid, remember(ids, id))
     end
     local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
     if now + ttl > s then
       redis.call('ZADD', R, num(now + ttl), tok)
       fit(R, RC)
     end
-    return { 1, 1 }
+    noted(id, 1)
+    return out({ 1, tonumber(rid) })
   end
-  local held = redis.call('EXISTS', W) == 1
-  local mine = held and redis.call('HEXISTS', W, tok) == 1
-  local writers = redis.call('ZCARD', WW)
-  if redis.call('ZSCORE', WW, tok) then
-    writers = writers - 1
-  end
-  -- The write holder may read (a downgrade); anyone else waits for the
-  -- writer, and for waiting writers too (writer preference).
-  if not mine and (held or writers > 0) then
-    if wait then
-      redis.call('HSET', RQ, tok, string.format('%s %d %s', num(now + ttl), ttl, id))
-      if redis.call('PTTL', RQ) < ttl then
-        redis.call('PEXPIRE', RQ, ttl)
+  -- Nobody writes, waits to write, or waits to read: the common case, in
+  -- one look.
+  if redis.call('EXISTS', W, WW, RQ) > 0 then
+    local held = redis.call('EXISTS', W) == 1
+    local mine = held and redis.call('HEXISTS', W, tok) == 1
+    local writers = redis.call('ZCARD', WW)
+    if writers > 0 and redis.call('ZSCORE', WW, tok) then
+      writers = writers - 1
+    end
+    -- The write holder may read (a downgrade); anyone else waits for the
+    -- writer, and for waiting writers too (writer preference).
+    if not mine and (held or writers > 0) then
+      if wait then
+        redis.call('HSET', RQ, tok, string.format('%s %d %s', num(now + ttl), ttl, id))
+        if redis.call('PTTL', RQ) < ttl then
+          redis.call('PEXPIRE', RQ, ttl)
+        end
       end
+      if held then
+        return refused(now + redis.call('PTTL', W))
+      end
+      -- The earliest writer place: if its writer died, the place lapses then.
+      local first = redis.call('ZRANGE', WW, 0, 0, 'WITHSCORES')
+      return refused(tonumber(first[2]))
     end
-    if held then
-      return retry_at(now + redis.call('PTTL', W))
-    end
-    -- The earliest writer place: if its writer died, the place lapses then.
-    local first = redis.call('ZRANGE', WW, 0, 0, 'WITHSCORES')
-    return retry_at(tonumber(first[2]))
+    redis.call('HDEL', RQ, tok)
   end
-  redis.call('HSET', RC, tok, '1 ' .. id)
+  local rid = hold_id(id)
+  write_rec(tok, 1, num(rid), id)
   redis.call('ZADD', R, num(now + ttl), tok)
-  redis.call('HDEL', RQ, tok)
   fit(R, RC)
-  return { 1, 1 }
+  noted(id, 1)
+  return out({ 1, rid })
 end
 
 -- Write.
-local cnt = redis.call('HGET', W, tok)
-if cnt then
-  -- Re-entry, or a repeat of a recent call: a repeat changes nothing.
-  local ids = redis.call('HGET', W, ':c')
-  local f = tonumber(redis.call('HGET', W, ':f'))
+local cur = redis.call('HMGET', W, tok, ':f', ':c')
+if cur[1] then
+  -- Re-entry, or the hold handed over to this waiting call.
+  local f = tonumber(cur[2])
   if not f then
     return { 3, 0 }
   end
-  if seen(ids, id) then
+  if seen(cur[3], id) then
     return { 2, f }
   end
   if counted then
     redis.call('HINCRBY', W, tok, 1)
-    redis.call('HSET', W, ':c', remember(ids, id))
+    redis.call('HSET', W, ':c', remember(cur[3], id))
   end
   -- A re-entry never moves the expiry earlier.
   extend_key(W, ttl)
-  return { 1, f }
-end
-
-if redis.call('HEXISTS', RC, tok) == 1 then
-  -- The owner reads: waiting for the write lock would wait for itself.
-  unplace(tok)
-  return { 4, 0 }
+  noted(id, 1)
+  return out({ 1, f })
 end
 
 local function enqueue()
@@ -145,20 +176,25 @@ local function enqueue()
   end
 end
 
-if redis.call('EXISTS', W) == 1 then
+-- Held by another writer (a hold always has ':f'), or by readers?
+if cur[2] or redis.call('EXISTS', W, R) > 0 then
+  if redis.call('HEXISTS', RC, tok) == 1 then
+    -- The owner reads: waiting for the write lock would wait for itself.
+    -- The call is refused for good.
+    unplace(tok)
+    noted(id, 2)
+    return out({ 4, 0 })
+  end
   if wait then
     enqueue()
   end
-  return retry_at(now + redis.call('PTTL', W))
-end
-local first = redis.call('ZRANGE', R, 0, 0, 'WITHSCORES')
-if first[2] then
-  if wait then
-    enqueue()
+  if cur[2] or redis.call('EXISTS', W) == 1 then
+    return refused(now + redis.call('PTTL', W))
   end
   -- The last reader to leave hands the lock to the queue's head or wakes
   -- the writers; one that dies without leaving is gone at its deadline.
-  return retry_at(tonumber(first[2]))
+  local first = redis.call('ZRANGE', R, 0, 0, 'WITHSCORES')
+  return refused(tonumber(first[2]))
 end
 local h, dl = head()
 if h and h ~= tok then
@@ -168,12 +204,22 @@ if h and h ~= tok then
   if wait then
     enqueue()
   end
-  return retry_at(dl)
+  return refused(dl)
 end
 
 -- Fresh write hold.
 local f = next_fence(ARGV[6])
+if not f then
+  return { 3, 0 }
+end
 redis.call('HSET', W, tok, 1, ':f', num(f), ':c', id)
 redis.call('PEXPIRE', W, ttl)
-unplace(tok)
-return { 1, f }
+if h then
+  unplace(tok)
+elseif redis.call('ZREM', WW, tok) == 1 then
+  -- A waiting place, but no queue place: the queue is empty (head found
+  -- none).
+  fit(WW)
+end
+noted(id, 1)
+return out({ 1, f })

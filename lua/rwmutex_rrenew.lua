@@ -2,7 +2,8 @@
 -- it. Other readers' leases are left alone.
 --
 -- KEYS[1] readers zset: reader token -> lease deadline (server ms)
--- KEYS[2] readers hash: reader token -> "<reentry count> <ids of the last calls applied>"
+-- KEYS[2] readers hash: reader token -> "<reentry count> <hold id> <ids of the
+--         last calls applied>" (see rwmutex_lock.lua)
 -- ARGV[1] owner token
 -- ARGV[2] lease TTL (ms)
 -- Reply: 1 extended, 0 the reader no longer holds it (released, or its

@@ -3,8 +3,9 @@
 -- makes every waiting reader a holder at once, as sync.RWMutex's Unlock does.
 --
 -- KEYS[1..9] as in rwmutex_lock.lua (writer hash, fence hash, readers zset,
---         readers hash, waiting writers zset, waiting readers hash, finished
---         calls zset, writers' queue zset, queued writers hash)
+--         readers hash, waiting writers zset, waiting readers hash, call ids
+--         zset, writers' queue zset, queued writers hash); call ids of
+--         unlocks: 1 released, 2 lowered the count, 0 did not hold
 -- ARGV[1] 'r' for a read hold, 'w' for a write hold
 -- ARGV[2] owner token
 -- ARGV[3] call id of this unlock
@@ -12,48 +13,64 @@
 --         waiters try again; a hand-over of the write lock to the first
 --         queued writer, whose lock call then holds it without another
 --         attempt, is published as lib.lua's publish_handover says
--- ARGV[5] how long finished call ids are remembered (ms)
+-- ARGV[5] the hold this unlock ends: the fencing token of the write hold,
+--         or the hold id of the read hold (see rwmutex_lock.lua); '' when
+--         the caller does not know it. A hold with another token or id is
+--         not the caller's: a later hold of the same owner is never ended.
 -- ARGV[6] '' for an unlock. For a lock call its caller abandoned (ctx done,
---         reply lost), that call's id: the call is marked finished so it
+--         reply lost), that call's id: the call is marked abandoned so it
 --         cannot take effect later, its waiting and queue places are
 --         dropped, and one level of the hold is released only if that call
 --         took or re-entered it, or was handed it (its id is among the
---         hold's remembered call ids).
+--         hold's applied call ids), and only once.
 -- ARGV[7] (quorum mode only, else '') the fencing token of the write hold:
 --         this master's counter is raised to it, so the next writer's token
 --         is larger even where another master's clock ran ahead when it was
 --         issued
 -- ARGV[8] idle expiry of the fence hash (ms)
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
---        went down), 0 the owner does not hold it.
+--        went down), 0 the owner does not hold it. A repeat within the
+--        replay window answers as the first run did and changes nothing.
 --
 -- A release that frees the lock (the last reader's, or a writer's with no
 -- reader waiting) hands it straight to the first queued writer, if any;
 -- a writer's full release admits every waiting reader at once instead, as
 -- sync.RWMutex's Unlock does, so that writers cannot starve readers.
 
-local mode, tok, id, ch, keep, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+local mode, tok, id, ch, name, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local idle = ARGV[8]
-local function finish(cid)
-  redis.call('ZADD', X, num(now + keep), cid)
-  redis.call('PEXPIRE', X, keep)
-end
+local named = name ~= nil and name ~= ''
 
 if ARGV[7] and ARGV[7] ~= '' then
   local floor = tonumber(ARGV[7])
   if floor and floor > (tonumber(redis.call('HGET', F, 'n')) or 0) then
     redis.call('HSET', F, 'n', ARGV[7])
-    redis.call('PEXPIRE', F, idle)
+    keep_fence(idle)
   end
 end
 
--- A repeat of an unlock that released answers as before.
-if redis.call('ZSCORE', X, id) then
-  return 1
+-- The answer of an unlock (not of a clean-up, whose id is new each time),
+-- remembered. A named unlock that found no hold needs no memory: the hold
+-- it names can never come back.
+local function answer(code)
+  if guard == '' and (code ~= 0 or not named) then
+    noted(id, code)
+  end
+  return out(code)
 end
 
-if guard ~= '' then
-  finish(guard)
+if guard == '' then
+  -- A repeat of an unlock answers as before.
+  local done = recall(X, id)
+  if done then
+    return done
+  end
+else
+  if recall(X, guard) == 2 then
+    -- Cleaned up already (or refused for good): nothing is left to undo.
+    return 0
+  end
+  noted(guard, 2)
   if mode == 'w' then
     -- The places are the abandoned call's unless another call of the same
     -- owner queued since (its id is in the queue place).
@@ -72,7 +89,7 @@ if guard ~= '' then
       end
     end
     if not seen(redis.call('HGET', W, ':c'), guard) then
-      return 0
+      return out(0)
     end
   else
     local d = redis.call('HGET', RQ, tok)
@@ -80,80 +97,91 @@ if guard ~= '' then
       redis.call('HDEL', RQ, tok)
     end
     local rec = redis.call('HGET', RC, tok)
-    if not rec or not seen(string.match(rec, '^%d+ (.*)$'), guard) then
-      return 0
+    local ids
+    if rec then
+      ids = select(3, read_rec(rec))
+    end
+    if not seen(ids, guard) then
+      return out(0)
     end
   end
 end
 
 if mode == 'r' then
   local rec = redis.call('HGET', RC, tok)
-  if not rec then
-    return 0
+  local cnt, rid, ids
+  if rec then
+    cnt, rid, ids = read_rec(rec)
   end
-  local cnt, ids = string.match(rec, '^(%d+) (.*)$')
-  if seen(ids, id) then
-    -- A repeat of an unlock that only lowered the count.
-    return 2
+  if not cnt or (named and rid ~= name) then
+    return answer(0)
   end
-  if tonumber(cnt) > 1 then
-    redis.call('HSET', RC, tok, string.format('%d %s', tonumber(cnt) - 1, remember(ids, id)))
-    return 2
+  if cnt > 1 then
+    if guard ~= '' then
+      ids = forget(ids, guard)
+    end
+    write_rec(tok, cnt - 1, rid, ids)
+    return answer(2)
   end
-  redis.call('HDEL', RC, tok)
   redis.call('ZREM', R, tok)
-  finish(id)
-  fit(R, RC)
-  -- The last reader out hands the lock to the first queued writer, or
-  -- wakes the waiting writers (unless the owner still writes: a downgrade
-  -- undone; its Unlock will).
-  if redis.call('EXISTS', R) == 0 and redis.call('EXISTS', W) == 0
-      and not hand_over(ch, idle) and redis.call('EXISTS', WW) == 1 then
-    redis.call('PUBLISH', ch, '')
+  if fit(R, RC) then
+    redis.call('HDEL', RC, tok)
+  else
+    -- No reader left (fit deleted the readers hash): the lock is free
+    -- unless the owner still writes (a downgrade undone; its Unlock will
+    -- hand it on). The last reader out hands it to the first queued
+    -- writer, or wakes the waiting writers.
+    if redis.call('EXISTS', W, WW, WQ) > 0 and redis.call('EXISTS', W) == 0
+        and not hand_over(ch, idle) and redis.call('EXISTS', WW) == 1 then
+      redis.call('PUBLISH', ch, '')
+    end
   end
-  return 1
+  return answer(1)
 end
 
-local cnt = redis.call('HGET', W, tok)
-if not cnt then
-  return 0
+local cur = redis.call('HMGET', W, tok, ':f', ':c')
+local cnt = tonumber(cur[1])
+if not cnt or (named and cur[2] ~= name) then
+  return answer(0)
 end
-local ids = redis.call('HGET', W, ':c')
-if seen(ids, id) then
-  -- A repeat of an unlock that only lowered the count.
-  return 2
-end
-if tonumber(cnt) > 1 then
+if cnt > 1 then
   redis.call('HINCRBY', W, tok, -1)
-  redis.call('HSET', W, ':c', remember(ids, id))
-  return 2
+  if guard ~= '' then
+    redis.call('HSET', W, ':c', forget(cur[3], guard))
+  end
+  return answer(2)
 end
 redis.call('DEL', W)
-finish(id)
+
+-- Nobody waits to read or to write: nothing to hand on, no one to wake.
+if redis.call('EXISTS', RQ, WW, WQ) == 0 then
+  return answer(1)
+end
 
 -- Every reader that waited for this writer holds the lock now, with its own
--- lease and its lock call's id, so that call's next attempt finds the hold
--- and changes nothing; writers that wait wait for these readers.
+-- lease, and its lock call is remembered as one that took effect, so that
+-- the call's next attempt finds the hold and changes nothing; writers that
+-- wait wait for these readers.
 local q = redis.call('HGETALL', RQ)
 local admitted = 0
 for i = 1, #q, 2 do
   local rt = q[i]
   local dl, rttl, cid = string.match(q[i + 1], '^(%d+) (%d+) (%S+)$')
-  if dl and tonumber(dl) > now and not redis.call('ZSCORE', X, cid) then
-    local c, ids = 0, nil
+  if dl and tonumber(dl) > now and not recall(X, cid) then
+    local c, rid, ids = 0, num(hold_id(cid)), ''
     local rec = redis.call('HGET', RC, rt)
     if rec then
-      c, ids = string.match(rec, '^(%d+) (.*)$')
-      c = tonumber(c)
+      c, rid, ids = read_rec(rec)
     end
-    if not seen(ids, cid) then
-      redis.call('HSET', RC, rt, string.format('%d %s', c + 1, remember(ids, cid)))
+    if c then
+      write_rec(rt, c + 1, rid, remember(ids, cid))
+      local s = tonumber(redis.call('ZSCORE', R, rt) or 0)
+      if now + tonumber(rttl) > s then
+        redis.call('ZADD', R, num(now + tonumber(rttl)), rt)
+      end
+      noted(cid, 1)
+      admitted = admitted + 1
     end
-    local s = tonumber(redis.call('ZSCORE', R, rt) or 0)
-    if now + tonumber(rttl) > s then
-      redis.call('ZADD', R, num(now + tonumber(rttl)), rt)
-    end
-    admitted = admitted + 1
   end
 end
 if #q > 0 then
@@ -163,9 +191,9 @@ end
 -- With no reader waiting, and none left (the owner may keep a read hold: a
 -- downgrade), the first queued writer gets the lock.
 if admitted == 0 and redis.call('EXISTS', R) == 0 and hand_over(ch, idle) then
-  return 1
+  return answer(1)
 end
 if #q > 0 or redis.call('EXISTS', WW) == 1 then
   redis.call('PUBLISH', ch, '')
 end
-return 1
+return answer(1)

@@ -16,21 +16,18 @@
 local tok, n, id, idle, ch = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 
 prune()
-local sx = fence_get('sx')
-if not find(sx, id) then
-  redis.call('HSET', KEYS[2], 'sx', push(sx, id))
-end
-keep_fence(idle)
+noted(id, 2)
 unqueue(id)
 
 local h = hold(tok)
 local cnt, f, list = h.n, h.f or '0', h.c
-if cnt > 0 and find(list, id) then
+if cnt > 0 and seen(list, id) then
+  -- Undone once: the id leaves the list.
   local back = math.min(n, cnt)
   if back == cnt then
     finish(tok, cnt)
   else
-    h.n, h.c, used = cnt - back, drop(list, id), used - back
+    h.n, h.c, used = cnt - back, forget(list, id), used - back
     redis.call('HSET', KEYS[1], tok, fmt(h.n), ':c:' .. tok, h.c, ':used', fmt(used))
   end
   cnt = cnt - back
@@ -38,6 +35,6 @@ end
 local _, head = grant(ch, idle, '')
 tidy(head)
 if cnt == 0 then
-  return { 0, tonumber(f) }
+  return out({ 0, tonumber(f) })
 end
-return { cnt, tonumber(f) }
+return out({ cnt, tonumber(f) })

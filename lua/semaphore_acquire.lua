@@ -14,47 +14,53 @@
 -- ARGV[9] the call's secret, proof of a hand-over to it (see lib.lua)
 -- Reply: {1, fencing token} the holder took the permits now; {2, fencing
 --        token} they were handed to this call while it waited (or a repeat
---        of this call); {0, ms} not served, try again within ms (queued if
---        ARGV[6] is '1'; also a late copy of an abandoned call, which
---        changes nothing); {4, size in force} the size differs, nothing
---        changed.
+--        of this call, which changes nothing); {0, ms} not served, try again
+--        within ms (queued if ARGV[6] is '1'; also a late copy of an
+--        abandoned call, or of one whose holding ended, which changes
+--        nothing); {4, size in force} the size differs, nothing changed.
 
 local tok, n, size, ttl, id = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local queue, idle, ch = ARGV[6] == '1', ARGV[7], ARGV[8]
 
--- An attempt that arrives after its caller gave up must not take effect.
-if find(fence_get('sx'), id) then
+-- A repeat of a call that took effect (a retry after a lost reply, or an
+-- attempt after the permits were handed to it), or of one abandoned or
+-- refused for good, changes nothing: it answers with the holding it finds.
+local done = recall(KEYS[6], id)
+if done then
+  if done == 1 then
+    prune()
+    local h = hold(tok)
+    if h.n > 0 then
+      return { 2, tonumber(h.f) }
+    end
+  end
   return { 0, 1 }
 end
 
 prune()
-local h = hold(tok)
+hold(tok)
 -- Earlier waiters first, this call among them if it was queued.
 local served, head, hd = grant(ch, idle, id)
 if served then
-  return { 1, tonumber(served) }
-end
-
--- A repeat of this call (a retry after a lost reply, or an attempt after
--- the permits were handed to it) changes nothing.
-h = hold(tok)
-if h.n > 0 and find(h.c, id) then
-  return { 2, tonumber(h.f) }
+  return out({ 1, tonumber(served) })
 end
 
 tidy(head)
 if in_force and in_force ~= size then
-  return { 4, in_force }
+  noted(id, 2)
+  return out({ 4, in_force })
 end
 
 -- Fits and nobody waits: take the permits. (If anyone waits, the head did
 -- not fit, or grant would have served it: this call queues behind it.)
 if not head and used + n <= size then
-  return { 1, tonumber(take(tok, n, ttl, id, idle, ARGV[3])) }
+  return out({ 1, tonumber(take(tok, n, ttl, id, idle, ARGV[3])) })
 end
 
 if not queue then
-  return { 0, 0 }
+  -- A try is done: a late copy of it must not take permits.
+  noted(id, 2)
+  return out({ 0, 0 })
 end
 
 -- Take (or refresh) a place: it lasts one TTL and every attempt renews it,
@@ -78,4 +84,4 @@ for i = 3, 5 do
   extend(KEYS[i], ttl)
 end
 extend(KEYS[1], ttl)
-return { 0, waitms(id, ttl, head, hd) }
+return out({ 0, waitms(id, ttl, head, hd) })

@@ -6,16 +6,20 @@
 -- KEYS[1] state hash: ':size' the size in force, ':used' permits held in all
 --         (kept equal to the sum of the holdings), <token> -> permits held by
 --         that holder, ':f:'<token> -> fencing token of that holding,
---         ':c:'<token> -> ids of the latest calls applied to that holding.
---         Owner tokens never begin with ':', so the fields cannot clash.
+--         ':c:'<token> -> ids of the latest Acquire calls applied to that
+--         holding (see lib.lua: what an abandon may undo). Owner tokens
+--         never begin with ':', so the fields cannot clash.
 -- KEYS[2] fence hash (outlives holdings, idle expiry): 'n' last fencing token
---         (shared with the other primitives of the name), 'sr' latest
---         releases that ended a holding ("<call id>:<fence> ..."), 'sx'
---         latest abandoned Acquire call ids.
+--         (shared with the other primitives of the name)
 -- KEYS[3] holders zset: <token> -> lease deadline (server ms)
 -- KEYS[4] queue zset: Acquire call id -> arrival (server µs, increasing)
 -- KEYS[5] queue data hash: call id -> "<place deadline ms> <ttl ms> <n>
 --         <secret> <token>"
+-- KEYS[6] call ids zset (see lib.lua): an Acquire call 1 took or was
+--         granted permits, 2 abandoned or refused for good (a try refused,
+--         a size mismatch); a release 1 ended its holding, 2 lowered it, 0
+--         found nothing held, 3 refused (n more than held, a size mismatch).
+--         A repeat within the replay window changes nothing.
 --
 -- Invariants kept by every script: a holder whose deadline passed is pruned
 -- before anything else is decided, so its permits come back by themselves;
@@ -23,12 +27,10 @@
 -- fits, nobody passes it); every key carries an expiry at least as late as
 -- the deadlines stored in it.
 
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
+clock()
 
--- How many call ids a holding (and a name, for releases and abandons)
--- remembers: enough for the retries of calls in flight at once.
+-- How many Acquire call ids a holding remembers for an abandon: enough for
+-- the calls of one holder in flight at once.
 local RECENT = 32
 
 -- Numbers are formatted by hand: Lua would print 1.7e+15.
@@ -36,46 +38,16 @@ local function fmt(x)
   return string.format('%.0f', x)
 end
 
--- Lists are space-separated items "<id>" or "<id>:<value>", newest first.
-local function find(list, id)
-  -- Most lookups miss: a plain search rules those out at once.
-  if not list or not string.find(list, id, 1, true) then
-    return nil
-  end
-  for item in string.gmatch(list, '%S+') do
-    local k, v = string.match(item, '^([^:]+):?(.*)$')
-    if k == id then
-      return v
-    end
-  end
-  return nil
+-- Calls to remember (see note_all in lib.lua), written once, by out, when
+-- the script returns.
+local calls = {}
+local function noted(cid, code)
+  calls[#calls + 1] = cid
+  calls[#calls + 1] = code
 end
-
--- Puts item first, keeping at most RECENT items in all.
-local function push(list, item)
-  if not list or list == '' then
-    return item
-  end
-  local p = 0
-  for _ = 1, RECENT - 1 do
-    p = string.find(list, ' ', p + 1, true)
-    if not p then
-      return item .. ' ' .. list
-    end
-  end
-  return item .. ' ' .. string.sub(list, 1, p - 1)
-end
-
-local function drop(list, id)
-  local out = {}
-  if list then
-    for it in string.gmatch(list, '%S+') do
-      if string.match(it, '^([^:]+)') ~= id then
-        out[#out + 1] = it
-      end
-    end
-  end
-  return table.concat(out, ' ')
+local function out(reply)
+  note_all(KEYS[6], calls, now_ms)
+  return reply
 end
 
 -- What this script knows of the state hash: ':size' (nil when unset),
@@ -106,16 +78,6 @@ local function hold(tok)
   end
   held[tok] = h
   return h
-end
-
--- The fence hash's 'n' (the last fencing token) as read by fence_get.
-local last
-
--- Reads one list field of the fence hash, with 'n'.
-local function fence_get(field)
-  local r = redis.call('HMGET', KEYS[2], field, 'n')
-  last = r[2] or nil
-  return r[1] or nil
 end
 
 -- Expiries (PTTL, ms) known in this script, so that a key's expiry is read
@@ -164,9 +126,15 @@ local function prune()
   end
 end
 
+-- The fence hash's 'n' (the last fencing token), once read or written.
+local last
+
 -- Next fencing token = max(last + 1, server time in µs), so tokens keep
 -- rising even after the fence hash expired. Returns it as a string.
 local function fence(idle)
+  if not last then
+    last = redis.call('HGET', KEYS[2], 'n')
+  end
   local f = math.max((tonumber(last) or 0) + 1, now_us)
   last = fmt(f)
   redis.call('HSET', KEYS[2], 'n', last)
@@ -177,15 +145,18 @@ end
 -- Give n permits to tok for the call id: a fresh holding gets a new fencing
 -- token, a holder that holds already adds to its count and keeps its token.
 -- The lease deadline never moves back (another process of the same owner
--- may have a longer TTL). With sz, ':size' is set to it too. Returns the
--- fencing token (a string).
+-- may have a longer TTL). With sz, ':size' is set to it too. The call is
+-- remembered as one that took effect. Returns the fencing token (a
+-- string).
 local function take(tok, n, ttl, id, idle, sz)
   local h = hold(tok)
   if h.n == 0 then
     h.f = fence(idle)
+    h.c = nil
   end
   h.n = h.n + tonumber(n)
-  h.c = push(h.c, id)
+  h.c = remember(h.c, id, RECENT)
+  noted(id, 1)
   used = used + tonumber(n)
   if sz then
     in_force = tonumber(sz)

@@ -11,49 +11,76 @@
 -- ARGV[7] the fencing token of the holding the caller releases, or '':
 --         a holding with another token is not the caller's
 -- Reply: {1, permits still held, fencing token} released (0 held: the
---        holding ended; a repeat of this call answers so again);
---        {0, 0, 0} the holder holds nothing; {2, permits held, fencing
---        token} n is more than it holds, nothing changed; {3, size in
---        force, 0} the size differs, nothing changed.
+--        holding ended); {0, 0, 0} the holder holds nothing (or not the
+--        holding named); {2, permits held, fencing token} n is more than it
+--        holds, nothing changed; {3, size in force, 0} the size differs,
+--        nothing changed. A repeat within the replay window changes nothing
+--        and answers with the same code (the counts as they are now; the
+--        token of an ended holding as ARGV[7] names it).
 
 local tok, n, size, id, idle, ch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
+local name = ARGV[7] or ''
+
+-- A repeat of this release changes nothing and answers as the first run
+-- did: with its code, and with the counts as they are now.
+local done = recall(KEYS[6], id)
+if done == 0 then
+  return { 0, 0, 0 }
+elseif done == 1 then
+  return { 1, 0, tonumber(name) or 0 }
+elseif done then
+  prune()
+  local h = hold(tok)
+  if done == 3 and in_force and in_force ~= size then
+    return { 3, in_force, 0 }
+  end
+  local live = h.n > 0 and (name == '' or h.f == name)
+  if done == 2 then
+    if live then
+      return { 1, h.n, tonumber(h.f) }
+    end
+    -- The holding it lowered ended since.
+    return { 1, 0, tonumber(name) or 0 }
+  end
+  if live then
+    return { 2, h.n, tonumber(h.f) }
+  end
+  return { 0, 0, 0 }
+end
 
 prune()
-local sr = fence_get('sr')
-local ended = find(sr, id)
-if ended then
-  return { 1, 0, tonumber(ended) }
-end
-
 local h = hold(tok)
 local cnt, f = h.n, h.f
-if cnt == 0 then
-  local _, head = grant(ch, idle, '')
-  tidy(head)
-  return { 0, 0, 0 }
-end
-if find(h.c, id) then
-  return { 1, cnt, tonumber(f) }
-end
-if ARGV[7] and ARGV[7] ~= '' and f ~= ARGV[7] then
-  -- A later holding of the same holder: the caller's ended unreleased.
-  return { 0, 0, 0 }
+if cnt == 0 or (name ~= '' and f ~= name) then
+  -- Nothing held, or a later holding of the same holder: the caller's
+  -- ended unreleased. A release that named its holding needs no memory of
+  -- this: that holding can never come back.
+  if name == '' then
+    noted(id, 0)
+  end
+  if cnt == 0 then
+    local _, head = grant(ch, idle, '')
+    tidy(head)
+  end
+  return out({ 0, 0, 0 })
 end
 if in_force and in_force ~= size then
-  return { 3, in_force, 0 }
+  noted(id, 3)
+  return out({ 3, in_force, 0 })
 end
 if n > cnt then
-  return { 2, cnt, tonumber(f) }
+  -- The holding may grow later: a late copy must still change nothing.
+  noted(id, 3)
+  return out({ 2, cnt, tonumber(f) })
 end
 
 if n == cnt then
-  redis.call('HSET', KEYS[2], 'sr', push(sr, id .. ':' .. f))
-  keep_fence(idle)
+  noted(id, 1)
   local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
   if not head and used <= cnt then
     -- The last holding ended and nobody waits: tidy up at once.
     redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
-    return { 1, 0, tonumber(f) }
+    return out({ 1, 0, tonumber(f) })
   end
   finish(tok, cnt)
   if head then
@@ -62,9 +89,10 @@ if n == cnt then
   end
   tidy(head)
 else
-  h.n, h.c, used = cnt - n, push(h.c, id), used - n
-  redis.call('HSET', KEYS[1], tok, fmt(h.n), ':c:' .. tok, h.c, ':used', fmt(used))
+  noted(id, 2)
+  h.n, used = cnt - n, used - n
+  redis.call('HSET', KEYS[1], tok, fmt(h.n), ':used', fmt(used))
   local _, head = grant(ch, idle, '')
   tidy(head)
 end
-return { 1, cnt - n, tonumber(f) }
+return out({ 1, cnt - n, tonumber(f) })

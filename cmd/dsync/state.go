@@ -29,8 +29,8 @@ import (
 //	           arrival; queue data: "<place deadline ms> <ttl ms> <call id>
 //	           <secret>". Fence hash 'n'.
 //	RWMutex    writer hash as the lock hash above. Readers zset: reader ->
-//	           lease deadline; readers hash: reader -> "<reentry count> <call
-//	           ids>". Waiting writers zset: writer -> place deadline, and
+//	           lease deadline; readers hash: reader -> "<reentry count> <hold
+//	           id> <call ids>". Waiting writers zset: writer -> place deadline, and
 //	           arrival in the writers' queue once queued. Waiting readers
 //	           hash: reader -> "<place deadline ms> <ttl ms> <call id>".
 //	           Fence hash 'n'.
@@ -45,9 +45,9 @@ import (
 //
 // A holder is an owner token, under client reentrancy followed by "@<client
 // id>" (Mutex, RWMutex), or a handle's token. The ids of calls (':c', the
-// readers hash after the count, the Mutex's call ids zset, the RWMutex's
-// finished calls zset, the fence hash's 'sr' and 'sx', a Once's 'x') serve
-// the scripts' answer to repeated calls, and the secrets of queued calls
+// readers hash after the count and hold id, the call ids zsets of Mutex,
+// RWMutex, Semaphore and Once) serve the scripts' answer to repeated and
+// abandoned calls, and the secrets of queued calls
 // prove a hand-over to them; neither is shown.
 
 const (
@@ -155,7 +155,7 @@ func primitives(prefix, name string) (prims []primitive, fences, calls []string)
 			read: func(ctx context.Context, rdb redis.UniversalClient, st *lockState) error {
 				return readOnce(ctx, rdb, ok, st)
 			}},
-	}, []string{mk.Fence, rk.Fence}, []string{mk.Calls, rk.Finished, ok.Calls} // sk.Fence is mk.Fence
+	}, []string{mk.Fence, rk.Fence}, []string{mk.Calls, rk.Calls, sk.Calls, ok.Calls} // sk.Fence is mk.Fence
 }
 
 // inspect reads the state of every primitive under name; with none, one

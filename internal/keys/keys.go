@@ -33,7 +33,7 @@ const (
 	rwReaderData      = rw + ":rc"
 	rwWaitingWriters  = rw + ":ww"
 	rwWaitingReaders  = rw + ":rq"
-	rwFinished        = rw + ":x"
+	rwCalls           = rw + ":x"
 	rwWriterQueue     = rw + ":wq"
 	rwWriterQueueData = rw + ":wd"
 
@@ -42,6 +42,7 @@ const (
 	semHolders   = ":sh"
 	semQueue     = ":sq"
 	semQueueData = ":sqd"
+	semCalls     = ":sx"
 
 	onceRun   = ":once"
 	onceDone  = onceRun + ":done"
@@ -51,8 +52,8 @@ const (
 // suffixes is every suffix of every primitive, the base key's "" included.
 var suffixes = []string{
 	"", mutexFence, mutexQueue, mutexQueueData, mutexCalls,
-	rw, rwFence, rwReaders, rwReaderData, rwWaitingWriters, rwWaitingReaders, rwFinished, rwWriterQueue, rwWriterQueueData,
-	semState, semHolders, semQueue, semQueueData,
+	rw, rwFence, rwReaders, rwReaderData, rwWaitingWriters, rwWaitingReaders, rwCalls, rwWriterQueue, rwWriterQueueData,
+	semState, semHolders, semQueue, semQueueData, semCalls,
 	onceRun, onceDone, onceCalls,
 }
 
@@ -186,9 +187,8 @@ type Mutex struct {
 	Lock string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
 	// 'n' last fencing token. The Semaphore of the same name uses the same
-	// hash on purpose (its fields are 'n', 'sr' and 'sx'): one sequence of
-	// fencing tokens per name, and one key left per released name rather
-	// than two.
+	// hash on purpose (its field is 'n' too): one sequence of fencing
+	// tokens per name, and one key left per released name rather than two.
 	Fence string
 	// Queue is the queue zset: waiter token -> arrival (server µs).
 	Queue string
@@ -225,7 +225,8 @@ type RWMutex struct {
 	// Writer is the writer hash, alive while a writer holds the lock (its
 	// PTTL is the write lease): <holder token> (as for [Mutex.Lock]) ->
 	// reentry count, ':f' fencing token of the write hold, ':c' ids of the
-	// last calls applied to it (at most 16, space-separated, latest last).
+	// last calls applied to it (at most 16, space-separated, latest last;
+	// what an abandon may undo).
 	Writer string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
 	// 'n' last fencing token.
@@ -234,7 +235,9 @@ type RWMutex struct {
 	// ms). Each reader's share expires alone.
 	Readers string
 	// ReaderData is the readers hash: reader token -> "<reentry count>
-	// <ids of the last calls applied>".
+	// <hold id> <ids of the last calls applied>"; the hold id, drawn from
+	// the id of the call that began the read hold, is what an RUnlock
+	// names.
 	ReaderData string
 	// WaitingWriters is the waiting writers zset: writer token -> place
 	// deadline (ms); while one lives, new readers wait.
@@ -242,10 +245,11 @@ type RWMutex struct {
 	// WaitingReaders is the waiting readers hash: reader token -> "<place
 	// deadline ms> <ttl ms> <call id>".
 	WaitingReaders string
-	// Finished is the finished calls zset: call id -> when it may be
-	// forgotten (ms); the ids of full releases (a repeat answers as
-	// before) and of abandoned calls (a late arrival takes no effect).
-	Finished string
+	// Calls is the call ids zset (lua/lib.lua), as for [Mutex.Calls]:
+	// lock calls 1 took, re-entered or were granted the hold, 2 abandoned
+	// or refused for good; unlocks 1 released, 2 lowered the count, 0 did
+	// not hold.
+	Calls string
 	// WriterQueue is the writers' queue zset: queued writer token ->
 	// arrival (server µs). A writer queues once it has waited past the
 	// starvation threshold, or when others are queued; the head gets the
@@ -268,7 +272,7 @@ func ForRWMutex(prefix, name string) RWMutex {
 		ReaderData:      b + rwReaderData,
 		WaitingWriters:  b + rwWaitingWriters,
 		WaitingReaders:  b + rwWaitingReaders,
-		Finished:        b + rwFinished,
+		Calls:           b + rwCalls,
 		WriterQueue:     b + rwWriterQueue,
 		WriterQueueData: b + rwWriterQueueData,
 	}
@@ -276,11 +280,11 @@ func ForRWMutex(prefix, name string) RWMutex {
 
 // Keys returns the keys in the order of the lock and unlock scripts' KEYS:
 // writer hash, fence hash, readers zset, readers hash, waiting writers
-// zset, waiting readers hash, finished calls zset, writers' queue zset,
-// queued writers hash.
+// zset, waiting readers hash, call ids zset, writers' queue zset, queued
+// writers hash.
 func (k RWMutex) Keys() []string {
 	return []string{k.Writer, k.Fence, k.Readers, k.ReaderData, k.WaitingWriters,
-		k.WaitingReaders, k.Finished, k.WriterQueue, k.WriterQueueData}
+		k.WaitingReaders, k.Calls, k.WriterQueue, k.WriterQueueData}
 }
 
 // Channel returns the channel on which releases and hand-overs are
@@ -292,12 +296,10 @@ type Semaphore struct {
 	// State is the state hash: ':size' the size in force, ':used' permits
 	// held in all, <token> -> permits held by that holder, ':f:'<token> ->
 	// fencing token of that holding, ':c:'<token> -> ids of the latest
-	// calls applied to that holding.
+	// Acquire calls applied to that holding (what an abandon may undo).
 	State string
 	// Fence is the fence hash, the Mutex's of the same name (see
-	// [Mutex.Fence]): 'n' last fencing token, 'sr' latest releases that
-	// ended a holding ("<call id>:<fence> ..."), 'sx' latest abandoned
-	// Acquire call ids.
+	// [Mutex.Fence]): 'n' last fencing token.
 	Fence string
 	// Holders is the holders zset: holder token -> lease deadline (server
 	// ms).
@@ -308,19 +310,24 @@ type Semaphore struct {
 	// <ttl ms> <n> <secret> <token>", the secret being the proof of a
 	// hand-over to that call (lua/lib.lua).
 	QueueData string
+	// Calls is the call ids zset (lua/lib.lua), as for [Mutex.Calls]:
+	// Acquire calls 1 took or were granted permits, 2 abandoned or refused
+	// for good; releases 1 ended the holding, 2 lowered it, 0 found nothing
+	// held, 3 refused.
+	Calls string
 }
 
 // ForSemaphore returns the keys of the Semaphore called name under prefix.
 func ForSemaphore(prefix, name string) Semaphore {
 	b := Base(prefix, name)
 	return Semaphore{State: b + semState, Fence: b + semFence, Holders: b + semHolders,
-		Queue: b + semQueue, QueueData: b + semQueueData}
+		Queue: b + semQueue, QueueData: b + semQueueData, Calls: b + semCalls}
 }
 
 // Keys returns the keys in the order of the scripts' KEYS: state hash,
-// fence hash, holders zset, queue zset, queue data hash.
+// fence hash, holders zset, queue zset, queue data hash, call ids zset.
 func (k Semaphore) Keys() []string {
-	return []string{k.State, k.Fence, k.Holders, k.Queue, k.QueueData}
+	return []string{k.State, k.Fence, k.Holders, k.Queue, k.QueueData, k.Calls}
 }
 
 // Channel returns the channel on which releases and hand-overs are

@@ -32,7 +32,8 @@ func TestKeyNamesAreStable(t *testing.T) {
 		{"dsync:{orders:42}:rw", "dsync:{orders:42}:rw:f", "dsync:{orders:42}:rw:r", "dsync:{orders:42}:rw:rc",
 			"dsync:{orders:42}:rw:ww", "dsync:{orders:42}:rw:rq", "dsync:{orders:42}:rw:x", "dsync:{orders:42}:rw:wq",
 			"dsync:{orders:42}:rw:wd"},
-		{"dsync:{orders:42}:s", "dsync:{orders:42}:f", "dsync:{orders:42}:sh", "dsync:{orders:42}:sq", "dsync:{orders:42}:sqd"},
+		{"dsync:{orders:42}:s", "dsync:{orders:42}:f", "dsync:{orders:42}:sh", "dsync:{orders:42}:sq", "dsync:{orders:42}:sqd",
+			"dsync:{orders:42}:sx"},
 		{"dsync:{orders:42}:once", "dsync:{orders:42}:once:done", "dsync:{orders:42}:once:x"},
 	}
 	for i := range want {

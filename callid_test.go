@@ -1,0 +1,402 @@
+package dsync_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
+)
+
+// These tests send a copy of a script that already ran, as go-redis does
+// when it re-sends a script after a read timeout and the first copy reaches
+// the server later: after the call returned, after many other calls of the
+// same owner, after the hold ended, or seconds later. Within the replay
+// window (60 s) a copy changes nothing, however many calls came in
+// between; an unlock names the hold it ends, so its copy never ends a later
+// hold, whenever it arrives.
+
+// replayTTL is the lease of the holds in these tests: long enough that no
+// hold expires when a test moves miniredis's clock past the replay window.
+const replayTTL = 10 * time.Minute
+
+// replayRig is one owner's Client whose scripts are recorded, and another
+// Client on the same backend.
+type replayRig struct {
+	b     redistest.Backend
+	rdb   redis.UniversalClient
+	rec   *redistest.Recorder
+	c     *dsync.Client
+	other *dsync.Client
+	ctx   context.Context // with the owner
+	octx  context.Context // with another owner
+	name  string
+}
+
+func newReplayRig(t *testing.T, b redistest.Backend) *replayRig {
+	t.Helper()
+	rdb := b.NewClient(t)
+	rec := &redistest.Recorder{}
+	rdb.AddHook(rec)
+	c := dsync.New(rdb, dsync.TTL(replayTTL))
+	t.Cleanup(func() { c.Close() })
+	return &replayRig{
+		b:     b,
+		rdb:   rdb,
+		rec:   rec,
+		c:     c,
+		other: newClient(t, b, dsync.TTL(replayTTL)),
+		ctx:   dsync.WithOwner(ctxT(t)),
+		octx:  dsync.WithOwner(ctxT(t)),
+		name:  redistest.Key(t),
+	}
+}
+
+// record runs call with the owner's ctx and returns the arguments of the
+// last run of script it sent.
+func (r *replayRig) record(t *testing.T, script *redis.Script, call func(context.Context) error) []any {
+	t.Helper()
+	return r.recordErr(t, script, func(ctx context.Context) error {
+		if err := call(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	})
+}
+
+// recordErr is record for a call whose outcome the test checks itself.
+func (r *replayRig) recordErr(t *testing.T, script *redis.Script, call func(context.Context) error) []any {
+	t.Helper()
+	r.rec.Reset()
+	_ = call(r.ctx)
+	all := r.rec.All()
+	for i := len(all) - 1; i >= 0; i-- {
+		if a := all[i]; len(a) > 1 && rwScriptHash(a) == script.Hash() {
+			return a
+		}
+	}
+	t.Fatalf("no run of the script recorded among %d scripts", len(all))
+	return nil
+}
+
+// send sends a recorded script copy and returns the raw reply.
+func (r *replayRig) send(t *testing.T, args []any) any {
+	t.Helper()
+	v, err := r.rdb.Do(context.Background(), args...).Result()
+	if err != nil {
+		t.Fatalf("script copy: %v", err)
+	}
+	return v
+}
+
+// withCallID returns a copy of the recorded script args with the call id,
+// ARGV[argv] (from 1) of a script with nkeys keys, replaced: the copy of a
+// call whose id the server no longer remembers.
+func withCallID(args []any, nkeys, argv int, id string) []any {
+	c := append([]any(nil), args...)
+	c[3+nkeys+argv-1] = id
+	return c
+}
+
+// code is the first element of a script's array reply, or the reply itself
+// when it is a number; -1 otherwise.
+func code(v any) int64 {
+	switch v := v.(type) {
+	case int64:
+		return v
+	case []any:
+		if len(v) > 0 {
+			if n, ok := v[0].(int64); ok {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// rwCount returns the owner's reentry count in Redis for mode "r" or "w".
+func (r *replayRig) rwCount(t *testing.T, mode string) int {
+	t.Helper()
+	tok := dsync.OwnerToken(r.ctx)
+	ctx := context.Background()
+	var v string
+	if mode == "w" {
+		v, _ = r.rdb.HGet(ctx, rwk(r.name).Writer, tok).Result()
+	} else {
+		// "<count> <hold id> <call ids>"
+		v, _ = r.rdb.HGet(ctx, rwk(r.name).ReaderData, tok).Result()
+		v, _, _ = strings.Cut(v, " ")
+	}
+	n, _ := strconv.Atoi(v)
+	return n
+}
+
+// otherWrites reports whether another owner can take rw's write lock now,
+// and leaves it free.
+func (r *replayRig) otherWrites(t *testing.T) bool {
+	t.Helper()
+	rw := r.other.RWMutex(r.name)
+	ok, err := rw.TryLock(r.octx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		if err := rw.Unlock(r.octx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ok
+}
+
+func rwOps(rw *dsync.RWMutex, mode string) (lock, unlock func(context.Context) error) {
+	if mode == "r" {
+		return rw.RLock, rw.RUnlock
+	}
+	return rw.Lock, rw.Unlock
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A late copy of an RWMutex Unlock or RUnlock that lowered the owner's
+// count, sent after 40 other holds of the same owner (re-entries of one
+// hold, or holds of their own), changes nothing.
+func TestRWMutexLateUnlockCopyAfter40Holds(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, mode := range []string{"w", "r"} {
+			for _, within := range []bool{true, false} {
+				r := newReplayRig(t, b)
+				rw := r.c.RWMutex(r.name)
+				lock, unlock := rwOps(rw, mode)
+				must(t, lock(r.ctx))
+				must(t, lock(r.ctx))
+				// The Unlock whose first copy arrives late: it lowers the
+				// count to 1.
+				args := r.record(t, lua.Script("rwmutex_unlock"), unlock)
+				want := 1 // the owner's count when the copy arrives
+				if !within {
+					// The hold ends; 40 holds of their own follow.
+					must(t, unlock(r.ctx))
+					want = 0
+				}
+				for i := 0; i < 40; i++ {
+					must(t, lock(r.ctx))
+					must(t, unlock(r.ctx))
+				}
+				must(t, lock(r.ctx))
+				want++
+				if got := code(r.send(t, args)); got != 2 {
+					t.Errorf("%s within=%v: late copy of the Unlock replied %d, want 2 as the first time", mode, within, got)
+				}
+				if got := r.rwCount(t, mode); got != want {
+					t.Errorf("%s within=%v: count after the late copy = %d, want %d", mode, within, got, want)
+				}
+				for i := 0; i < want; i++ {
+					if r.otherWrites(t) {
+						t.Fatalf("%s within=%v: another owner took the write lock while the owner holds %d of %d levels", mode, within, want-i, want)
+					}
+					must(t, unlock(r.ctx))
+				}
+				if !r.otherWrites(t) {
+					t.Fatalf("%s within=%v: write lock not free after the owner's last unlock", mode, within)
+				}
+				assertRWReleased(t, b, r.name)
+			}
+		}
+	})
+}
+
+// A late copy of a Semaphore Release that lowered a holding, sent after 40
+// other Acquires and Releases of the same holding, changes nothing.
+func TestSemaphoreLateReleaseCopyAfter40Acquires(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		r := newReplayRig(t, b)
+		const size = 4
+		s := r.c.Semaphore(r.name, size)
+		must(t, s.Acquire(r.ctx, 1))
+		must(t, s.Acquire(r.ctx, 1))
+		release := func(ctx context.Context) error { return s.Release(ctx, 1) }
+		args := r.record(t, lua.Script("semaphore_release"), release)
+		for i := 0; i < 40; i++ {
+			must(t, s.Acquire(r.ctx, 1))
+			must(t, s.Release(r.ctx, 1))
+		}
+		must(t, s.Acquire(r.ctx, 1))
+		if got := code(r.send(t, args)); got != 1 {
+			t.Errorf("late copy of the Release replied %d, want 1 as the first time", got)
+		}
+		held := func() int {
+			n, _ := r.rdb.HGet(context.Background(), semKeys(r.name).State, dsync.OwnerToken(r.ctx)).Int()
+			return n
+		}
+		if got := held(); got != 2 {
+			t.Fatalf("permits held after the late copy = %d, want 2", got)
+		}
+		o := r.other.Semaphore(r.name, size)
+		if ok, err := o.TryAcquire(r.octx, size-1); err != nil || ok {
+			t.Fatalf("another holder's TryAcquire(%d) = %v, %v; want false: 2 permits are held", size-1, ok, err)
+		}
+		must(t, s.Release(r.ctx, 2))
+		if ok, err := o.TryAcquire(r.octx, size); err != nil || !ok {
+			t.Fatalf("TryAcquire(%d) after the last Release = %v, %v; want true", size, ok, err)
+		}
+		must(t, o.Release(r.octx, size))
+		assertNoSemKeys(t, b, r.name)
+	})
+}
+
+// A late copy of an RWMutex lock call that completed (Lock, RLock, also a
+// re-entry; or a TryLock or TryRLock that was refused) arrives after the
+// hold ended, or after the name became free: it takes no hold, which no
+// one would renew or release.
+func TestRWMutexLateLockCopyTakesNoGhostHold(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, mode := range []string{"w", "r"} {
+			r := newReplayRig(t, b)
+			rw := r.c.RWMutex(r.name)
+			lock, unlock := rwOps(rw, mode)
+			script := lua.Script("rwmutex_lock")
+			fresh := r.record(t, script, lock)
+			reentry := r.record(t, script, lock)
+			must(t, unlock(r.ctx))
+			must(t, unlock(r.ctx))
+			for _, args := range [][]any{fresh, reentry} {
+				if got := code(r.send(t, args)); got == 1 || got == 2 {
+					t.Errorf("%s: late copy of a completed lock call replied %d, want refused", mode, got)
+				}
+			}
+			if got := r.rwCount(t, mode); got != 0 {
+				t.Errorf("%s: count after the late copies = %d, want 0", mode, got)
+			}
+			if !r.otherWrites(t) {
+				t.Fatalf("%s: a late copy took a hold nobody releases", mode)
+			}
+			// A try refused while another owner writes; its late copy
+			// arrives once the name is free.
+			o := r.other.RWMutex(r.name)
+			must(t, o.Lock(r.octx))
+			try := func(ctx context.Context) error {
+				tryLock := rw.TryLock
+				if mode == "r" {
+					tryLock = rw.TryRLock
+				}
+				if ok, err := tryLock(ctx); err != nil || ok {
+					t.Fatalf("%s: try while another owner writes = %v, %v; want false", mode, ok, err)
+				}
+				return nil
+			}
+			refused := r.record(t, script, try)
+			must(t, o.Unlock(r.octx))
+			if got := code(r.send(t, refused)); got == 1 || got == 2 {
+				t.Errorf("%s: late copy of a refused try replied %d, want refused", mode, got)
+			}
+			if !r.otherWrites(t) {
+				t.Fatalf("%s: the late copy of a refused try took a hold nobody releases", mode)
+			}
+			assertRWReleased(t, b, r.name)
+		}
+	})
+}
+
+// A late copy of a Semaphore Acquire that completed (or of a TryAcquire that
+// was refused) arrives after the permits came back: it takes none.
+func TestSemaphoreLateAcquireCopyTakesNoGhostHold(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		r := newReplayRig(t, b)
+		const size = 3
+		s := r.c.Semaphore(r.name, size)
+		script := lua.Script("semaphore_acquire")
+		fresh := r.record(t, script, func(ctx context.Context) error { return s.Acquire(ctx, 2) })
+		added := r.record(t, script, func(ctx context.Context) error { return s.Acquire(ctx, 1) })
+		must(t, s.Release(r.ctx, 3))
+		for _, args := range [][]any{fresh, added} {
+			if got := code(r.send(t, args)); got == 1 || got == 2 {
+				t.Errorf("late copy of a completed Acquire replied %d, want refused", got)
+			}
+		}
+		o := r.other.Semaphore(r.name, size)
+		if ok, err := o.TryAcquire(r.octx, size); err != nil || !ok {
+			t.Fatalf("TryAcquire(%d) after the late copies = %v, %v; want true: a copy took permits nobody releases", size, ok, err)
+		}
+		// A TryAcquire refused while the other holds everything; its late
+		// copy arrives once the permits are back.
+		refused := r.record(t, script, func(ctx context.Context) error {
+			if ok, err := s.TryAcquire(ctx, 1); err != nil || ok {
+				t.Fatalf("TryAcquire while all permits are held = %v, %v; want false", ok, err)
+			}
+			return nil
+		})
+		must(t, o.Release(r.octx, size))
+		if got := code(r.send(t, refused)); got == 1 || got == 2 {
+			t.Errorf("late copy of a refused TryAcquire replied %d, want refused", got)
+		}
+		if ok, err := o.TryAcquire(r.octx, size); err != nil || !ok {
+			t.Fatalf("TryAcquire(%d) after the late copy = %v, %v; want true", size, ok, err)
+		}
+		must(t, o.Release(r.octx, size))
+		assertNoSemKeys(t, b, r.name)
+	})
+}
+
+// A copy of an RWMutex call that arrives 11 s late changes nothing (the old
+// memory of finished calls lasted 10 s). On miniredis the clock moves; on a
+// real server the copy is sent at once, and the copy of an unlock is also
+// sent under a call id the server never saw, as if the replay window had
+// passed: it names the hold it ended, so it cannot end the owner's next
+// hold.
+func TestRWMutexLateCopyAfter11s(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, mode := range []string{"w", "r"} {
+			r := newReplayRig(t, b)
+			rw := r.c.RWMutex(r.name)
+			lock, unlock := rwOps(rw, mode)
+			lockArgs := r.record(t, lua.Script("rwmutex_lock"), lock)
+			unlockArgs := r.record(t, lua.Script("rwmutex_unlock"), unlock)
+			must(t, lock(r.ctx)) // the owner's next hold
+			if b.Mini != nil {
+				b.Advance(11 * time.Second)
+			}
+			if got := code(r.send(t, unlockArgs)); got != 1 {
+				t.Errorf("%s: copy of the Unlock 11 s late replied %d, want 1 as the first time", mode, got)
+			}
+			if got := r.rwCount(t, mode); got != 1 {
+				t.Fatalf("%s: the copy of the Unlock 11 s late ended the owner's next hold (count %d, want 1)", mode, got)
+			}
+			if got := code(r.send(t, lockArgs)); got != 2 && got != 0 {
+				t.Errorf("%s: copy of the Lock 11 s late replied %d, want the hold as it is or refused", mode, got)
+			}
+			if got := r.rwCount(t, mode); got != 1 {
+				t.Fatalf("%s: count after the copy of the Lock = %d, want 1 (the next hold, untouched)", mode, got)
+			}
+			// Past the replay window the unlock's copy is still harmless.
+			if b.Mini != nil {
+				b.Advance(61 * time.Second)
+			} else {
+				unlockArgs = withCallID(unlockArgs, rwKeyCount, 3, "a-forgotten-call")
+			}
+			if got := code(r.send(t, unlockArgs)); got != 0 && got != 1 {
+				t.Errorf("%s: copy of the Unlock past the window replied %d, want 0 or 1", mode, got)
+			}
+			if got := r.rwCount(t, mode); got != 1 {
+				t.Fatalf("%s: the copy of the Unlock past the window ended the owner's next hold (count %d, want 1)", mode, got)
+			}
+			if r.otherWrites(t) {
+				t.Fatalf("%s: another owner took the write lock while the owner holds it", mode)
+			}
+			must(t, unlock(r.ctx))
+			if !r.otherWrites(t) {
+				t.Fatalf("%s: write lock not free after the owner's Unlock", mode)
+			}
+		}
+	})
+}
