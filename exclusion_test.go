@@ -105,6 +105,59 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 	})
 }
 
+// A Semaphore handle without an owner whose holding was lost still owes
+// its permits: a Release of them reports the loss and leaves the holding a
+// later Acquire through the handle took alone, so the semaphore never has
+// more holders than permits.
+func TestSemaphoreHandleOwesLostPermits(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		s := newClient(t, b).Semaphore(name, 1)
+		other := newClient(t, b).Semaphore(name, 1)
+		if err := s.Acquire(ctx, 1); err != nil { // G1
+			t.Fatal(err)
+		}
+		lost, err := s.Lease(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := semKeys(name)
+		if err := b.NewClient(t).Del(ctx, k.State, k.Holders).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Acquire(ctx, 1); err != nil { // G2, through the same handle
+			t.Fatal(err)
+		}
+		if err := lost.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
+			t.Fatalf("the first holding's Lease Err = %v, want ErrLeaseLost", err)
+		}
+		// G1 releases its permit: the loss is reported, G2's permit stays.
+		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrLeaseLost) {
+			t.Fatalf("Release of the lost permit = %v, want ErrLeaseLost", err)
+		}
+		if ok, err := other.TryAcquire(ctx, 1); err != nil || ok {
+			t.Fatalf("another process's TryAcquire while G2 holds = %v, %v; want false", ok, err)
+		}
+		l, err := s.Lease(ctx)
+		if err != nil || l.Err() != nil {
+			t.Fatalf("G2's Lease = %v, %v", l, err)
+		}
+		if err := s.Release(ctx, 1); err != nil { // G2
+			t.Fatalf("G2's Release = %v", err)
+		}
+		if ok, err := other.TryAcquire(ctx, 1); err != nil || !ok {
+			t.Fatalf("TryAcquire after both Releases = %v, %v; want true", ok, err)
+		}
+		if err := other.Release(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("a third Release = %v, want ErrNotHeld", err)
+		}
+	})
+}
+
 // A PUBLISH that names a waiting call, without the proof only the script
 // has, wakes the waiter but grants it nothing.
 func TestForgedHandoverGrantsNothing(t *testing.T) {

@@ -56,6 +56,7 @@ type Semaphore struct {
 	tok  string // the handle's holder token, made by its first Acquire
 	cur  *hold  // the handle's holding, without an owner in ctx
 	curN int64  // permits in cur
+	owed int64  // permits of the handle's lost holdings that no Release has settled
 	gone uint64 // fencing token of the handle's last holding known to have ended
 }
 
@@ -232,8 +233,11 @@ func (s *Semaphore) held(tok string, owned bool, fence uint64, n int64, start ti
 	}
 	if s.cur != nil {
 		// The handle's holding ended unreleased, or the permits would
-		// have been added to it: it was lost, and its lease says so.
+		// have been added to it: it was lost, and its lease says so. Its
+		// permits are still the handle's to release: the next Releases
+		// settle them (ErrLeaseLost) before touching the new holding.
 		s.cur.lease.MarkLost()
+		s.owed += s.curN
 	}
 	s.cur, s.curN = newHold(), n
 }
@@ -266,6 +270,13 @@ func (s *Semaphore) ended(owned bool, tok string, fence uint64) {
 // ErrNotHeld and [ErrInvalid] if it holds fewer than n (Weighted would
 // panic), and [ErrLeaseLost] if its holding was lost before Release; in
 // each case nothing is changed. After a Redis error the outcome is unknown.
+//
+// Without an owner, the permits of a holding of the handle that was lost
+// stay the handle's to release, as a sync.Mutex stays locked until its
+// Unlock: Releases settle them first, returning ErrLeaseLost, and never
+// release for them a permit that a later Acquire through the handle took.
+// A Release of n that settles some and releases the rest from the live
+// holding also returns ErrLeaseLost.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err := s.check(); err != nil && !errors.Is(err, ErrClosed) {
 		return err
@@ -277,17 +288,36 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err != nil {
 		return err
 	}
-	var h *hold
 	if owned {
-		h = s.c.lookupHold(holdKey{s.keys[0], tok})
-	} else {
-		s.mu.Lock()
-		tok, h = s.tok, s.cur
-		s.mu.Unlock()
-		if tok == "" {
-			return ErrNotHeld
-		}
+		return s.release(ctx, tok, true, s.c.lookupHold(holdKey{s.keys[0], tok}), n)
 	}
+	s.mu.Lock()
+	tok, h := s.tok, s.cur
+	settled := min(n, s.owed)
+	s.owed -= settled
+	s.mu.Unlock()
+	switch {
+	case tok == "":
+		return ErrNotHeld
+	case settled == n:
+		return ErrLeaseLost
+	}
+	err = s.release(ctx, tok, false, h, n-settled)
+	if settled > 0 {
+		if err == nil || errors.Is(err, ErrLeaseLost) {
+			return ErrLeaseLost
+		}
+		// Nothing was released: the lost permits stay owed.
+		s.mu.Lock()
+		s.owed += settled
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// release runs the release script for n permits of holder tok, whose
+// holding this process knows as h (nil if none).
+func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold, n int64) error {
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
 	r, err := s.c.eval(dctx, semRelease, s.kargs, tok, n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg()).Int64Slice()
@@ -311,7 +341,7 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 		return nil
 	case 0:
 		if h != nil {
-			s.lost(owned, tok, h)
+			s.lost(owned, tok, h, n)
 			return ErrLeaseLost
 		}
 		return ErrNotHeld
@@ -324,8 +354,9 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	}
 }
 
-// lost forgets h, a holding a Release found gone.
-func (s *Semaphore) lost(owned bool, tok string, h *hold) {
+// lost forgets h, a holding a Release of n permits found gone. Without an
+// owner, the permits of h that Release did not settle stay owed.
+func (s *Semaphore) lost(owned bool, tok string, h *hold, n int64) {
 	h.lease.MarkLost()
 	if owned {
 		s.c.dropHold(holdKey{s.keys[0], tok}, h)
@@ -334,6 +365,7 @@ func (s *Semaphore) lost(owned bool, tok string, h *hold) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur == h {
+		s.owed += max(s.curN-n, 0)
 		s.cur, s.curN = nil, 0
 	}
 }

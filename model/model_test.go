@@ -146,6 +146,36 @@ func TestSemaphore(t *testing.T) {
 	}
 }
 
+// A handle's permits of a lost holding are owed: Releases settle them
+// before touching a later holding of the handle.
+func TestSemaphoreHandleOwes(t *testing.T) {
+	var clk Clock
+	s := NewSemaphore(&clk, 100, 3)
+	handle := Holder{ID: "handle"}
+	s.TryAcquire(handle, 2)
+	clk.Advance(100) // lost
+	if ok, fresh, _ := s.TryAcquire(handle, 1); !ok || !fresh {
+		t.Fatal("a fresh holding after the loss")
+	}
+	if e := s.Release(handle, 1); e != LeaseLost || s.Held(handle) != 1 {
+		t.Fatalf("Release(1) of 2 owed = %v, held %d; want LeaseLost, 1", e, s.Held(handle))
+	}
+	if e := s.Release(handle, 2); e != LeaseLost || s.Held(handle) != 0 {
+		t.Fatalf("Release(2) of 1 owed and 1 held = %v, held %d; want LeaseLost, 0", e, s.Held(handle))
+	}
+	if e := s.Release(handle, 1); e != NotHeld {
+		t.Fatalf("Release with nothing owed or held = %v", e)
+	}
+	// An owner is one holder across processes: it owes nothing.
+	owner := Holder{ID: "owner", Owner: true}
+	s.TryAcquire(owner, 1)
+	clk.Advance(100)
+	s.TryAcquire(owner, 1)
+	if e := s.Release(owner, 1); e != OK {
+		t.Fatalf("owner's Release after a loss and a fresh holding = %v", e)
+	}
+}
+
 func TestOnce(t *testing.T) {
 	var clk Clock
 	o := NewOnce(&clk, 100, 1000)

@@ -12,6 +12,12 @@ package model
 //   - Release(n) gives back n of the caller's permits; all of them end the
 //     holding. More than it holds is TooMany and changes nothing; nothing
 //     held is LeaseLost if its process remembers a holding, else NotHeld.
+//   - A handle (not an owner) owes the permits of a holding of its that was
+//     lost: when a fresh holding replaces the one it remembers, or a Release
+//     of fewer than that holding had finds it gone, the rest is owed.
+//     Release settles owed permits first (LeaseLost; a Release of more than
+//     is owed releases the rest from the live holding and is LeaseLost too,
+//     unless that part fails, which then changes nothing).
 type Semaphore struct {
 	clk      *Clock
 	ttl      int64
@@ -19,11 +25,12 @@ type Semaphore struct {
 	holdings map[string]*hold // holder ID -> holding
 	fences   uint64
 	known    map[string]*hold
+	owed     map[string]int64 // handle ID -> permits of lost holdings not yet released
 }
 
 // NewSemaphore returns a Semaphore of size permits whose holdings last ttl ms.
 func NewSemaphore(clk *Clock, ttl, size int64) *Semaphore {
-	return &Semaphore{clk: clk, ttl: ttl, size: size, holdings: make(map[string]*hold), known: make(map[string]*hold)}
+	return &Semaphore{clk: clk, ttl: ttl, size: size, holdings: make(map[string]*hold), known: make(map[string]*hold), owed: make(map[string]int64)}
 }
 
 func (s *Semaphore) prune() {
@@ -70,6 +77,9 @@ func (s *Semaphore) TryAcquire(h Holder, n int64) (ok, isFresh bool, e Err) {
 		s.known[h.ID] = x
 		return true, false, OK
 	}
+	if k := s.known[h.ID]; k != nil && !h.Owner {
+		s.owed[h.ID] += k.count // the remembered holding was lost
+	}
 	s.fences++
 	x := &hold{tok: h.ID, count: n, deadline: now + s.ttl, fence: s.fences}
 	s.holdings[h.ID] = x
@@ -82,11 +92,25 @@ func (s *Semaphore) Release(h Holder, n int64) Err {
 	if n <= 0 || n > s.size {
 		return Invalid
 	}
+	if settled := min(n, s.owed[h.ID]); settled > 0 {
+		s.owed[h.ID] -= settled
+		if settled == n {
+			return LeaseLost
+		}
+		if e := s.Release(h, n-settled); e != OK && e != LeaseLost {
+			s.owed[h.ID] += settled
+			return e
+		}
+		return LeaseLost
+	}
 	s.prune()
 	x := s.holdings[h.ID]
 	if x == nil {
-		if s.known[h.ID] != nil {
+		if k := s.known[h.ID]; k != nil {
 			delete(s.known, h.ID)
+			if !h.Owner {
+				s.owed[h.ID] += max(k.count-n, 0)
+			}
 			return LeaseLost
 		}
 		return NotHeld
