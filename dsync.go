@@ -55,6 +55,11 @@ type Client struct {
 // sentinel or ring client. Options set defaults for every primitive made by
 // the Client. Close stops the Client's background work; it does not close
 // rdb. A nil rdb or a bad option makes every call fail with [ErrInvalid].
+//
+// Calls return about when their ctx ends, also with Redis unreachable. For
+// that to hold while a server accepts a command and does not answer, make
+// rdb with ContextTimeoutEnabled: true; go-redis otherwise waits for its
+// ReadTimeout whatever the ctx says.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c := &Client{rdb: rdb}
 	c.init(opts)

@@ -129,10 +129,14 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 	// missed: try again once subscribed.
 	w, retry := c.notify.watchSince(a.ch, a.to, mk)
 	defer c.notify.unwatch(w)
-	w.awaitReady(ctx, c.closed)
 	t := time.NewTimer(sleepFor(g.wait, a.ttl))
 	defer t.Stop()
+	w.awaitReady(ctx, c.closed)
 	asked := false // the next attempt was asked for by a notification
+	// refusedAgain: an attempt after the first was refused too. A
+	// hand-over message may then be stale: delayed past the end of the
+	// hold it gave, which that refusal saw gone.
+	refusedAgain := false
 	prompt := true // the first attempt a notification asks for is made at once
 	for {
 		if retry {
@@ -162,7 +166,7 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 				// Handed over after the previous attempt ran.
 				return g, last, nil
 			}
-			last = now
+			last, refusedAgain = now, true
 			t.Reset(sleepFor(g.wait, a.ttl))
 			retry, asked = false, false
 		}
@@ -176,7 +180,17 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 			retry = true
 		case <-w.sig:
 			if f, ok := w.handover(); ok {
-				return grant{kind: handed, fence: f}, last, nil
+				if !refusedAgain {
+					// Handed over after the only attempt, which was
+					// refused: the lease starts no later than the send
+					// time of that attempt.
+					return grant{kind: handed, fence: f}, last, nil
+				}
+				// Ask the script whether the hold is still this call's:
+				// if so, it was handed over after the last refusal, and
+				// the lease is measured from that attempt.
+				retry, asked = true, false
+				continue
 			}
 			// A plain release, a resubscription or a hand-over to another
 			// call of the same holder invites a retry; a hand-over to
