@@ -11,7 +11,10 @@
 //
 // A [Client], made by [New] over a go-redis client (single node, cluster or
 // sentinel), hands out the primitives by name: every process that uses the
-// same name and key prefix shares the same primitive.
+// same name and key prefix shares the same primitive. A [Quorum], made by
+// [NewQuorum] over several independent masters, hands out Mutexes and
+// RWMutexes only, each hold granted by a majority of the masters (Redlock);
+// its handles are the same types as a Client's.
 //
 // Rules that hold everywhere:
 //

@@ -38,26 +38,17 @@ const (
 // work, one lease renewer and one pub/sub connection shared by all waiters,
 // starts on first use and stops on Close. A Client is safe for concurrent use.
 type Client struct {
+	base // defaults, bad input, closed state, owners' holds (see lease.go)
+
 	rdb    redis.UniversalClient
-	cfg    config
-	err    error // bad input to New, reported by every call
 	renew  *renew.Renewer
 	notify *notifier
-	q      *quorum // NewQuorum: the members; nil for a Client over one deployment
-
-	mu     sync.Mutex
-	holds  map[holdKey]*hold // holds of owners carried in ctx
-	closed chan struct{}
 	once   sync.Once
 
 	// Clean-up that outlives the call that needed it (see cleanup).
 	bg       sync.WaitGroup
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
-
-	// id tells this Client's holds apart from other processes' with the
-	// same owner token, under client reentrancy (see holderToken).
-	id string
 }
 
 // New returns a Client over rdb, which may be a single-node, cluster,
@@ -70,9 +61,9 @@ type Client struct {
 // rdb with ContextTimeoutEnabled: true; go-redis otherwise waits for its
 // ReadTimeout whatever the ctx says.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
-	c := newBase(rdb)
-	c.cfg.apply(opts)
-	c.err = c.cfg.err
+	c := &Client{rdb: rdb}
+	c.init(opts)
+	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	if rdb == nil {
 		c.err = fmt.Errorf("%w: nil redis client", ErrInvalid)
 	}
@@ -81,20 +72,6 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	}
 	c.renew = renew.New(rdb, renew.LostError(ErrLeaseLost))
 	c.notify = newNotifier(rdb)
-	return c
-}
-
-// newBase returns a Client over rdb with default options and nothing
-// started.
-func newBase(rdb redis.UniversalClient) *Client {
-	c := &Client{
-		rdb:    rdb,
-		cfg:    defaultConfig(),
-		holds:  make(map[holdKey]*hold),
-		closed: make(chan struct{}),
-		id:     newCallID(),
-	}
-	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	return c
 }
 
@@ -118,26 +95,20 @@ func (c *Client) Close() error {
 		if c.notify != nil {
 			c.notify.close()
 		}
-		if c.q != nil {
-			c.q.close()
-		}
 	})
 	return nil
 }
 
 func (c *Client) check() error {
+	return c.shared().check()
+}
+
+// shared returns what c shares with the handles it makes, nil for a nil c.
+func (c *Client) shared() *base {
 	if c == nil {
-		return fmt.Errorf("%w: nil client", ErrInvalid)
-	}
-	if c.err != nil {
-		return c.err
-	}
-	select {
-	case <-c.closed:
-		return ErrClosed
-	default:
 		return nil
 	}
+	return &c.base
 }
 
 // An Option configures a Client (as the default of all its primitives) or
@@ -244,17 +215,7 @@ func Prefix(p string) Option {
 // c (which may be nil) with opts, and the bad-input error every call on it
 // reports, if any.
 func (c *Client) handleConfig(name string, opts []Option) (config, error) {
-	cfg := defaultConfig()
-	if c != nil {
-		cfg = c.cfg
-	}
-	cfg.err = nil
-	cfg.apply(opts)
-	err := cfg.err
-	if name == "" {
-		err = fmt.Errorf("%w: empty name", ErrInvalid)
-	}
-	return cfg, err
+	return c.shared().handleConfig(name, opts)
 }
 
 func ms(d time.Duration) int64 {

@@ -43,7 +43,7 @@ var (
 	// bad key expires or is removed.
 	ErrCorrupt = errors.New("dsync: unexpected data in Redis")
 
-	// ErrNoQuorum is returned by a Client made with NewQuorum when fewer
+	// ErrNoQuorum is returned by a handle of a [Quorum] when fewer
 	// than a majority of its masters answered: nothing can be granted (or
 	// released) safely. The error also wraps the first member's error.
 	ErrNoQuorum = errors.New("dsync: no quorum of masters answered")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dsync-go/dsync/internal/renewhook"
 	"github.com/dsync-go/dsync/lua"
+	"github.com/dsync-go/dsync/renew"
 )
 
 // ScriptSource returns the source of the script called name (the file
@@ -59,5 +60,5 @@ func SetRenewStall(c *Client, f func()) { renewhook.SetStall(c.renew, f) }
 
 // LeaseDeadline returns the local time before which the server certainly
 // still holds l's hold: the time at which l is reported lost unless a
-// renewal succeeds first.
-func LeaseDeadline(l *Lease) time.Time { return l.h.Deadline() }
+// renewal succeeds first. l must be a lease on one deployment.
+func LeaseDeadline(l *Lease) time.Time { return l.h.(*renew.Hold).Deadline() }

@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,7 +15,7 @@ import (
 // method. While the hold lives, the Client renews it; Done tells the holder
 // when it ends.
 type Lease struct {
-	h        *renew.Hold
+	h        leaser
 	token    uint64
 	released *atomic.Bool
 }
@@ -25,7 +26,8 @@ func (l *Lease) Done() <-chan struct{} { return l.h.Done() }
 
 // Err returns nil while the hold lives and after it was released;
 // [ErrLeaseLost] once it was lost (expired, deleted, taken over, or a fixed
-// lease ran out); [ErrClosed] if the Client was closed while it was held.
+// lease ran out); [ErrClosed] if the Client (or Quorum) was closed while it
+// was held.
 func (l *Lease) Err() error {
 	select {
 	case <-l.h.Done():
@@ -46,6 +48,17 @@ func (l *Lease) Err() error {
 // it. Pass it to storage that can reject writes from a stale holder.
 func (l *Lease) Token() uint64 { return l.token }
 
+// A leaser keeps the lease of one hold: a [renew.Hold] on one deployment,
+// a quorumLease over a quorum of masters (quorum_lease.go).
+type leaser interface {
+	Done() <-chan struct{}
+	Err() error // ErrLeaseLost once lost
+	Release()   // the holder released it: renewal stops, Err stays nil
+	MarkLost()  // the holder learned it is gone
+}
+
+var _ leaser = (*renew.Hold)(nil)
+
 // holdKey names the hold of one owner on one key.
 type holdKey struct{ key, tok string }
 
@@ -53,16 +66,15 @@ type holdKey struct{ key, tok string }
 type hold struct {
 	tok string
 	// The hold's fencing token; for an RWMutex read hold, which has none,
-	// the hold id its grant carried (its Lease shows 0). Either tells this
-	// hold from the holder's later ones.
+	// the hold id its grant carried (its Lease shows 0; a quorum read
+	// hold has 0, and its member holds carry their masters' ids). Either
+	// tells this hold from the holder's later ones.
 	fence    uint64
 	count    int // re-entries made through this process (owner mode)
-	lease    *renew.Hold
+	lease    leaser
 	released atomic.Bool
 	idMu     sync.Mutex
 	unlockID string // id of an unlock whose reply was lost, reused on retry
-
-	subs []*hold // quorum mode: the hold on each member, nil where not granted
 }
 
 func (h *hold) leaseView() *Lease {
@@ -93,27 +105,87 @@ func (c *Client) startHold(cfg *config, spec renew.Spec, tok string, fence uint6
 	return &hold{tok: tok, fence: fence, count: 1, lease: c.renew.Add(spec)}
 }
 
+// A base is what a [Client] and a [Quorum] share, and what the Mutex and
+// RWMutex handles they make rely on whichever of the two made them: the
+// defaults of the handles, the bad input every call reports, the closed
+// state, and the holds of owners carried in ctx.
+type base struct {
+	cfg    config
+	err    error // bad input to the constructor, reported by every call
+	closed chan struct{}
+	mu     sync.Mutex
+	holds  map[holdKey]*hold // holds of owners carried in ctx
+
+	// id tells this Client's holds apart from other processes' with the
+	// same owner token, under client reentrancy (see holderToken).
+	id string
+}
+
+// init sets b up with opts over the default options.
+func (b *base) init(opts []Option) {
+	b.cfg = defaultConfig()
+	b.cfg.apply(opts)
+	b.err = b.cfg.err
+	b.closed = make(chan struct{})
+	b.holds = make(map[holdKey]*hold)
+	b.id = newCallID()
+}
+
+// check returns the error every call through b reports, if any: b is nil
+// (a handle made by a nil Client or Quorum), had bad input, or is closed.
+func (b *base) check() error {
+	if b == nil {
+		return fmt.Errorf("%w: nil client", ErrInvalid)
+	}
+	if b.err != nil {
+		return b.err
+	}
+	select {
+	case <-b.closed:
+		return ErrClosed
+	default:
+		return nil
+	}
+}
+
+// handleConfig returns the configuration of a primitive called name made
+// through b (which may be nil) with opts, and the bad-input error every call
+// on it reports, if any.
+func (b *base) handleConfig(name string, opts []Option) (config, error) {
+	cfg := defaultConfig()
+	if b != nil {
+		cfg = b.cfg
+	}
+	cfg.err = nil
+	cfg.apply(opts)
+	err := cfg.err
+	if name == "" {
+		err = fmt.Errorf("%w: empty name", ErrInvalid)
+	}
+	return cfg, err
+}
+
 // ownerHold records a hold (or a re-entry) of an owner carried in ctx.
-func (c *Client) ownerHold(k holdKey, fence uint64, newHold func() *hold) *hold {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if h := c.holds[k]; h != nil && h.fence == fence && !h.lost() {
+func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold) *hold {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h := b.holds[k]; h != nil && h.fence == fence && !h.lost() {
 		h.count++
 		return h
 	} else if h != nil {
 		h.release()
 	}
 	h := newHold()
-	c.holds[k] = h
+	b.holds[k] = h
 	return h
 }
 
 // reenter counts a re-entry of a live hold recorded under k in this
 // process (client reentrancy), and reports whether there was one.
-func (c *Client) reenter(k holdKey) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	h := c.holds[k]
+func (b *base) reenter(k holdKey) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h := b.holds[k]
 	if h == nil || h.lost() {
 		return false
 	}
@@ -124,10 +196,10 @@ func (c *Client) reenter(k holdKey) bool {
 // leave counts an inner unlock of a hold recorded under k (client
 // reentrancy) and reports whether it was one: false means the next unlock
 // must go to Redis.
-func (c *Client) leave(k holdKey) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	h := c.holds[k]
+func (b *base) leave(k holdKey) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h := b.holds[k]
 	if h == nil || h.count <= 1 || h.lost() {
 		return false
 	}
@@ -135,31 +207,31 @@ func (c *Client) leave(k holdKey) bool {
 	return true
 }
 
-func (c *Client) lookupHold(k holdKey) *hold {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.holds[k]
+func (b *base) lookupHold(k holdKey) *hold {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.holds[k]
 }
 
 // dropHold forgets h if it is still the hold recorded under k.
-func (c *Client) dropHold(k holdKey, h *hold) {
-	c.mu.Lock()
-	if c.holds[k] == h {
-		delete(c.holds, k)
+func (b *base) dropHold(k holdKey, h *hold) {
+	b.mu.Lock()
+	if b.holds[k] == h {
+		delete(b.holds, k)
 	}
-	c.mu.Unlock()
+	b.mu.Unlock()
 }
 
 // handleHold is what a call finds through a handle: the hold of ctx's
 // owner, recorded under key, or without an owner the handle's own hold.
-func (c *Client) handleHold(ctx context.Context, key string, sl *slot) (*hold, error) {
+func (b *base) handleHold(ctx context.Context, key string, sl *slot) (*hold, error) {
 	tok, owned, err := owner(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var h *hold
 	if owned {
-		h = c.lookupHold(holdKey{key, tok})
+		h = b.lookupHold(holdKey{key, tok})
 	} else {
 		h = sl.get()
 	}
@@ -174,9 +246,9 @@ func (c *Client) handleHold(ctx context.Context, key string, sl *slot) (*hold, e
 // process re-enters there; with client reentrancy, tok qualified by this
 // Client, so that a carried token waits there like any other owner (the
 // count lives in one process).
-func (c *Client) holderToken(cfg *config, tok string) string {
+func (b *base) holderToken(cfg *config, tok string) string {
 	if cfg.local {
-		return tok + "@" + c.id
+		return tok + "@" + b.id
 	}
 	return tok
 }
@@ -269,21 +341,22 @@ func (h *hold) fenceArg() any {
 }
 
 // A releaser runs a primitive's release script for holder tok with call
-// id, naming the hold's fencing token (see fenceArg). Its reply: 1
-// released, 2 still held (a count went down), 0 not held.
-type releaser func(ctx context.Context, tok, id string, fence any) (int64, error)
+// id, ending hold h (nil if the hold is not recorded in this process; see
+// fenceArg). Its reply: 1 released, 2 still held (a count went down), 0 not
+// held.
+type releaser func(ctx context.Context, tok, id string, h *hold) (int64, error)
 
 // unlockOwner releases one level of the hold of the owner recorded under k,
 // held in Redis as tok.
-func (c *Client) unlockOwner(ctx context.Context, k holdKey, tok string, run releaser) error {
-	h := c.lookupHold(k)
+func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run releaser) error {
+	h := b.lookupHold(k)
 	id := newCallID()
 	if h != nil {
 		id = h.unlockCall()
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	r, err := run(dctx, tok, id, h.fenceArg())
+	r, err := run(dctx, tok, id, h)
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		return err
@@ -301,23 +374,23 @@ func (c *Client) unlockOwner(ctx context.Context, k holdKey, tok string, run rel
 	h.unlocked()
 	switch r {
 	case 1:
-		c.dropHold(k, h)
+		b.dropHold(k, h)
 		h.release()
 		return nil
 	case 2:
-		c.mu.Lock()
+		b.mu.Lock()
 		h.count--
 		last := h.count <= 0
-		c.mu.Unlock()
+		b.mu.Unlock()
 		if last {
 			// Another process re-entered with this owner and renews the
 			// rest of the hold.
-			c.dropHold(k, h)
+			b.dropHold(k, h)
 			h.release()
 		}
 		return nil
 	case 0:
-		c.dropHold(k, h)
+		b.dropHold(k, h)
 		h.lease.MarkLost()
 		return ErrLeaseLost
 	}
@@ -325,14 +398,14 @@ func (c *Client) unlockOwner(ctx context.Context, k holdKey, tok string, run rel
 }
 
 // unlockSlot releases the hold of a handle's slot and unlocks the handle.
-func (c *Client) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
+func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 	h := sl.get()
 	if h == nil {
 		return ErrNotHeld
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	r, err := run(dctx, h.tok, h.unlockCall(), h.fenceArg())
+	r, err := run(dctx, h.tok, h.unlockCall(), h)
 	if err != nil {
 		return err
 	}

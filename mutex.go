@@ -4,16 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"time"
 
 	"github.com/dsync-go/dsync/internal/keys"
-	"github.com/dsync-go/dsync/renew"
 )
 
 // A Mutex is a mutual exclusion lock shared by every process that names it,
-// the distributed twin of [sync.Mutex]. Get one with [Client.Mutex]; a Mutex
-// handle is safe for concurrent use and cheap, so make one where needed.
+// the distributed twin of [sync.Mutex]. Get one with [Client.Mutex] (or,
+// over several independent masters, [Quorum.Mutex]); a Mutex handle is safe
+// for concurrent use and cheap, so make one where needed.
 //
 // Without an owner in ctx a Mutex handle behaves like sync.Mutex: it is not
 // reentrant, it remembers the hold it took, and any goroutine using the
@@ -33,22 +31,35 @@ import (
 // to the first in line, which owns it without another round trip. TryLock
 // never queues.
 type Mutex struct {
-	c    *Client
+	// The Client's or Quorum's closed state and owners' holds; nil if
+	// the handle was made by a nil one.
+	b    *base
+	impl mutexImpl // takes and releases the holds
 	cfg  config
-	name string
-	keys []string // lock hash, fence hash, queue, queue data, call ids
+	key  string // the lock hash: owners' holds are recorded under it
 	err  error
 
-	// Script arguments boxed once per handle.
-	kargs    []any // key count and keys
-	ttlArg   any
-	chanArg  any
-	localArg any    // '1' with client reentrancy
-	what     string // how errors name the Mutex
-
-	subs []*Mutex // quorum mode: this handle on each member (see quorum.go)
-
 	slot slot // the handle's own hold, without an owner in ctx
+}
+
+// A mutexImpl takes and releases the holds of a Mutex: on one deployment
+// (mutexScripts, mutex_scripts.go) or on a quorum of masters (quorumMutex in
+// quorum_mutex.go). The Mutex methods do the rest, the same in both modes:
+// argument checks, owners, the handle's slot, re-entry counts and leases.
+type mutexImpl interface {
+	// lock makes the attempts of one Lock (wait) or TryLock call for
+	// holder c.tok and, if it takes the hold, records it with m.held. It
+	// reports whether it did; on an error it leaves no hold behind.
+	lock(ctx context.Context, m *Mutex, c lockCall, wait bool) (bool, error)
+	// unlock is the Mutex's releaser.
+	unlock(ctx context.Context, tok, id string, h *hold) (int64, error)
+}
+
+// A lockCall is one lock call's holder: owner otok when owned, otherwise
+// the handle; tok is the holder token the scripts see.
+type lockCall struct {
+	otok, tok string
+	owned     bool
 }
 
 var (
@@ -62,29 +73,26 @@ var (
 // Client's defaults for this handle. An empty name or a bad option makes
 // every call on the handle fail with [ErrInvalid].
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
-	m := &Mutex{c: c, name: name, slot: newSlot()}
-	m.cfg, m.err = c.handleConfig(name, opts)
-	k := keys.ForMutex(m.cfg.prefix, name)
-	m.keys = k.Keys()
-	m.kargs = boxKeys(m.keys)
-	m.ttlArg = ms(m.cfg.ttl)
-	m.chanArg = k.Channel()
-	m.localArg = argNo
-	m.what = "Mutex " + strconv.Quote(name)
-	if m.cfg.local {
-		m.localArg = argYes
-	}
-	if c != nil && c.q != nil {
-		m.subs = c.q.mutexes(name, opts)
-	}
+	m, k := newMutex(c.shared(), name, opts)
+	m.impl = newMutexScripts(c, &m.cfg, k, name)
 	return m
+}
+
+// newMutex returns a handle, without its impl, on the Mutex called name
+// made through b, and the Mutex's keys.
+func newMutex(b *base, name string, opts []Option) (*Mutex, keys.Mutex) {
+	m := &Mutex{b: b, slot: newSlot()}
+	m.cfg, m.err = b.handleConfig(name, opts)
+	k := keys.ForMutex(m.cfg.prefix, name)
+	m.key = k.Lock
+	return m, k
 }
 
 func (m *Mutex) check() error {
 	if m == nil {
 		return fmt.Errorf("%w: nil Mutex", ErrInvalid)
 	}
-	if err := m.c.check(); err != nil {
+	if err := m.b.check(); err != nil {
 		return err
 	}
 	return m.err
@@ -120,87 +128,32 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	var tok string
+	c := lockCall{otok: otok, owned: owned}
 	if owned {
-		if m.cfg.local && m.c.reenter(holdKey{m.keys[0], otok}) {
+		if m.cfg.local && m.b.reenter(holdKey{m.key, otok}) {
 			return true, nil
 		}
-		tok = m.c.holderToken(&m.cfg, otok)
+		c.tok = m.b.holderToken(&m.cfg, otok)
 	} else {
 		// The handle is locked from Lock to Unlock, as a sync.Mutex is,
 		// also when its hold was lost meanwhile.
-		if ok, err := m.slot.enter(ctx, wait, m.c.closed); !ok || err != nil {
+		if ok, err := m.slot.enter(ctx, wait, m.b.closed); !ok || err != nil {
 			return false, err
 		}
-		tok = newToken()
+		c.tok = newToken()
 	}
-	if m.subs != nil {
-		return m.quorumLock(ctx, otok, tok, owned, wait)
+	ok, err := m.impl.lock(ctx, m, c, wait)
+	if !ok && !owned {
+		m.slot.leave()
 	}
-	id := newCallID()
-	a := &acquisition{
-		ch:  m.chanArg.(string),
-		to:  newAddressee(tok, id),
-		ttl: m.cfg.ttl,
-	}
-	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
-		return m.attempt(ctx, tok, id, a.to.secret, queue)
-	}
-	a.abandon = func(ctx context.Context) {
-		_ = m.c.eval(ctx, mutexUnlock, m.kargs, tok, newCallID(), m.chanArg, fenceIdleArg, id, argNone, argNone).Err()
-	}
-	g, start, err := m.c.take(ctx, a, wait)
-	if err == nil && g.kind == handed && m.cfg.replicas > 0 {
-		// With WaitReplicas, make sure the hand-over reached replicas.
-		if err = m.c.replicated(ctx, &m.cfg, mutexRenew, m.keys[:1], tok, m.ttlArg); err != nil {
-			m.c.cleanup(ctx, a.abandon)
-		}
-	}
-	if err == nil && g.kind == final {
-		err = g.err
-	}
-	if err != nil || (g.kind != taken && g.kind != handed) {
-		if !owned {
-			m.slot.leave()
-		}
-		return false, err
-	}
-	m.held(otok, tok, owned, g.fence, start)
-	return true, nil
+	return ok, err
 }
 
-// attempt runs the lock script once. With queue, a refused caller takes (or
-// keeps) a place in the queue.
-func (m *Mutex) attempt(ctx context.Context, tok, id, secret string, queue bool) (grant, error) {
-	s := argNo
-	if queue {
-		s = argYes
-	}
-	r, err := m.c.acquirePair(ctx, &m.cfg, mutexLock, m.kargs, tok, m.ttlArg, id, s, fenceIdleArg, m.localArg, secret)
-	code, v, err := pair("mutex lock", r, err)
-	if err != nil {
-		return grant{}, err
-	}
-	g, ok, err := decodeGrant(code, v, true, m.what)
-	if !ok {
-		return grant{}, replyError("mutex lock", code)
-	}
-	return g, err
-}
-
-// held records a hold taken (or re-entered) by holder tok, for owner otok
-// when owned.
-func (m *Mutex) held(otok, tok string, owned bool, fence uint64, start time.Time) {
-	newHold := func() *hold {
-		return m.c.startHold(&m.cfg, renew.Spec{
-			Script: mutexRenew,
-			Batch:  mutexRenews,
-			Keys:   m.keys[:1],
-			Args:   []any{tok, m.ttlArg},
-		}, tok, fence, start)
-	}
-	if owned {
-		m.c.ownerHold(holdKey{m.keys[0], otok}, fence, newHold)
+// held records a hold taken (or re-entered) by call c with fencing token
+// fence; newHold starts the lease of a hold that is not a re-entry.
+func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) {
+	if c.owned {
+		m.b.ownerHold(holdKey{m.key, c.otok}, fence, newHold)
 		return
 	}
 	m.slot.set(newHold())
@@ -216,23 +169,17 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.check(); err != nil && !errors.Is(err, ErrClosed) {
 		return err
 	}
-	if m.subs != nil {
-		return m.quorumUnlock(ctx)
-	}
 	otok, owned, err := owner(ctx)
 	if err != nil {
 		return err
 	}
-	if owned && m.cfg.local && m.c.leave(holdKey{m.keys[0], otok}) {
+	if owned && m.cfg.local && m.b.leave(holdKey{m.key, otok}) {
 		return nil
 	}
-	run := func(ctx context.Context, tok, id string, fence any) (int64, error) {
-		return m.c.eval(ctx, mutexUnlock, m.kargs, tok, id, m.chanArg, fenceIdleArg, argNone, argNone, fence).Int64()
-	}
 	if owned {
-		return m.c.unlockOwner(ctx, holdKey{m.keys[0], otok}, m.c.holderToken(&m.cfg, otok), run)
+		return m.b.unlockOwner(ctx, holdKey{m.key, otok}, m.b.holderToken(&m.cfg, otok), m.impl.unlock)
 	}
-	return m.c.unlockSlot(ctx, &m.slot, run)
+	return m.b.unlockSlot(ctx, &m.slot, m.impl.unlock)
 }
 
 // Lease returns the lease of the current hold of ctx's owner on m or,
@@ -242,7 +189,7 @@ func (m *Mutex) Lease(ctx context.Context) (*Lease, error) {
 	if err := m.check(); err != nil {
 		return nil, err
 	}
-	h, err := m.c.handleHold(ctx, m.keys[0], &m.slot)
+	h, err := m.b.handleHold(ctx, m.key, &m.slot)
 	if err != nil {
 		return nil, err
 	}

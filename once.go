@@ -57,9 +57,6 @@ type Once struct {
 func (c *Client) Once(name string, opts ...Option) *Once {
 	o := &Once{c: c, name: name}
 	o.cfg, o.err = c.handleConfig(name, opts)
-	if c != nil && c.q != nil {
-		o.err = errQuorumOnly
-	}
 	k := keys.ForOnce(o.cfg.prefix, name)
 	o.keys = k.Keys()
 	o.kargs = boxKeys(o.keys)

@@ -2,28 +2,27 @@ package dsync
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"reflect"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/dsync-go/dsync/renew"
 )
 
-// Quorum mode (Redlock). A Client made by NewQuorum holds one member Client
-// per independent master. A Mutex or RWMutex handle holds one member handle
-// per master and runs the ordinary scripts on all of them in parallel: a
-// lock is granted when a majority granted it within its validity, and every
-// failed attempt is undone on the members (an RWMutex call that waits keeps
-// its waiting places on the members that refused it until the call ends). Each member keeps its own lease of the
-// hold alive through its own renewer; the hold's Lease is lost as soon as
-// fewer than a majority of those leases are alive.
+// Quorum mode (Redlock) is a layer over the engine of one deployment. A
+// Quorum holds one member Client per independent master; its Mutex and
+// RWMutex handles are the handles of one deployment with another impl
+// (quorum_mutex.go, quorum_rwmutex.go), which runs the ordinary scripts of
+// each member in parallel: a lock is granted when a majority granted it
+// within its validity, and every failed attempt is undone on the members
+// (an RWMutex call that waits keeps its waiting places on the members that
+// refused it until the call ends). Each member keeps its own lease of the
+// hold alive through its own renewer; the hold's Lease (quorum_lease.go) is
+// lost as soon as fewer than a majority of those leases are alive. Waiting
+// uses the members' notifications.
 //
 // Fencing tokens. The token of a quorum hold is the largest of the tokens
 // its granting masters issued; each master issues max(last+1, its clock in
@@ -51,18 +50,25 @@ func redlockDrift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Mil
 // in lockstep.
 const splitBackoff = 5 * time.Millisecond
 
-// foreverTTL is the lease length of a quorum hold's own (never renewed)
-// lease: it ends when released or when its members' leases are lost.
-const foreverTTL = 100 * 365 * 24 * time.Hour
+// A Quorum makes Mutexes and RWMutexes that hold only when a majority of
+// independent Redis masters grant the hold (the Redlock algorithm), so that
+// no single master decides alone. Get one with [NewQuorum]. The handles it
+// makes are the same types as a [Client]'s and behave the same way, but for
+// what the quorum changes (see NewQuorum). A Quorum has no Semaphore and no
+// Once: their permits and done marks have no Redlock counterpart whose
+// safety is shown. A Quorum is safe for concurrent use.
+type Quorum struct {
+	base // defaults, bad input, closed state, owners' holds (see lease.go)
 
-type quorum struct {
 	members []*Client
-	need    int            // N/2+1
-	wg      sync.WaitGroup // watchers of quorum holds
-	refuse  *redis.Client  // the Client's own rdb, which refuses every command
+	need    int // N/2+1
+	once    sync.Once
+
+	watchMu sync.Mutex     // orders watch against Close
+	watched sync.WaitGroup // watchers of quorum holds (see watch)
 }
 
-// NewQuorum returns a Client whose Mutexes and RWMutexes use the Redlock
+// NewQuorum returns a Quorum whose Mutexes and RWMutexes use the Redlock
 // algorithm over the independent masters clients (which must not be
 // replicas or nodes of one cluster of each other): a Lock (or RLock) is
 // granted when a majority, N/2+1, of the masters granted it within validity
@@ -73,106 +79,86 @@ type quorum struct {
 // of masters answer fails with an error matching [ErrNoQuorum]. Each
 // attempt costs one round trip to every master, in parallel; waiting,
 // ownership and reentrancy are as on a single master, and each master keeps
-// an RWMutex's writer preference as a single one does.
+// an RWMutex's writer preference as a single one does. See the package
+// documentation's scaling notes for fencing tokens.
 //
-// Semaphore and Once fail every call with [ErrInvalid]: a semaphore's
-// permits and a once's done mark have no Redlock counterpart whose safety
-// is shown. See the package documentation's scaling notes for fencing
-// tokens.
-//
-// Options are as for [New]. Close stops the Client and its members; it does
-// not close the Redis clients.
-func NewQuorum(clients []redis.UniversalClient, opts ...Option) *Client {
-	refuse := refusingClient()
-	c := newBase(refuse)
-	c.cfg.apply(opts)
-	c.err = c.cfg.err
+// Options are as for [New], but for [WaitReplicas], which a Quorum refuses;
+// so is the advice on ContextTimeoutEnabled for the clients.
+// No clients, a nil client or a bad option makes every call fail with
+// [ErrInvalid]. Close stops the Quorum and its members; it does not close
+// the Redis clients.
+func NewQuorum(clients []redis.UniversalClient, opts ...Option) *Quorum {
+	q := &Quorum{}
+	q.init(opts)
 	switch {
-	case c.err != nil:
+	case q.err != nil:
 	case len(clients) == 0:
-		c.err = fmt.Errorf("%w: NewQuorum without clients", ErrInvalid)
-	case c.cfg.replicas > 0:
-		c.err = fmt.Errorf("%w: WaitReplicas in quorum mode", ErrInvalid)
+		q.err = fmt.Errorf("%w: NewQuorum without clients", ErrInvalid)
+	case q.cfg.replicas > 0:
+		q.err = errQuorumReplicas
 	}
 	for i, rdb := range clients {
-		if rdb == nil && c.err == nil {
-			c.err = fmt.Errorf("%w: nil redis client %d of %d", ErrInvalid, i, len(clients))
+		if rdb == nil && q.err == nil {
+			q.err = fmt.Errorf("%w: nil redis client %d of %d", ErrInvalid, i, len(clients))
 		}
 	}
-	if c.err != nil {
-		_ = refuse.Close()
-		return c
+	if q.err != nil {
+		return q
 	}
-	q := &quorum{need: len(clients)/2 + 1, refuse: refuse}
+	q.need = len(clients)/2 + 1
 	for _, rdb := range clients {
 		q.members = append(q.members, New(rdb, opts...))
 	}
-	c.q = q
-	// The Client's own renewer only carries the quorum holds' leases, which
-	// it never renews: their members are renewed by the members.
-	c.renew = renew.New(refuse, renew.LostError(ErrLeaseLost))
-	c.notify = newNotifier(refuse)
-	return c
+	return q
 }
 
-var errQuorumOnly = fmt.Errorf("%w: quorum mode (NewQuorum) supports only Mutex and RWMutex", ErrInvalid)
+var errQuorumReplicas = fmt.Errorf("%w: WaitReplicas in quorum mode", ErrInvalid)
 
-// refusingClient returns a Redis client that fails every command with
-// errQuorumOnly before any I/O: what other primitives send through a quorum
-// Client's own connection.
-func refusingClient() *redis.Client {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0", MaxRetries: -1})
-	rdb.AddHook(refuseHook{})
-	return rdb
-}
-
-type refuseHook struct{}
-
-func (refuseHook) DialHook(redis.DialHook) redis.DialHook {
-	return func(context.Context, string, string) (net.Conn, error) { return nil, errQuorumOnly }
-}
-
-func (refuseHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
-	return func(_ context.Context, cmd redis.Cmder) error {
-		cmd.SetErr(errQuorumOnly)
-		return errQuorumOnly
-	}
-}
-
-func (refuseHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(_ context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			cmd.SetErr(errQuorumOnly)
+// Close stops the Quorum: the Leases of its holds end (their Done channels
+// close), its members stop renewing and notifying, and calls in progress
+// and later calls return [ErrClosed]. Holds are not released: they expire
+// at their TTL. Close does not close the Redis clients. It is safe to call
+// more than once.
+func (q *Quorum) Close() error {
+	q.once.Do(func() {
+		q.watchMu.Lock()
+		close(q.closed)
+		q.watchMu.Unlock()
+		q.watched.Wait()
+		for _, m := range q.members {
+			m.Close()
 		}
-		return errQuorumOnly
-	}
+	})
+	return nil
 }
 
-func (q *quorum) close() {
-	for _, m := range q.members {
-		m.Close()
+// shared returns what q shares with the handles it makes, nil for a nil q.
+func (q *Quorum) shared() *base {
+	if q == nil {
+		return nil
 	}
-	q.wg.Wait()
-	_ = q.refuse.Close()
+	return &q.base
 }
 
-// members makes one member handle per master with mk.
-func members[T any](q *quorum, mk func(c *Client) T) []T {
+// handleErr is the bad-input error of a quorum handle with cfg whose
+// error is otherwise err: a handle's WaitReplicas is refused, as NewQuorum's.
+func handleErr(cfg *config, err error) error {
+	if err == nil && cfg.replicas > 0 {
+		return errQuorumReplicas
+	}
+	return err
+}
+
+// members makes one member impl per master with mk.
+func members[T any](q *Quorum, mk func(c *Client) T) []T {
+	if q == nil {
+		return nil
+	}
 	subs := make([]T, len(q.members))
 	for i, c := range q.members {
 		subs[i] = mk(c)
 	}
 	return subs
-}
-
-// mutexes returns the member handles of a quorum Mutex.
-func (q *quorum) mutexes(name string, opts []Option) []*Mutex {
-	return members(q, func(c *Client) *Mutex { return c.Mutex(name, opts...) })
-}
-
-// rwmutexes returns the member handles of a quorum RWMutex.
-func (q *quorum) rwmutexes(name string, opts []Option) []*RWMutex {
-	return members(q, func(c *Client) *RWMutex { return c.RWMutex(name, opts...) })
 }
 
 // answers collects one reply per member.
@@ -249,17 +235,32 @@ func (a answers) unlocked(need int) (int64, error) {
 	return 0, nil
 }
 
+// vote is what one member's reply to an attempt counts for in the Redlock
+// loop (see quorumCall.try): v for a grant, minus the ms to wait at most
+// for a refusal, 0 and the reason for a final refusal.
+func vote(g grant, err error, v int64) (int64, error) {
+	switch {
+	case err != nil:
+		return 0, err
+	case g.kind == taken || g.kind == handed:
+		return v, nil
+	case g.kind == final:
+		return 0, g.err
+	}
+	return -max(g.wait.Milliseconds(), 1), nil
+}
+
 // A quorumCall is one lock call of a primitive in quorum mode, as the
-// Redlock loop (quorum.lock) sees it.
+// Redlock loop (Quorum.lock) sees it.
 type quorumCall struct {
 	channel string // the name's notification channel on every master
 	ttl     time.Duration
 	// try makes one attempt on member i under call id id: > 0 a grant,
 	// < 0 minus the ms to wait at most, 0 as below.
 	try func(i int, id string) (int64, error)
-	// undo undoes on member i whatever the attempts under id did, detached
-	// from the call's ctx.
-	undo func(i int, id string)
+	// undo undoes on member i whatever the attempts under id did; ctx is
+	// detached from the call's.
+	undo func(ctx context.Context, i int, id string)
 	// zero, if set, is what a reply of 0 from any member ends the call
 	// with (RWMutex: ErrUpgrade); otherwise 0 is a refusal.
 	zero error
@@ -270,11 +271,11 @@ type quorumCall struct {
 	keep bool
 }
 
-// lock runs the Redlock loop of one call for tok: every attempt on all
-// members in parallel, granted when a majority granted it within its
-// validity, undone otherwise. On a grant it returns the replies and a time
-// no later than the start of every granting member's lease.
-func (q *quorum) lock(ctx context.Context, closed chan struct{}, k *quorumCall, tok string, wait bool) (answers, time.Time, error) {
+// lock runs the Redlock loop of one call: every attempt on all members in
+// parallel, granted when a majority granted it within its validity, undone
+// otherwise. On a grant it returns the replies and a time no later than the
+// start of every granting member's lease.
+func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, time.Time, error) {
 	n := len(q.members)
 	ids := make([]string, n)      // each member's call id; "" once undone
 	since := make([]time.Time, n) // no later than a grant under ids[i] began
@@ -288,9 +289,11 @@ func (q *quorum) lock(ctx context.Context, closed chan struct{}, k *quorumCall, 
 		if !some {
 			return
 		}
+		dctx, cancel := detached(ctx)
+		defer cancel()
 		each(q.members, func(i int, _ *Client) (int64, error) {
 			if todo[i] {
-				k.undo(i, ids[i])
+				k.undo(dctx, i, ids[i])
 				ids[i] = ""
 			}
 			return 0, nil
@@ -380,44 +383,11 @@ func (q *quorum) lock(ctx context.Context, closed chan struct{}, k *quorumCall, 
 		} else {
 			t.Reset(d)
 		}
-		if err := sleep(ctx, closed, ws, t); err != nil {
+		if err := sleep(ctx, q.closed, ws, t); err != nil {
 			undo(all) // the waiting places kept
 			return answers{}, first, err
 		}
 	}
-}
-
-func (m *Mutex) quorumLock(ctx context.Context, otok, tok string, owned, wait bool) (bool, error) {
-	a, start, err := m.c.q.lock(ctx, m.c.closed, &quorumCall{
-		channel: m.chanArg.(string),
-		ttl:     m.cfg.ttl,
-		try: func(i int, id string) (int64, error) {
-			g, err := m.subs[i].attempt(ctx, tok, id, argNone.(string), false)
-			switch {
-			case err != nil:
-				return 0, err
-			case g.kind == taken || g.kind == handed:
-				return int64(g.fence), nil
-			case g.kind == final:
-				return 0, g.err
-			}
-			return -max(g.wait.Milliseconds(), 1), nil
-		},
-		undo: func(i int, id string) {
-			sub := m.subs[i]
-			dctx, cancel := detached(ctx)
-			defer cancel()
-			_ = sub.c.eval(dctx, mutexUnlock, sub.kargs, tok, newCallID(), sub.chanArg, fenceIdleArg, id, argNone, argNone).Err()
-		},
-	}, tok, wait)
-	if err != nil || a.v == nil {
-		if !owned {
-			m.slot.leave()
-		}
-		return false, err
-	}
-	m.quorumHeld(otok, tok, owned, a, start)
-	return true, nil
 }
 
 // sleep waits for the timer, a notification on any member, ctx or Close.
@@ -439,156 +409,6 @@ func sleep(ctx context.Context, closed chan struct{}, ws []*watcher, t *time.Tim
 	return nil
 }
 
-// quorumHold makes the hold of a quorum grant a: one member hold per
-// granting master, started by sub(i) and renewed by that member, and the
-// hold's own lease, lost when fewer than a majority of member holds are
-// alive.
-func (c *Client) quorumHold(tok string, fence uint64, a answers, start time.Time, sub func(i int) *hold) *hold {
-	h := &hold{tok: tok, fence: fence, count: 1, lease: c.renew.Add(renew.Spec{
-		TTL: foreverTTL, Interval: -1, Start: start,
-	})}
-	h.subs = make([]*hold, len(a.v))
-	for i := range h.subs {
-		if a.err[i] == nil && a.v[i] > 0 {
-			h.subs[i] = sub(i)
-		}
-	}
-	c.q.watch(h)
-	return h
-}
-
-// quorumHeld records a quorum hold of m.
-func (m *Mutex) quorumHeld(otok, tok string, owned bool, a answers, start time.Time) {
-	fence := uint64(a.max)
-	newHold := func() *hold {
-		return m.c.quorumHold(tok, fence, a, start, func(i int) *hold {
-			sub := m.subs[i]
-			return sub.c.startHold(&sub.cfg, renew.Spec{
-				Script: mutexRenew,
-				Keys:   sub.keys[:1],
-				Args:   []any{tok, sub.ttlArg},
-			}, tok, uint64(a.v[i]), start)
-		})
-	}
-	if owned {
-		m.c.ownerHold(holdKey{m.keys[0], otok}, fence, newHold)
-		return
-	}
-	m.slot.set(newHold())
-}
-
-// watch marks h lost when fewer than a quorum of its member holds are
-// alive, and stops renewing them when h ends.
-func (q *quorum) watch(h *hold) {
-	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(h.lease.Done())}}
-	alive := 0
-	for _, s := range h.subs {
-		if s != nil {
-			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.lease.Done())})
-			alive++
-		}
-	}
-	q.wg.Add(1)
-	go func() {
-		defer q.wg.Done()
-		for alive >= q.need {
-			i, _, _ := reflect.Select(cases)
-			if i == 0 {
-				break
-			}
-			cases[i].Chan = reflect.Value{} // ended: never selected again
-			alive--
-		}
-		if alive < q.need {
-			h.lease.MarkLost()
-		}
-		h.releaseSubs()
-	}()
-}
-
-// releaseSubs stops renewing the member holds of a quorum hold.
-func (h *hold) releaseSubs() {
-	for _, s := range h.subs {
-		if s != nil {
-			s.release()
-		}
-	}
-}
-
-func (m *Mutex) quorumUnlock(ctx context.Context) error {
-	otok, owned, err := owner(ctx)
-	if err != nil {
-		return err
-	}
-	var h *hold
-	var tok string
-	if owned {
-		if m.cfg.local && m.c.leave(holdKey{m.keys[0], otok}) {
-			return nil
-		}
-		tok = m.c.holderToken(&m.cfg, otok)
-		h = m.c.lookupHold(holdKey{m.keys[0], otok})
-	} else {
-		if h = m.slot.get(); h == nil {
-			return ErrNotHeld
-		}
-		tok = h.tok
-	}
-	id := newCallID()
-	if h != nil {
-		id = h.unlockCall()
-	}
-	forget := func() {
-		if owned {
-			m.c.dropHold(holdKey{m.keys[0], otok}, h)
-		} else if m.slot.clear(h) {
-			m.slot.leave()
-		}
-	}
-	dctx, cancel := releaseContext(ctx)
-	defer cancel()
-	floor := floorArg(h)
-	a := each(m.subs, func(_ int, sub *Mutex) (int64, error) {
-		return sub.c.eval(dctx, mutexUnlock, sub.kargs, tok, id, sub.chanArg, fenceIdleArg, argNone, floor, argNone).Int64()
-	})
-	r, err := a.unlocked(m.c.q.need)
-	if err != nil {
-		// The outcome is unknown: keep the hold, and let a retry reuse id.
-		return err
-	}
-	if h != nil {
-		h.unlocked()
-	}
-	switch {
-	case r == 2:
-		if h != nil && owned {
-			m.c.mu.Lock()
-			h.count--
-			last := h.count <= 0
-			m.c.mu.Unlock()
-			if last {
-				forget()
-				h.releaseAll()
-			}
-		}
-		return nil
-	case r == 1:
-		if h != nil {
-			forget()
-			h.releaseAll()
-		}
-		return nil
-	case h != nil:
-		// Fewer than a majority still had it: it was lost before Unlock.
-		forget()
-		h.lease.MarkLost()
-		h.releaseSubs()
-		return ErrLeaseLost
-	default:
-		return ErrNotHeld
-	}
-}
-
 // floorArg is the unlock script argument that raises every master's
 // fencing counter to h's token (the largest its quorum issued), so that the
 // next hold's token is larger wherever it is granted; none for a hold
@@ -598,83 +418,4 @@ func floorArg(h *hold) any {
 		return argNone
 	}
 	return strconv.FormatUint(h.fence, 10)
-}
-
-// releaseAll releases h and, for a quorum hold, stops renewing its member
-// holds at once (its watcher would, a little later).
-func (h *hold) releaseAll() {
-	h.release()
-	h.releaseSubs()
-}
-
-// quorumLock is RWMutex.lock in quorum mode. A read is granted when a
-// majority of masters granted it, each with its own writer preference; a
-// waiting caller keeps its waiting place on the masters that refused it
-// between attempts, so a waiting writer holds back new readers there and a
-// writer's Unlock there grants a waiting reader (whose next attempt finds
-// the grant). An upgrade refused by any master undoes the call everywhere.
-func (rw *RWMutex) quorumLock(ctx context.Context, mode, otok, tok string, owned, wait bool) (bool, error) {
-	a, start, err := rw.c.q.lock(ctx, rw.c.closed, &quorumCall{
-		channel: rw.ch,
-		ttl:     rw.cfg.ttl,
-		try: func(i int, id string) (int64, error) {
-			// Never starving: quorum writers do not queue. Each master
-			// would order its queue by the arrivals it saw and hand the
-			// lock to different writers, splitting the grants.
-			g, err := rw.subs[i].attempt(ctx, mode, tok, id, "-", wait, false)
-			switch {
-			case err != nil:
-				return 0, err
-			case g.kind == taken || g.kind == handed:
-				// The fencing token, or a read hold's id.
-				return int64(g.fence), nil
-			case g.kind == final && errors.Is(g.err, ErrUpgrade):
-				return 0, nil
-			case g.kind == final:
-				return 0, g.err
-			}
-			return -max(g.wait.Milliseconds(), 1), nil
-		},
-		undo: func(i int, id string) {
-			dctx, cancel := detached(ctx)
-			defer cancel()
-			rw.subs[i].abandon(dctx, mode, tok, id)
-		},
-		zero: ErrUpgrade,
-		keep: true,
-	}, tok, wait)
-	if err != nil || a.v == nil {
-		return false, err
-	}
-	fence := uint64(a.max)
-	if mode == modeRead {
-		fence = 0
-	}
-	rw.held(mode, otok, tok, owned, fence, start, &a)
-	return true, nil
-}
-
-// quorumHold makes the quorum hold of grant a in mode.
-func (rw *RWMutex) quorumHold(mode, tok string, fence uint64, a answers, start time.Time) *hold {
-	return rw.c.quorumHold(tok, fence, a, start, func(i int) *hold {
-		sub := rw.subs[i]
-		// This master's fencing token, or its id of the read hold.
-		return sub.c.startHold(&sub.cfg, sub.renewSpec(mode, tok), tok, uint64(a.v[i]), start)
-	})
-}
-
-// quorumUnlock runs the unlock script on every master and sums up their
-// replies as one master's reply (see answers.unlocked). An Unlock raises
-// every master's fencing counter to the write hold's token, as for Mutex,
-// and names on each master the hold that master granted, where known.
-func (rw *RWMutex) quorumUnlock(ctx context.Context, mode, tok, id string, h *hold) (int64, error) {
-	floor := floorArg(h)
-	a := each(rw.subs, func(i int, sub *RWMutex) (int64, error) {
-		name := argNone
-		if h != nil && i < len(h.subs) && h.subs[i] != nil {
-			name = h.subs[i].fenceArg()
-		}
-		return sub.c.eval(ctx, rwUnlock, sub.kargs, mode, tok, id, sub.ch, name, argNone, floor, fenceIdleArg).Int64()
-	})
-	return a.unlocked(rw.c.q.need)
 }

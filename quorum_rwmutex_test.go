@@ -27,7 +27,7 @@ func miniMasters(t *testing.T, n int) []redis.UniversalClient {
 // rwHammer runs, on every client, two writers and three readers of the
 // RWMutex name, rounds times each, and checks that a writer was alone and
 // that write tokens rose.
-func rwHammer(t *testing.T, cs []*dsync.Client, name string, rounds int) {
+func rwHammer(t *testing.T, cs []*dsync.Quorum, name string, rounds int) {
 	t.Helper()
 	ctx := ctxT(t)
 	var readers, writers, maxReaders, bad, total atomic.Int64
@@ -85,7 +85,7 @@ func rwHammer(t *testing.T, cs []*dsync.Client, name string, rounds int) {
 func TestQuorumRWMutexMiniredisHammer(t *testing.T) {
 	rdbs := miniMasters(t, 3)
 	name := redistest.Key(t)
-	rwHammer(t, []*dsync.Client{newQuorum(t, rdbs), newQuorum(t, rdbs)}, name, 8)
+	rwHammer(t, []*dsync.Quorum{newQuorum(t, rdbs), newQuorum(t, rdbs)}, name, 8)
 
 	// Readers of two Clients share it; a writer of either is refused.
 	ctx := ctxT(t)

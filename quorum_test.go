@@ -3,6 +3,8 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,7 +32,7 @@ func masters(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalClient)
 	return ss, rdbs
 }
 
-func newQuorum(t *testing.T, rdbs []redis.UniversalClient, opts ...dsync.Option) *dsync.Client {
+func newQuorum(t *testing.T, rdbs []redis.UniversalClient, opts ...dsync.Option) *dsync.Quorum {
 	t.Helper()
 	c := dsync.NewQuorum(rdbs, opts...)
 	t.Cleanup(func() { c.Close() })
@@ -39,7 +41,7 @@ func newQuorum(t *testing.T, rdbs []redis.UniversalClient, opts ...dsync.Option)
 
 // hammer runs clients×2 goroutines that lock and unlock name rounds times
 // each and checks that no two held it at once and that fencing tokens rose.
-func hammer(t *testing.T, cs []*dsync.Client, name string, rounds int) {
+func hammer(t *testing.T, cs []*dsync.Quorum, name string, rounds int) {
 	t.Helper()
 	ctx := ctxT(t)
 	var inside, maxInside, total atomic.Int64
@@ -103,10 +105,10 @@ func (r *rising) check(t *testing.T, ctx context.Context, lease func(context.Con
 
 // minorityDown runs hammer over two quorum Clients on 5 masters, stops 2
 // of them and runs it again.
-func minorityDown(t *testing.T, hammer func(*testing.T, []*dsync.Client, string, int), rounds int) {
+func minorityDown(t *testing.T, hammer func(*testing.T, []*dsync.Quorum, string, int), rounds int) {
 	ss, rdbs := masters(t, 5)
 	name := redistest.Key(t)
-	cs := []*dsync.Client{newQuorum(t, rdbs), newQuorum(t, rdbs)}
+	cs := []*dsync.Quorum{newQuorum(t, rdbs), newQuorum(t, rdbs)}
 	hammer(t, cs, name, rounds)
 	ss[0].Stop()
 	ss[3].Stop()
@@ -117,7 +119,7 @@ func TestQuorumMutexMinorityDown(t *testing.T) { minorityDown(t, hammer, 10) }
 
 // majorityDown starts 5 masters and stops 0, 2 and 4 of them; it returns
 // them, their clients and a quorum Client over all five.
-func majorityDown(t *testing.T) ([]*redistest.Server, []redis.UniversalClient, *dsync.Client) {
+func majorityDown(t *testing.T) ([]*redistest.Server, []redis.UniversalClient, *dsync.Quorum) {
 	ss, rdbs := masters(t, 5)
 	c := newQuorum(t, rdbs)
 	for _, i := range []int{0, 2, 4} {
@@ -199,7 +201,7 @@ func TestQuorumMutexMiniredis(t *testing.T) {
 	ctx := dsync.WithOwner(ctxT(t))
 	name := redistest.Key(t)
 	c := newQuorum(t, rdbs)
-	hammer(t, []*dsync.Client{c, newQuorum(t, rdbs)}, name, 10)
+	hammer(t, []*dsync.Quorum{c, newQuorum(t, rdbs)}, name, 10)
 
 	m := c.Mutex(name)
 	for range 2 {
@@ -234,22 +236,28 @@ func TestQuorumMutexMiniredis(t *testing.T) {
 	}
 }
 
+// A Quorum has only Mutex and RWMutex: Semaphore and Once on it do not
+// compile. Bad input fails every call with ErrInvalid, before any I/O.
 func TestQuorumRefusesOtherPrimitives(t *testing.T) {
+	qt := reflect.TypeFor[*dsync.Quorum]()
+	for _, name := range []string{"Semaphore", "Once"} {
+		if _, ok := qt.MethodByName(name); ok {
+			t.Errorf("*Quorum has a %s method; quorum mode supports only Mutex and RWMutex", name)
+		}
+	}
+	var methods []string
+	for i := range qt.NumMethod() {
+		methods = append(methods, qt.Method(i).Name)
+	}
+	if want := []string{"Close", "Mutex", "RWMutex"}; !slices.Equal(methods, want) {
+		t.Errorf("*Quorum methods = %v, want %v", methods, want)
+	}
+
 	rdbs := []redis.UniversalClient{redistest.Miniredis(t).NewClient(t)}
 	counter := &redistest.Counter{}
 	rdbs[0].AddHook(counter)
 	ctx := ctxT(t)
-	c := newQuorum(t, rdbs)
-	if err := c.Semaphore("s", 2).Acquire(ctx, 1); !errors.Is(err, dsync.ErrInvalid) {
-		t.Errorf("Semaphore.Acquire in quorum mode = %v, want ErrInvalid", err)
-	}
-	if err := c.Once("o").Do(ctx, func(context.Context) error { return nil }); !errors.Is(err, dsync.ErrInvalid) {
-		t.Errorf("Once.Do in quorum mode = %v, want ErrInvalid", err)
-	}
-	if n := counter.RoundTrips(); n != 0 {
-		t.Errorf("refused calls sent %d commands, want 0", n)
-	}
-	for name, qc := range map[string]*dsync.Client{
+	for name, qc := range map[string]*dsync.Quorum{
 		"no clients":   dsync.NewQuorum(nil),
 		"nil client":   dsync.NewQuorum([]redis.UniversalClient{nil}),
 		"bad option":   dsync.NewQuorum(rdbs, dsync.TTL(0)),
@@ -258,7 +266,20 @@ func TestQuorumRefusesOtherPrimitives(t *testing.T) {
 		if err := qc.Mutex("x").Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
 			t.Errorf("%s: Lock = %v, want ErrInvalid", name, err)
 		}
+		if err := qc.RWMutex("x").RLock(ctx); !errors.Is(err, dsync.ErrInvalid) {
+			t.Errorf("%s: RLock = %v, want ErrInvalid", name, err)
+		}
 		qc.Close()
+	}
+	c := newQuorum(t, rdbs)
+	if err := c.Mutex("x", dsync.WaitReplicas(1, time.Second)).Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
+		t.Errorf("Lock of a handle with WaitReplicas = %v, want ErrInvalid", err)
+	}
+	if err := c.RWMutex("x", dsync.WaitReplicas(1, time.Second)).Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
+		t.Errorf("RWMutex Lock of a handle with WaitReplicas = %v, want ErrInvalid", err)
+	}
+	if n := counter.RoundTrips(); n != 0 {
+		t.Errorf("refused calls sent %d commands, want 0", n)
 	}
 }
 

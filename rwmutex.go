@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
-	"time"
 
 	"github.com/dsync-go/dsync/internal/keys"
-	"github.com/dsync-go/dsync/renew"
 )
 
 // Lock modes, as the scripts spell them.
@@ -20,9 +17,9 @@ const (
 
 // An RWMutex is a reader/writer mutual exclusion lock shared by every
 // process that names it, the distributed twin of [sync.RWMutex]: any number
-// of readers or one writer hold it. Get one with [Client.RWMutex]; an
-// RWMutex handle is safe for concurrent use and cheap, so make one where
-// needed.
+// of readers or one writer hold it. Get one with [Client.RWMutex] (or, over
+// several independent masters, [Quorum.RWMutex]); an RWMutex handle is safe
+// for concurrent use and cheap, so make one where needed.
 //
 // Without an owner in ctx a handle behaves like sync.RWMutex: it is not
 // reentrant, it remembers the holds it took (its write hold and each of its
@@ -41,8 +38,8 @@ const (
 // frees its share when its lease runs out, whatever the other readers do.
 // Each fresh write acquisition gets a fencing token larger than every
 // earlier one of the name ([Lease.Token]); read holds carry none. On a
-// Client made by [NewQuorum] every hold, read or write, is granted by a
-// majority of independent masters.
+// [Quorum] every hold, read or write, is granted by a majority of
+// independent masters.
 //
 // Writers are preferred, as in sync.RWMutex: once a writer waits, new
 // readers wait too (an owner re-entering its read hold does not), so a
@@ -54,25 +51,36 @@ const (
 // (including one that just unlocked) queue behind it, and the release that
 // frees the lock (the last RUnlock, or an Unlock with no reader waiting)
 // hands it straight to the first in line. Waiters are woken by
-// notifications, not by polling. On a Client made by [NewQuorum] writers do
-// not queue.
+// notifications, not by polling. On a [Quorum] writers do not queue.
 type RWMutex struct {
-	c    *Client
+	// The Client's or Quorum's closed state and owners' holds; nil if
+	// the handle was made by a nil one.
+	b    *base
+	impl rwImpl // takes and releases the holds
 	cfg  config
-	name string
-	// writer hash, fence hash, readers zset, readers hash, waiting writers
-	// zset, waiting readers hash, call ids zset, writers' queue zset,
-	// queued writers hash
-	keys  []string
-	kargs []any  // keys boxed once (see boxKeys)
-	ch    string // notification channel
-	err   error
-
-	subs []*RWMutex // quorum mode: this handle on each member (see quorum.go)
+	// the writer hash and the readers zset: owners' holds are recorded
+	// under them
+	wkey, rkey string
+	err        error
 
 	slot  slot // the handle's write hold, without an owner in ctx
 	mu    sync.Mutex
 	reads []*hold // the handle's read holds, without an owner, latest last
+}
+
+// An rwImpl takes and releases the holds of an RWMutex: on one deployment
+// (rwScripts, rwmutex_scripts.go) or on a quorum of masters (quorumRWMutex in
+// quorum_rwmutex.go). The RWMutex methods do the rest, the same in both
+// modes.
+type rwImpl interface {
+	// lock makes the attempts of one lock call in mode for holder c.tok
+	// and, if it takes the hold, records it with rw.held. It reports
+	// whether it did; on an error it leaves no hold behind.
+	lock(ctx context.Context, rw *RWMutex, mode string, c lockCall, wait bool) (bool, error)
+	// unlock runs the unlock script in mode for holder tok with call id,
+	// ending h (nil if not recorded here): 1 released, 2 still held with a
+	// lower count, 0 not held.
+	unlock(ctx context.Context, mode, tok, id string, h *hold) (int64, error)
 }
 
 // RWMutex returns a handle on the RWMutex called name. Options override the
@@ -80,23 +88,26 @@ type RWMutex struct {
 // every call on the handle fail with [ErrInvalid]. An RWMutex and a [Mutex]
 // of the same name are distinct locks.
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
-	rw := &RWMutex{c: c, name: name, slot: newSlot()}
-	rw.cfg, rw.err = c.handleConfig(name, opts)
-	k := keys.ForRWMutex(rw.cfg.prefix, name)
-	rw.keys = k.Keys()
-	rw.kargs = boxKeys(rw.keys)
-	rw.ch = k.Channel()
-	if c != nil && c.q != nil {
-		rw.subs = c.q.rwmutexes(name, opts)
-	}
+	rw, k := newRWMutex(c.shared(), name, opts)
+	rw.impl = newRWScripts(c, &rw.cfg, k, name)
 	return rw
+}
+
+// newRWMutex returns a handle, without its impl, on the RWMutex called
+// name made through b, and the RWMutex's keys.
+func newRWMutex(b *base, name string, opts []Option) (*RWMutex, keys.RWMutex) {
+	rw := &RWMutex{b: b, slot: newSlot()}
+	rw.cfg, rw.err = b.handleConfig(name, opts)
+	k := keys.ForRWMutex(rw.cfg.prefix, name)
+	rw.wkey, rw.rkey = k.Writer, k.Readers
+	return rw, k
 }
 
 func (rw *RWMutex) check() error {
 	if rw == nil {
 		return fmt.Errorf("%w: nil RWMutex", ErrInvalid)
 	}
-	if err := rw.c.check(); err != nil {
+	if err := rw.b.check(); err != nil {
 		return err
 	}
 	return rw.err
@@ -157,121 +168,41 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	if owned && rw.cfg.local && rw.c.reenter(rw.holdKey(mode, otok)) {
+	if owned && rw.cfg.local && rw.b.reenter(rw.holdKey(mode, otok)) {
 		return true, nil
 	}
-	tok := otok
+	c := lockCall{otok: otok, owned: owned}
 	if owned {
-		tok = rw.c.holderToken(&rw.cfg, otok)
+		c.tok = rw.b.holderToken(&rw.cfg, otok)
 	} else {
 		if mode == modeWrite {
 			// The handle is write-locked from Lock to Unlock, as a
 			// sync.RWMutex is, also when its hold was lost meanwhile.
-			if ok, err := rw.slot.enter(ctx, wait, rw.c.closed); !ok || err != nil {
+			if ok, err := rw.slot.enter(ctx, wait, rw.b.closed); !ok || err != nil {
 				return false, err
 			}
 		}
-		tok = newToken()
+		c.tok = newToken()
 	}
-	ok, err := rw.lockAs(ctx, mode, otok, tok, owned, wait)
+	ok, err := rw.impl.lock(ctx, rw, mode, c, wait)
 	if !ok && !owned && mode == modeWrite {
 		rw.slot.leave()
 	}
 	return ok, err
 }
 
-func (rw *RWMutex) lockAs(ctx context.Context, mode, otok, tok string, owned, wait bool) (bool, error) {
-	if rw.subs != nil {
-		return rw.quorumLock(ctx, mode, otok, tok, owned, wait)
-	}
-	id := newCallID()
-	a := &acquisition{ch: rw.ch, to: newAddressee(tok, id), ttl: rw.cfg.ttl}
-	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
-		// Writers queue from their first refused attempt, as Mutex
-		// waiters do.
-		return rw.attempt(ctx, mode, tok, id, a.to.secret, queue, queue)
-	}
-	a.abandon = func(ctx context.Context) { rw.abandon(ctx, mode, tok, id) }
-	g, start, err := rw.c.take(ctx, a, wait)
-	if err == nil && g.kind == final {
-		err = g.err
-	}
-	if err != nil || (g.kind != taken && g.kind != handed) {
-		return false, err
-	}
-	if rw.cfg.replicas > 0 {
-		spec := rw.renewSpec(mode, tok)
-		if err := rw.c.replicated(ctx, &rw.cfg, spec.Script, spec.Keys, spec.Args...); err != nil {
-			rw.c.cleanup(ctx, a.abandon)
-			return false, err
-		}
-	}
-	// For a read hold, g.fence is its hold id (see rw.attempt).
-	rw.held(mode, otok, tok, owned, g.fence, start, nil)
-	return true, nil
-}
-
-// attempt runs the lock script once. starving makes a refused writer take
-// a place in the writers' queue.
-func (rw *RWMutex) attempt(ctx context.Context, mode, tok, id, secret string, wait, starving bool) (grant, error) {
-	w, local, s := "0", "0", "0"
-	if wait {
-		w = "1"
-	}
-	if rw.cfg.local {
-		local = "1"
-	}
-	if starving {
-		s = "1"
-	}
-	r, err := rw.c.acquirePair(ctx, &rw.cfg, rwLock, rw.kargs, mode, tok, ms(rw.cfg.ttl), id, w, ms(fenceIdle), local, s, secret)
-	code, v, err := pair("rwmutex lock", r, err)
-	if err != nil {
-		return grant{}, err
-	}
-	// A read hold carries no fencing token; its grant carries its hold id
-	// instead, which its RUnlock names (see rwmutex_unlock.lua) and its
-	// Lease does not show.
-	if g, ok, err := decodeGrant(code, v, true, "RWMutex "+strconv.Quote(rw.name)); ok {
-		return g, err
-	}
-	if code == 4 {
-		return grant{kind: final, err: ErrUpgrade}, nil
-	}
-	return grant{}, replyError("rwmutex lock", code)
-}
-
-// abandon undoes whatever a failed lock call may have done on the server.
-func (rw *RWMutex) abandon(ctx context.Context, mode, tok, id string) {
-	_ = rw.c.eval(ctx, rwUnlock, rw.kargs, mode, tok, newCallID(), rw.ch, argNone, id, argNone, fenceIdleArg).Err()
-}
-
 func (rw *RWMutex) holdKey(mode, tok string) holdKey {
 	if mode == modeRead {
-		return holdKey{rw.keys[2], tok}
+		return holdKey{rw.rkey, tok}
 	}
-	return holdKey{rw.keys[0], tok}
+	return holdKey{rw.wkey, tok}
 }
 
-// renewSpec describes the renewal of tok's hold in mode.
-func (rw *RWMutex) renewSpec(mode, tok string) renew.Spec {
-	if mode == modeRead {
-		return renew.Spec{Script: rwRRenew, Batch: rwRRenews, Keys: rw.keys[2:4], Args: []any{tok, ms(rw.cfg.ttl)}}
-	}
-	return renew.Spec{Script: rwRenew, Batch: mutexRenews, Keys: rw.keys[:1], Args: []any{tok, ms(rw.cfg.ttl)}}
-}
-
-// held records a hold taken (or re-entered) by tok; q is the grant of a
-// quorum hold, nil on one deployment.
-func (rw *RWMutex) held(mode, otok, tok string, owned bool, fence uint64, start time.Time, q *answers) {
-	newHold := func() *hold {
-		if q != nil {
-			return rw.quorumHold(mode, tok, fence, *q, start)
-		}
-		return rw.c.startHold(&rw.cfg, rw.renewSpec(mode, tok), tok, fence, start)
-	}
-	if owned {
-		rw.c.ownerHold(rw.holdKey(mode, otok), fence, newHold)
+// held records a hold in mode taken (or re-entered) by call c with fencing
+// token fence; newHold starts the lease of a hold that is not a re-entry.
+func (rw *RWMutex) held(mode string, c lockCall, fence uint64, newHold func() *hold) {
+	if c.owned {
+		rw.b.ownerHold(rw.holdKey(mode, c.otok), fence, newHold)
 		return
 	}
 	h := newHold()
@@ -339,12 +270,12 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	var tok string
 	switch {
 	case owned:
-		if rw.cfg.local && rw.c.leave(rw.holdKey(mode, otok)) {
+		if rw.cfg.local && rw.b.leave(rw.holdKey(mode, otok)) {
 			// Client reentrancy: an inner unlock, counted in this process.
 			return nil
 		}
-		h = rw.c.lookupHold(rw.holdKey(mode, otok))
-		tok = rw.c.holderToken(&rw.cfg, otok)
+		h = rw.b.lookupHold(rw.holdKey(mode, otok))
+		tok = rw.b.holderToken(&rw.cfg, otok)
 	case mode == modeWrite:
 		if h = rw.slot.get(); h == nil {
 			return ErrNotHeld
@@ -367,21 +298,14 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	}
 	forget := func() {
 		if owned {
-			rw.c.dropHold(rw.holdKey(mode, otok), h)
+			rw.b.dropHold(rw.holdKey(mode, otok), h)
 		} else if mode == modeWrite && rw.slot.clear(h) {
 			rw.slot.leave()
 		}
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	var r int64
-	if rw.subs != nil {
-		r, err = rw.quorumUnlock(dctx, mode, tok, id, h)
-	} else {
-		// The unlock names the hold it ends (its fencing token, or a read
-		// hold's id), so that a late copy of it never ends a later hold.
-		r, err = rw.c.eval(dctx, rwUnlock, rw.kargs, mode, tok, id, rw.ch, h.fenceArg(), argNone, argNone, fenceIdleArg).Int64()
-	}
+	r, err := rw.impl.unlock(dctx, mode, tok, id, h)
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		restore()
@@ -396,10 +320,9 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 			forget()
 			if r == 0 {
 				h.lease.MarkLost()
-				h.releaseSubs()
 				return ErrLeaseLost
 			}
-			h.releaseAll()
+			h.release()
 		}
 		return nil
 	case r == 2:
@@ -409,15 +332,15 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 			return nil
 		}
 		if h != nil {
-			rw.c.mu.Lock()
+			rw.b.mu.Lock()
 			h.count--
 			last := h.count <= 0
-			rw.c.mu.Unlock()
+			rw.b.mu.Unlock()
 			if last {
 				// Another process re-entered with this owner and renews
 				// the rest of the hold.
 				forget()
-				h.releaseAll()
+				h.release()
 			}
 		}
 		return nil
@@ -451,7 +374,7 @@ func (rw *RWMutex) lease(ctx context.Context, mode string) (*Lease, error) {
 	}
 	var h *hold
 	if owned {
-		h = rw.c.lookupHold(rw.holdKey(mode, tok))
+		h = rw.b.lookupHold(rw.holdKey(mode, tok))
 	} else if mode == modeWrite {
 		h = rw.slot.get()
 	} else {

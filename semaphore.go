@@ -67,9 +67,6 @@ type Semaphore struct {
 func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
 	s := &Semaphore{c: c, name: name, size: size}
 	s.cfg, s.err = c.handleConfig(name, opts)
-	if c != nil && c.q != nil {
-		s.err = errQuorumOnly
-	}
 	if size <= 0 {
 		s.err = fmt.Errorf("%w: semaphore size %d, want ≥ 1", ErrInvalid, size)
 	}

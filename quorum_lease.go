@@ -1,0 +1,120 @@
+package dsync
+
+import (
+	"reflect"
+	"sync"
+)
+
+// A quorumLease is the lease of a quorum hold. Each master that granted the
+// hold keeps a member hold of its own, renewed by its member Client; the
+// quorum hold is lost as soon as fewer than a majority of them are alive
+// (see Quorum.watch), and once it ends, released or lost, its member holds
+// are no longer renewed.
+type quorumLease struct {
+	done chan struct{}
+	subs []*hold // the member holds, nil where a master did not grant
+
+	mu    sync.Mutex
+	ended bool
+	lost  bool
+}
+
+var _ leaser = (*quorumLease)(nil)
+
+func (l *quorumLease) Done() <-chan struct{} { return l.done }
+
+func (l *quorumLease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+func (l *quorumLease) Release()  { l.end(false) }
+func (l *quorumLease) MarkLost() { l.end(true) }
+
+// end ends a live lease, lost or not, and stops renewing its member holds.
+// Ending it not lost and not released is how Close ends it.
+func (l *quorumLease) end(lost bool) {
+	l.mu.Lock()
+	if l.ended {
+		l.mu.Unlock()
+		return
+	}
+	l.ended, l.lost = true, lost
+	close(l.done)
+	l.mu.Unlock()
+	for _, s := range l.subs {
+		if s != nil {
+			s.release()
+		}
+	}
+}
+
+// memberHold returns the member hold on master i of quorum hold h, nil if h
+// is nil or master i did not grant it.
+func memberHold(h *hold, i int) *hold {
+	if h == nil {
+		return nil
+	}
+	if l, ok := h.lease.(*quorumLease); ok && i < len(l.subs) {
+		return l.subs[i]
+	}
+	return nil
+}
+
+// hold makes the hold of a quorum grant a to holder tok: one member hold
+// per granting master, started by sub(i), and the hold's own lease.
+func (q *Quorum) hold(tok string, fence uint64, a answers, sub func(i int) *hold) *hold {
+	l := &quorumLease{done: make(chan struct{}), subs: make([]*hold, len(a.v))}
+	for i := range l.subs {
+		if a.err[i] == nil && a.v[i] > 0 {
+			l.subs[i] = sub(i)
+		}
+	}
+	q.watch(l)
+	return &hold{tok: tok, fence: fence, count: 1, lease: l}
+}
+
+// watch marks l lost when fewer than a majority of its member holds are
+// alive, and ends it when the Quorum is closed.
+func (q *Quorum) watch(l *quorumLease) {
+	cases := []reflect.SelectCase{
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.done)},
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(q.closed)},
+	}
+	alive := 0
+	for _, s := range l.subs {
+		if s != nil {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.lease.Done())})
+			alive++
+		}
+	}
+	q.watchMu.Lock()
+	defer q.watchMu.Unlock()
+	select {
+	case <-q.closed:
+		l.end(false)
+		return
+	default:
+	}
+	q.watched.Add(1)
+	go func() {
+		defer q.watched.Done()
+		for alive >= q.need {
+			switch i, _, _ := reflect.Select(cases); i {
+			case 0:
+				return
+			case 1:
+				l.end(false)
+				return
+			default:
+				cases[i].Chan = reflect.Value{} // ended: never selected again
+				alive--
+			}
+		}
+		l.MarkLost()
+	}()
+}
