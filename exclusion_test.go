@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -154,6 +155,48 @@ func TestSemaphoreHandleOwesLostPermits(t *testing.T) {
 		}
 		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
 			t.Fatalf("a third Release = %v, want ErrNotHeld", err)
+		}
+	})
+}
+
+// Goroutines sharing a Semaphore handle without an owner, with no loss:
+// one's Release may end the holding while another's Acquire starts a new
+// one, and the replies may come back in either order. No permit is taken
+// for a lost one: every Release succeeds and nothing is left held.
+func TestSemaphoreHandleSharedWithoutLoss(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		s := newClient(t, b).Semaphore(name, 2)
+		const goroutines, rounds = 3, 60
+		errs := make(chan error, goroutines*rounds)
+		var wg sync.WaitGroup
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					if err := s.Acquire(ctx, 1); err != nil {
+						errs <- err
+						return
+					}
+					if err := s.Release(ctx, 1); err != nil {
+						errs <- fmt.Errorf("Release: %w", err)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		other := newClient(t, b).Semaphore(name, 2)
+		if ok, err := other.TryAcquire(ctx, 2); err != nil || !ok {
+			t.Fatalf("TryAcquire(2) after every Release = %v, %v; want true", ok, err)
+		}
+		if err := other.Release(ctx, 2); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

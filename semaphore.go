@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -57,7 +58,19 @@ type Semaphore struct {
 	cur  *hold  // the handle's holding, without an owner in ctx
 	curN int64  // permits in cur
 	owed int64  // permits of the handle's lost holdings that no Release has settled
-	gone uint64 // fencing token of the handle's last holding known to have ended
+	// releasing counts the handle's Release calls in flight; pending are
+	// holdings a new one replaced meanwhile, which one of those calls may
+	// have ended (else they were lost).
+	releasing int
+	pending   []pendingHolding
+	gone      uint64 // fencing token of the handle's last holding known to have ended
+}
+
+// A pendingHolding is a holding of a handle, with the permits it had, that
+// a Release in flight may have ended.
+type pendingHolding struct {
+	h *hold
+	n int64
 }
 
 // Semaphore returns a handle on the semaphore called name, which allows size
@@ -232,12 +245,13 @@ func (s *Semaphore) held(tok string, owned bool, fence uint64, n int64, start ti
 		return
 	}
 	if s.cur != nil {
-		// The handle's holding ended unreleased, or the permits would
-		// have been added to it: it was lost, and its lease says so. Its
-		// permits are still the handle's to release: the next Releases
-		// settle them (ErrLeaseLost) before touching the new holding.
-		s.cur.lease.MarkLost()
-		s.owed += s.curN
+		// The handle's holding ended, or the permits would have been
+		// added to it: a Release in flight ended it, or it was lost.
+		if s.releasing > 0 {
+			s.pending = append(s.pending, pendingHolding{s.cur, s.curN})
+		} else {
+			s.lostLocked(s.cur, s.curN)
+		}
 	}
 	s.cur, s.curN = newHold(), n
 }
@@ -260,6 +274,22 @@ func (s *Semaphore) ended(owned bool, tok string, fence uint64) {
 		s.cur.release()
 		s.cur, s.curN = nil, 0
 	}
+	s.pending = slices.DeleteFunc(s.pending, func(p pendingHolding) bool {
+		if p.h.fence == fence {
+			p.h.release()
+			return true
+		}
+		return false
+	})
+}
+
+// lostLocked marks h, a holding of the handle with n permits, lost: its
+// lease says so, and its permits are still the handle's to release, so the
+// next Releases settle them (ErrLeaseLost) before touching a later holding.
+// s.mu must be held.
+func (s *Semaphore) lostLocked(h *hold, n int64) {
+	h.lease.MarkLost()
+	s.owed += n
 }
 
 // Release releases n permits held by ctx's owner or, without an owner in
@@ -318,6 +348,23 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 // release runs the release script for n permits of holder tok, whose
 // holding this process knows as h (nil if none).
 func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold, n int64) error {
+	if !owned {
+		s.mu.Lock()
+		s.releasing++
+		s.mu.Unlock()
+		defer func() {
+			// Holdings replaced while releases were in flight, and not
+			// ended by one of them, were lost.
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.releasing--; s.releasing == 0 {
+				for _, p := range s.pending {
+					s.lostLocked(p.h, p.n)
+				}
+				s.pending = nil
+			}
+		}()
+	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
 	r, err := s.c.eval(dctx, semRelease, s.kargs, tok, n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg()).Int64Slice()
@@ -335,6 +382,11 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 			s.mu.Lock()
 			if s.cur == h {
 				s.curN = max(s.curN-n, 0)
+			}
+			for i := range s.pending {
+				if s.pending[i].h == h {
+					s.pending[i].n = max(s.pending[i].n-n, 0)
+				}
 			}
 			s.mu.Unlock()
 		}
@@ -368,6 +420,13 @@ func (s *Semaphore) lost(owned bool, tok string, h *hold, n int64) {
 		s.owed += max(s.curN-n, 0)
 		s.cur, s.curN = nil, 0
 	}
+	s.pending = slices.DeleteFunc(s.pending, func(p pendingHolding) bool {
+		if p.h == h {
+			s.owed += max(p.n-n, 0)
+			return true
+		}
+		return false
+	})
 }
 
 // Lease returns the lease of the permits held by ctx's owner or, without
