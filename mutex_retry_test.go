@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -217,6 +218,59 @@ func TestOnceAbandonedCallsStayAbandoned(t *testing.T) {
 			}
 		case <-time.After(5 * time.Second):
 			t.Fatal("an abandoned call holds the run lease after arriving late")
+		}
+	})
+}
+
+func TestMutexRefusedTryLockRetriedLateTakesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		c, rdb, rec := recorded(t, b)
+		name := redistest.Key(t)
+		ctx := ctxT(t)
+		holder := newClient(t, b).Mutex(name)
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := c.Mutex(name).TryLock(ctx); ok || err != nil { // refused
+			t.Fatalf("TryLock while held = %v, %v; want false, nil", ok, err)
+		}
+		try := rec.Last()
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// go-redis's copy of the refused try arrives after it returned
+		// false, and the lock is free now.
+		if v, err := rdb.Do(ctx, try...).Int64Slice(); err != nil || len(v) != 2 || v[0] != 0 {
+			t.Fatalf("replayed refused TryLock = %v, %v; want refused", v, err)
+		}
+		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); !ok || err != nil {
+			t.Fatalf("TryLock after the late copy = %v, %v; want true, nil (nobody would release its hold)", ok, err)
+		}
+	})
+}
+
+func TestMutexUnlockOfNothingRetriedLateEndsNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		c, rdb, rec := recorded(t, b)
+		name := redistest.Key(t)
+		ctx := dsync.WithOwner(ctxT(t))
+		m := c.Mutex(name)
+		// An Unlock with nothing held names no hold.
+		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("Unlock of nothing = %v, want ErrNotHeld", err)
+		}
+		unlock := rec.Last()
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 0 {
+			t.Fatalf("replayed Unlock = %v, %v; want 0 (as before)", v, err)
+		}
+		if n := reentryCount(t, b, name, dsync.OwnerToken(ctx)); n != 1 {
+			t.Fatalf("count after the late retry = %d, want 1", n)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock = %v, want nil", err)
 		}
 	})
 }

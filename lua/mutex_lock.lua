@@ -9,6 +9,7 @@
 -- KEYS[4] queue data hash: waiter token -> "<place deadline ms> <ttl ms>
 --         <call id> <secret>"
 -- KEYS[5] call ids zset (see lib.lua): 1 took or re-entered, 2 abandoned
+--         or refused for good (a try)
 -- ARGV[1] holder token
 -- ARGV[2] lease TTL (ms)
 -- ARGV[3] call id (the same for every attempt of one Lock call)
@@ -88,7 +89,14 @@ local function enqueue()
   end
 end
 
-local function pause(ms)
+-- A refusal: a waiting call (Lock) tries again later under the same id; a
+-- try is done, and is remembered (as abandoned) so that a late copy of it
+-- cannot take the lock.
+local function refused(ms)
+  if ARGV[4] ~= '1' then
+    clock()
+    note(KEYS[5], id, now_ms, 2)
+  end
   return { 0, math.max(ms, 1) }
 end
 
@@ -105,7 +113,7 @@ if cur[3] then
     -- No expiry: not a hold dsync wrote. Wait a lease at most.
     p = tonumber(ttl)
   end
-  return pause(p)
+  return refused(p)
 end
 
 local h, dl = head()
@@ -115,7 +123,7 @@ if h and h ~= tok then
   if ARGV[4] == '1' then
     enqueue()
   end
-  return pause(dl - now_ms)
+  return refused(dl - now_ms)
 end
 if h then
   redis.call('ZREM', KEYS[3], tok)

@@ -3,7 +3,7 @@
 --
 -- KEYS[1..5] as in mutex_lock.lua (lock hash, fence hash, queue, queue
 --         data, call ids); call ids of unlocks: 1 released, 2 lowered the
---         count
+--         count, 0 found nothing held (only for an unlock naming no hold)
 -- ARGV[1] holder token
 -- ARGV[2] call id of this unlock
 -- ARGV[3] notification channel
@@ -82,7 +82,14 @@ end
 
 local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':w', ':f')
 local cnt = tonumber(cur[1])
-if not cnt or (ARGV[7] and ARGV[7] ~= '' and cur[4] ~= ARGV[7]) then
+local named = ARGV[7] and ARGV[7] ~= ''
+if not cnt or (named and cur[4] ~= ARGV[7]) then
+  if guard == '' and not named then
+    -- An Unlock that names no hold is remembered, so that a late copy of
+    -- it cannot end a hold taken since. One that names its hold cannot.
+    clock()
+    note(KEYS[5], id, now_ms, 0)
+  end
   return 0
 end
 clock()
