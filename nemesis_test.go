@@ -414,11 +414,6 @@ var nemKnownBugs = func() []nemKnown {
 			ks = append(ks, k)
 		}
 	}
-	add(nemKnown{name: "TryLock-late-duplicates",
-		why: "a Mutex TryLock refused while the lock was held, delivered again after it returned false and the lock was freed, " +
-			"takes the lock, and nobody releases it until the TTL (its call id is remembered only when a call takes, queues or is abandoned) " +
-			"(ghost hold: \"a probe could not take it\")",
-		remove: func(cl *nemClass) { cl.noTryDups = true }}, "late-duplicate", "all-mixed")
 	add(nemKnown{name: "client-reentrancy-owner-in-goroutines",
 		why: "with ClientReentrancy, a Lock by one goroutine of an owner while another goroutine's last Unlock of it is in flight " +
 			"re-enters the hold being released: it returns nil holding nothing, and another owner can lock " +
