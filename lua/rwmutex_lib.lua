@@ -71,15 +71,16 @@ local function remember(ids, cid)
   return ids
 end
 
--- The next fencing token of a fresh write hold: max(last + 1, server time
--- in µs), so tokens keep rising even after the fence hash expired.
+-- The next fencing token of a fresh write hold, as a string: max(last + 1,
+-- server time in µs), so tokens keep rising even after the fence hash
+-- expired; nil, with nothing written, when the counter holds foreign data
+-- (see lib.lua's fence_after).
 local function next_fence(idle)
-  local f = redis.call('HINCRBY', F, 'n', 1)
-  if f < now_us then
-    f = now_us
-    redis.call('HSET', F, 'n', num(f))
+  local f = fence_after(redis.call('HGET', F, 'n'), now_us)
+  if f then
+    redis.call('HSET', F, 'n', f)
+    redis.call('PEXPIRE', F, idle)
   end
-  redis.call('PEXPIRE', F, idle)
   return f
 end
 
@@ -100,9 +101,13 @@ local function head()
     end
     local dl = redis.call('ZSCORE', WW, h)
     local d = redis.call('HGET', WD, h)
-    if dl and d and tonumber(dl) > now then
+    if dl and d and tonumber(dl) > now and string.match(d, '^%d+ %S+ %S+$') then
       return h, tonumber(dl), d
     end
+    -- A place without data, or with data dsync did not write (foreign),
+    -- is dropped whole, its waiting place too: a live writer takes it
+    -- again with its next attempt.
+    redis.call('ZREM', WW, h)
     redis.call('ZREM', WQ, h)
     redis.call('HDEL', WD, h)
   end
@@ -122,7 +127,8 @@ end
 -- it holds the lock now, with its own TTL and its lock call's id, so that
 -- the call's next attempt finds the hold and changes nothing, and the
 -- notification (see publish_handover) tells that call, which then owns the
--- lock without another attempt. Reports whether it did.
+-- lock without another attempt. Reports whether it did (or, when no
+-- fencing token can be issued, told the waiters to try again instead).
 local function hand_over(ch, idle)
   for _ = 1, 100 do
     local h, _, d = head()
@@ -134,9 +140,15 @@ local function hand_over(ch, idle)
     -- A call abandoned by its caller must not get the lock.
     if ttl and not redis.call('ZSCORE', X, cid) then
       local f = next_fence(idle)
-      redis.call('HSET', W, h, 1, ':f', num(f), ':c', cid)
+      if not f then
+        -- No token can be issued (foreign data in the counter): hand over
+        -- nothing, and let the waiters try again, to be told so.
+        redis.call('PUBLISH', ch, '')
+        return true
+      end
+      redis.call('HSET', W, h, 1, ':f', f, ':c', cid)
       redis.call('PEXPIRE', W, ttl)
-      publish_handover(ch, cid, h, num(f), secret)
+      publish_handover(ch, cid, h, f, secret)
       -- A writer that waits without a queue place (it was not starving
       -- yet when it last tried, and no queue existed) is told to try
       -- again, and then queues: no hand-over would wake it.

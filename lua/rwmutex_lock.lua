@@ -42,7 +42,9 @@ local mode, tok, ttl, id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local wait = ARGV[5] == '1'
 local counted = ARGV[7] ~= '1' -- re-entries are counted here
 local function retry_at(deadline)
-  return { 0, math.max(deadline - now, 1) }
+  -- At most a TTL: a deadline from foreign data may be far off, or not
+  -- fit a reply's integer.
+  return { 0, math.max(math.min(deadline - now, ttl), 1) }
 end
 
 -- A call its caller abandoned must not take effect when it arrives late.
@@ -71,7 +73,8 @@ if mode == 'r' then
     end
     return { 1, 1 }
   end
-  local held = redis.call('EXISTS', W) == 1
+  local left = redis.call('PTTL', W) -- -2: no writer
+  local held = left ~= -2
   local mine = held and redis.call('HEXISTS', W, tok) == 1
   local writers = redis.call('ZCARD', WW)
   if redis.call('ZSCORE', WW, tok) then
@@ -80,6 +83,11 @@ if mode == 'r' then
   -- The write holder may read (a downgrade); anyone else waits for the
   -- writer, and for waiting writers too (writer preference).
   if not mine and (held or writers > 0) then
+    if left == -1 then
+      -- A writer hash without an expiry is foreign data (a PERSIST, a
+      -- restore): say so, and write nothing.
+      return { 3, 0 }
+    end
     if wait then
       redis.call('HSET', RQ, tok, string.format('%s %d %s', num(now + ttl), ttl, id))
       if redis.call('PTTL', RQ) < ttl then
@@ -87,15 +95,17 @@ if mode == 'r' then
       end
     end
     if held then
-      return retry_at(now + redis.call('PTTL', W))
+      return retry_at(now + left)
     end
     -- The earliest writer place: if its writer died, the place lapses then.
     local first = redis.call('ZRANGE', WW, 0, 0, 'WITHSCORES')
     return retry_at(tonumber(first[2]))
   end
+  -- The waiting place goes first: if its key holds foreign data, the
+  -- error comes before the hold is written.
+  redis.call('HDEL', RQ, tok)
   redis.call('HSET', RC, tok, '1 ' .. id)
   redis.call('ZADD', R, num(now + ttl), tok)
-  redis.call('HDEL', RQ, tok)
   fit(R, RC)
   return { 1, 1 }
 end
@@ -135,23 +145,37 @@ local function enqueue()
   if ARGV[8] == '1' or redis.call('EXISTS', WQ) == 1 then
     -- Starving, or behind writers that starve: keep the arrival order. The
     -- queue keys outlive every place in them; each place lapses alone.
-    redis.call('ZADD', WQ, 'NX', num(now_us), tok)
+    -- Each key gets its expiry right after its write: if the next key
+    -- holds foreign data, the error leaves no key without one.
     redis.call('HSET', WD, tok, string.format('%d %s %s', ttl, id, ARGV[9]))
-    for _, k in ipairs({WQ, WD}) do
-      if redis.call('PTTL', k) < ttl then
-        redis.call('PEXPIRE', k, ttl)
-      end
-    end
+    extend_key(WD, ttl)
+    redis.call('ZADD', WQ, 'NX', num(now_us), tok)
+    extend_key(WQ, ttl)
   end
 end
 
-if redis.call('EXISTS', W) == 1 then
+local left = redis.call('PTTL', W) -- -2: no writer
+if left ~= -2 then
+  if left == -1 then
+    -- A writer hash without an expiry is foreign data (a PERSIST, a
+    -- restore): say so, and write nothing.
+    return { 3, 0 }
+  end
   if wait then
     enqueue()
   end
-  return retry_at(now + redis.call('PTTL', W))
+  return retry_at(now + left)
 end
 local first = redis.call('ZRANGE', R, 0, 0, 'WITHSCORES')
+-- dsync writes a reader into the readers zset and hash together: one in
+-- the zset alone is foreign data, dropped rather than waited for.
+for _ = 1, 100 do
+  if not first[2] or redis.call('HEXISTS', RC, first[1]) == 1 then
+    break
+  end
+  redis.call('ZREM', R, first[1])
+  first = redis.call('ZRANGE', R, 0, 0, 'WITHSCORES')
+end
 if first[2] then
   if wait then
     enqueue()
@@ -171,9 +195,13 @@ if h and h ~= tok then
   return retry_at(dl)
 end
 
--- Fresh write hold.
+-- Fresh write hold. The token and the places go first: foreign data
+-- there makes the call fail before the hold is written.
 local f = next_fence(ARGV[6])
-redis.call('HSET', W, tok, 1, ':f', num(f), ':c', id)
-redis.call('PEXPIRE', W, ttl)
+if not f then
+  return { 3, 0 }
+end
 unplace(tok)
-return { 1, f }
+redis.call('HSET', W, tok, 1, ':f', f, ':c', id)
+redis.call('PEXPIRE', W, ttl)
+return { 1, tonumber(f) }
