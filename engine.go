@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -45,13 +46,14 @@ type grant struct {
 	err   error         // final
 }
 
-// maxFence bounds fencing tokens: Lua numbers count by one only up to 2^53,
-// so a larger token can only come from foreign data.
+// maxFence bounds fencing tokens: Lua numbers count by one only below
+// 2^53 (2^53 + 1 is 2^53 again), so the scripts issue tokens below it, and
+// one at or above it can only come from foreign data.
 const maxFence = 1 << 53
 
 // checkFence turns a token read from a reply into a grant's fence.
 func checkFence(v int64) (uint64, error) {
-	if v <= 0 || v > maxFence {
+	if v <= 0 || v >= maxFence {
 		return 0, fmt.Errorf("%w: fencing token %d", ErrCorrupt, v)
 	}
 	return uint64(v), nil
@@ -111,12 +113,21 @@ func (c *Client) take(ctx context.Context, a *acquisition, wait bool) (grant, ti
 	}
 	sent := time.Now()
 	g, err := a.attempt(ctx, wait)
+	waited := false
 	if err == nil && g.kind == refused && wait {
+		waited = true
 		g, sent, err = c.await(ctx, a, g, sent, mk)
 	}
 	if err != nil {
 		c.cleanup(ctx, a.abandon)
 		return grant{}, sent, err
+	}
+	if waited && g.kind == final && g.err != nil {
+		// The call fails after waiting (foreign data, say): undo what its
+		// refused attempts did, such as a queue place that would hold
+		// others back until it lapsed. (A first attempt that fails so
+		// changed nothing.)
+		c.cleanup(ctx, a.abandon)
 	}
 	return g, sent, nil
 }
@@ -288,12 +299,20 @@ func pair(what string, r []int64, err error) (int64, int64, error) {
 	return r[0], r[1], nil
 }
 
-// scriptError marks the errors Redis raises for foreign data in a
-// primitive's keys (a key of another type) as ErrCorrupt, keeping the
-// cause.
+// scriptError marks the errors Redis raises while a script runs on data
+// that dsync did not write as ErrCorrupt, keeping the cause: a key of
+// another type (WRONGTYPE), and errors of commands or of Lua on values of
+// the wrong shape, which Redis reports as "ERR ..." naming the script (and
+// miniredis as "ERR Error compiling script ..."). Other errors (the
+// connection's, NOSCRIPT, OOM, READONLY, BUSY, cluster redirections) are
+// returned unchanged, and so is an error marked already.
 func scriptError(err error) error {
 	var re redis.Error
-	if errors.As(err, &re) && (redis.HasErrorPrefix(err, "WRONGTYPE") || redis.HasErrorPrefix(err, "ERR")) {
+	if err == nil || errors.Is(err, ErrCorrupt) || !errors.As(err, &re) {
+		return err
+	}
+	msg := re.Error()
+	if strings.HasPrefix(msg, "WRONGTYPE") || (strings.HasPrefix(msg, "ERR") && strings.Contains(strings.ToLower(msg), "script")) {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	return err

@@ -38,9 +38,10 @@ var (
 	ErrNotReplicated = errors.New("dsync: too few replicas acknowledged the hold")
 
 	// ErrCorrupt reports data in a primitive's keys that dsync did not
-	// write: a key of another type, garbage in a field, a fencing counter
-	// out of range. Nothing was changed; the name works again once the
-	// bad key expires or is removed.
+	// write: a key of another type, garbage in a field, a hold without an
+	// expiry, a fencing counter at or past 2^53. A call that returns it
+	// took no hold; the name works again once the bad key expires or is
+	// removed.
 	ErrCorrupt = errors.New("dsync: unexpected data in Redis")
 
 	// ErrNoQuorum is returned by a handle of a [Quorum] when fewer

@@ -62,3 +62,8 @@ func SetRenewStall(c *Client, f func()) { renewhook.SetStall(c.renew, f) }
 // still holds l's hold: the time at which l is reported lost unless a
 // renewal succeeds first. l must be a lease on one deployment.
 func LeaseDeadline(l *Lease) time.Time { return l.h.(*renew.Hold).Deadline() }
+
+// WaitCleanups waits for the clean-ups that failed calls of c left to the
+// background (undoing an attempt), without cancelling them as Close does.
+// No call of c may start meanwhile.
+func WaitCleanups(c *Client) { c.bg.Wait() }

@@ -113,8 +113,9 @@ func TestPropertyCatchesSeededBugs(t *testing.T) {
 			{"rwmutex_lock", "local counted = ARGV[7] ~= '1'", "local counted = false"},
 		}},
 		{"rwmutex fencing token not raised", "rwmutex", []swap{
-			{"rwmutex_lock", "local f = math.max((tonumber(redis.call('HGET', F, 'n')) or 0) + 1, now_us)", "local f = math.max(tonumber(redis.call('HGET', F, 'n')) or 0, now_us)"},
-			{"rwmutex_unlock", "local f = math.max((tonumber(redis.call('HGET', F, 'n')) or 0) + 1, now_us)", "local f = math.max(tonumber(redis.call('HGET', F, 'n')) or 0, now_us)"},
+			// The next token is max(last, now) instead of max(last + 1, now).
+			{"rwmutex_lock", "local f = fence_after(redis.call('HGET', F, 'n'), now_us)", "local f = fence_after((tonumber(redis.call('HGET', F, 'n')) or 1) - 1, now_us)"},
+			{"rwmutex_unlock", "local f = fence_after(redis.call('HGET', F, 'n'), now_us)", "local f = fence_after((tonumber(redis.call('HGET', F, 'n')) or 1) - 1, now_us)"},
 		}},
 		{"semaphore counting an expired holder", "semaphore", []swap{
 			{"semaphore_acquire", "redis.call('HINCRBY', KEYS[1], ':used', -c)", ""},

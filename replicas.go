@@ -145,7 +145,7 @@ func (c *Client) evalWait(ctx context.Context, cfg *config, key string, sc *scri
 			continue
 		}
 		if err := cmd.Err(); err != nil {
-			return nil, 0, err
+			return nil, 0, scriptError(err)
 		}
 		acked, err := wait.Result()
 		if err != nil {

@@ -58,7 +58,9 @@ func boxKeys(keys []string) []any {
 }
 
 // eval runs sc with the pre-boxed keys (see boxKeys) and args in one round
-// trip, loading the script first when the server does not know it.
+// trip, loading the script first when the server does not know it. An
+// error the script raised on foreign data matches ErrCorrupt (see
+// scriptError).
 func (c *Client) eval(ctx context.Context, sc *script, keys []any, args ...any) *redis.Cmd {
 	a := make([]any, 0, 2+len(keys)+len(args))
 	a = append(a, "evalsha", sc.sha)
@@ -71,6 +73,11 @@ func (c *Client) eval(ctx context.Context, sc *script, keys []any, args ...any) 
 		}
 		cmd = redis.NewCmd(ctx, a...)
 		_ = c.rdb.Process(ctx, cmd)
+	}
+	if err := cmd.Err(); err != nil {
+		// Foreign data in the keys made the script fail: ErrCorrupt, for
+		// every script and every caller.
+		cmd.SetErr(scriptError(err))
 	}
 	return cmd
 }

@@ -382,7 +382,7 @@ func (w *watcher) offer(p string) bool {
 	}
 	id, holder, f, proof, ok := splitHandover(p)
 	switch {
-	case ok && id == w.to.id && f > 0 && f <= maxFence && proof == digest(w.to.secret+" "+strconv.FormatUint(f, 10)):
+	case ok && id == w.to.id && f > 0 && f < maxFence && proof == digest(w.to.secret+" "+strconv.FormatUint(f, 10)):
 		w.mu.Lock()
 		w.handed = f
 		w.mu.Unlock()

@@ -16,6 +16,22 @@ local function publish_handover(ch, cid, tok, f, secret)
   redis.call('PUBLISH', ch, cid .. ' ' .. redis.sha1hex(tok) .. ' ' .. f .. ' ' .. redis.sha1hex(secret .. ' ' .. f))
 end
 
+-- The fencing token that follows last (a fence hash's 'n': a string, or
+-- false or nil when there is none) at server time now_us (µs): the larger
+-- of last + 1 and now_us, as a string, so that tokens keep rising across
+-- the hash's expiry and track server time. It is nil when that is 2^53 or
+-- more, or not a number: Lua numbers stop counting by one at 2^53 (a
+-- counter there would hand out one token twice), so only foreign data in
+-- 'n' gets there, and the caller reports it (reply code 3, ErrCorrupt)
+-- without writing anything. Garbage that is no number counts as no counter.
+local function fence_after(last, now_us)
+  local f = math.max((tonumber(last) or 0) + 1, now_us)
+  if f ~= f or f >= 9007199254740992 then
+    return nil
+  end
+  return string.format('%.0f', f)
+end
+
 -- Sets key's expiry to ttl ms unless it already lasts longer: a re-entry
 -- or a caller with a shorter TTL never moves a hold's expiry earlier.
 local function extend_key(key, ttl)

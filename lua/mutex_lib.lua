@@ -12,20 +12,17 @@ end
 
 -- Issues the next fencing token, given the fence hash's 'n' (the last
 -- token, or false when the hash is gone), and returns it as a string (nil
--- when 'n' is out of range): the
--- larger of the last + 1 and the server time in µs. Tokens so keep rising
--- across the hash's expiry, and track server time, so that they keep
--- rising where a counter alone would not: on a promoted replica that
+-- when 'n' is out of range): see lib.lua's fence_after. Tokens so keep
+-- rising across the hash's expiry, and track server time, so that they
+-- keep rising where a counter alone would not: on a promoted replica that
 -- missed the last writes, or in quorum mode on masters that missed a
 -- release.
 local function next_token(n, idle)
   clock()
-  local f = math.max((tonumber(n) or 0) + 1, now_us)
-  if f ~= f or f >= 9007199254740992 then
-    -- Past 2^53 Lua numbers stop counting by one: foreign data.
+  local s = fence_after(n, now_us)
+  if not s then
     return nil
   end
-  local s = string.format('%.0f', f)
   redis.call('HSET', KEYS[2], 'n', s)
   keep_fence(idle)
   return s

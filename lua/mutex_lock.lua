@@ -68,7 +68,9 @@ local function head()
     clock()
     local d = redis.call('HGET', KEYS[4], h)
     if d then
-      local dl = tonumber(string.match(d, '^(%d+) %d+ %S+ %S+$'))
+      -- Garbage (foreign data) does not match: no deadline, dropped.
+      local m = string.match(d, '^(%d+) %d+ %S+ %S+$')
+      local dl = m and tonumber(m)
       if dl and dl > now_ms then
         return h, dl
       end
@@ -80,13 +82,14 @@ local function head()
 end
 
 local function enqueue()
-  -- The place lasts one lease TTL and is refreshed by every attempt.
+  -- The place lasts one lease TTL and is refreshed by every attempt. Each
+  -- key gets its expiry right after its write: if the next key holds
+  -- foreign data (another type), the error leaves no key without one.
   clock()
-  redis.call('ZADD', KEYS[3], 'NX', now_us, tok)
   redis.call('HSET', KEYS[4], tok, string.format('%.0f %s %s %s', now_ms + tonumber(ttl), ttl, id, ARGV[7]))
-  for i = 3, 4 do
-    extend_key(KEYS[i], ttl)
-  end
+  extend_key(KEYS[4], ttl)
+  redis.call('ZADD', KEYS[3], 'NX', now_us, tok)
+  extend_key(KEYS[3], ttl)
 end
 
 -- A refusal: a waiting call (Lock) tries again later under the same id; a
@@ -102,16 +105,17 @@ end
 
 if cur[3] then
   -- Held by another owner.
+  local p = redis.call('PTTL', KEYS[1])
+  if p == -1 then
+    -- No expiry: not a hold dsync wrote (a PERSIST, a restore). Say so,
+    -- and write nothing: the name works again once the key is removed.
+    return { 3, 0 }
+  end
   if not cur[4] then
     redis.call('HSET', KEYS[1], ':w', '1')
   end
   if ARGV[4] == '1' then
     enqueue()
-  end
-  local p = redis.call('PTTL', KEYS[1])
-  if p < 0 then
-    -- No expiry: not a hold dsync wrote. Wait a lease at most.
-    p = tonumber(ttl)
   end
   return refused(p)
 end

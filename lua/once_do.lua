@@ -17,6 +17,8 @@
 --        {2, 0} the run lease was this call's already (a repeat of the
 --        attempt that took it, after a lost reply);
 --        {0, ms} another call runs f: wait at most ms before trying again;
+--        {3, 0} the run hash holds data dsync did not write (a run
+--        without an expiry);
 --        {5, 0} the call is over (it took the run, which has ended since,
 --        or was abandoned, or found the Once done): a late copy of one of
 --        its attempts, which takes nothing.
@@ -49,15 +51,14 @@ if recall(KEYS[3], tok) then
 end
 
 if t then
-  redis.call('HSET', KEYS[1], 'w', 1)
   local p = redis.call('PTTL', KEYS[1])
-  if p < 0 then
-    -- No expiry: not a run dsync wrote. Wait a lease at most.
-    p = tonumber(ttl)
-  elseif p < 1 then
-    p = 1
+  if p == -1 then
+    -- No expiry: not a run dsync wrote (a PERSIST, a restore). Say so, and
+    -- write nothing: the name works again once the key is removed.
+    return { 3, 0 }
   end
-  return { 0, p }
+  redis.call('HSET', KEYS[1], 'w', 1)
+  return { 0, math.max(p, 1) }
 end
 
 redis.call('HSET', KEYS[1], 't', tok)

@@ -30,9 +30,9 @@ redis.call('ZREMRANGEBYSCORE', WW, '-inf', num(now))
 
 -- A zset (and its companion hash) expires with its furthest deadline, so no
 -- key outlives the leases or places it records. Reports whether z has any
--- entry left.
-local function fit(z, h)
-  local top = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+-- entry left. top, if given, is z's last entry as just read.
+local function fit(z, h, top)
+  top = top or redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
   if top[2] then
     local d = num(math.max(tonumber(top[2]) - now, 1))
     redis.call('PEXPIRE', z, d)
@@ -92,16 +92,16 @@ local function keep_fence(idle)
   end
 end
 
--- The next fencing token of a fresh write hold: max(last + 1, server time
--- in µs), so tokens keep rising even after the fence hash expired. nil when
--- the counter is past 2^53 (foreign data: Lua numbers stop counting by one).
+-- The next fencing token of a fresh write hold, as a string: max(last + 1,
+-- server time in µs), so tokens keep rising even after the fence hash
+-- expired; nil, with nothing written, when the counter holds foreign data
+-- (see lib.lua's fence_after).
 local function next_fence(idle)
-  local f = math.max((tonumber(redis.call('HGET', F, 'n')) or 0) + 1, now_us)
-  if f ~= f or f >= 9007199254740992 then
-    return nil
+  local f = fence_after(redis.call('HGET', F, 'n'), now_us)
+  if f then
+    redis.call('HSET', F, 'n', f)
+    keep_fence(idle)
   end
-  redis.call('HSET', F, 'n', num(f))
-  keep_fence(idle)
   return f
 end
 
@@ -122,9 +122,13 @@ local function head()
     end
     local dl = redis.call('ZSCORE', WW, h)
     local d = redis.call('HGET', WD, h)
-    if dl and d and tonumber(dl) > now then
+    if dl and d and tonumber(dl) > now and string.match(d, '^%d+ %S+ %S+$') then
       return h, tonumber(dl), d
     end
+    -- A place without data, or with data dsync did not write (foreign),
+    -- is dropped whole, its waiting place too: a live writer takes it
+    -- again with its next attempt.
+    redis.call('ZREM', WW, h)
     redis.call('ZREM', WQ, h)
     redis.call('HDEL', WD, h)
   end
@@ -145,7 +149,8 @@ end
 -- as one that took effect, so that the call's next attempt finds the hold
 -- and changes nothing, and the notification (see publish_handover) tells
 -- that call, which then owns the lock without another attempt. Reports
--- whether it did.
+-- whether it did (or, when no fencing token can be issued, told the
+-- waiters to try again instead).
 local function hand_over(ch, idle)
   for _ = 1, 100 do
     local h, _, d = head()
@@ -158,12 +163,15 @@ local function hand_over(ch, idle)
     if ttl and not recall(X, cid) then
       local f = next_fence(idle)
       if not f then
-        return false
+        -- No token can be issued (foreign data in the counter): hand over
+        -- nothing, and let the waiters try again, to be told so.
+        redis.call('PUBLISH', ch, '')
+        return true
       end
-      redis.call('HSET', W, h, 1, ':f', num(f), ':c', cid)
+      redis.call('HSET', W, h, 1, ':f', f, ':c', cid)
       redis.call('PEXPIRE', W, ttl)
       noted(cid, 1)
-      publish_handover(ch, cid, h, num(f), secret)
+      publish_handover(ch, cid, h, f, secret)
       -- A writer that waits without a queue place (it was not starving
       -- yet when it last tried, and no queue existed) is told to try
       -- again, and then queues: no hand-over would wake it.

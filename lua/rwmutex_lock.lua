@@ -47,12 +47,13 @@ local counted = ARGV[7] ~= '1' -- re-entries are counted here
 
 -- A refusal: a waiting call (wait) tries again later under the same id; a
 -- try is done, and is remembered so that a late copy of it cannot take the
--- lock.
+-- lock. The wait is at most a TTL: a deadline from foreign data may be far
+-- off, or not fit a reply's integer.
 local function refused(deadline)
   if not wait then
     noted(id, 2)
   end
-  return out({ 0, math.max(deadline - now, 1) })
+  return out({ 0, math.max(math.min(deadline - now, ttl), 1) })
 end
 
 -- A repeat of a call that took effect, or of one abandoned or refused for
@@ -105,7 +106,8 @@ if mode == 'r' then
   -- Nobody writes, waits to write, or waits to read: the common case, in
   -- one look.
   if redis.call('EXISTS', W, WW, RQ) > 0 then
-    local held = redis.call('EXISTS', W) == 1
+    local left = redis.call('PTTL', W) -- -2: no writer
+    local held = left ~= -2
     local mine = held and redis.call('HEXISTS', W, tok) == 1
     local writers = redis.call('ZCARD', WW)
     if writers > 0 and redis.call('ZSCORE', WW, tok) then
@@ -114,6 +116,11 @@ if mode == 'r' then
     -- The write holder may read (a downgrade); anyone else waits for the
     -- writer, and for waiting writers too (writer preference).
     if not mine and (held or writers > 0) then
+      if left == -1 then
+        -- A writer hash without an expiry is foreign data (a PERSIST, a
+        -- restore): say so, and write nothing.
+        return { 3, 0 }
+      end
       if wait then
         redis.call('HSET', RQ, tok, string.format('%s %d %s', num(now + ttl), ttl, id))
         if redis.call('PTTL', RQ) < ttl then
@@ -121,12 +128,14 @@ if mode == 'r' then
         end
       end
       if held then
-        return refused(now + redis.call('PTTL', W))
+        return refused(now + left)
       end
       -- The earliest writer place: if its writer died, the place lapses then.
       local first = redis.call('ZRANGE', WW, 0, 0, 'WITHSCORES')
       return refused(tonumber(first[2]))
     end
+    -- The waiting place goes first: if its key holds foreign data, the
+    -- error comes before the hold is written.
     redis.call('HDEL', RQ, tok)
   end
   local rid = hold_id(id)
@@ -166,13 +175,12 @@ local function enqueue()
   if ARGV[8] == '1' or redis.call('EXISTS', WQ) == 1 then
     -- Starving, or behind writers that starve: keep the arrival order. The
     -- queue keys outlive every place in them; each place lapses alone.
-    redis.call('ZADD', WQ, 'NX', num(now_us), tok)
+    -- Each key gets its expiry right after its write: if the next key
+    -- holds foreign data, the error leaves no key without one.
     redis.call('HSET', WD, tok, string.format('%d %s %s', ttl, id, ARGV[9]))
-    for _, k in ipairs({WQ, WD}) do
-      if redis.call('PTTL', k) < ttl then
-        redis.call('PEXPIRE', k, ttl)
-      end
-    end
+    extend_key(WD, ttl)
+    redis.call('ZADD', WQ, 'NX', num(now_us), tok)
+    extend_key(WQ, ttl)
   end
 end
 
@@ -185,16 +193,37 @@ if cur[2] or redis.call('EXISTS', W, R) > 0 then
     noted(id, 2)
     return out({ 4, 0 })
   end
-  if wait then
-    enqueue()
+  local left = redis.call('PTTL', W) -- -2: no writer
+  if left ~= -2 then
+    if left == -1 then
+      -- A writer hash without an expiry is foreign data (a PERSIST, a
+      -- restore): say so, and write nothing.
+      return { 3, 0 }
+    end
+    if wait then
+      enqueue()
+    end
+    return refused(now + left)
   end
-  if cur[2] or redis.call('EXISTS', W) == 1 then
-    return refused(now + redis.call('PTTL', W))
-  end
-  -- The last reader to leave hands the lock to the queue's head or wakes
-  -- the writers; one that dies without leaving is gone at its deadline.
   local first = redis.call('ZRANGE', R, 0, 0, 'WITHSCORES')
-  return refused(tonumber(first[2]))
+  -- dsync writes a reader into the readers zset and hash together: one in
+  -- the zset alone is foreign data, dropped rather than waited for.
+  for _ = 1, 100 do
+    if not first[2] or redis.call('HEXISTS', RC, first[1]) == 1 then
+      break
+    end
+    redis.call('ZREM', R, first[1])
+    first = redis.call('ZRANGE', R, 0, 0, 'WITHSCORES')
+  end
+  if first[2] then
+    if wait then
+      enqueue()
+    end
+    -- The last reader to leave hands the lock to the queue's head or wakes
+    -- the writers; one that dies without leaving is gone at its deadline.
+    return refused(tonumber(first[2]))
+  end
+  -- Only foreign readers were left, and are gone: the lock is free.
 end
 local h, dl = head()
 if h and h ~= tok then
@@ -207,13 +236,12 @@ if h and h ~= tok then
   return refused(dl)
 end
 
--- Fresh write hold.
+-- Fresh write hold. The token and the places go first: foreign data
+-- there makes the call fail before the hold is written.
 local f = next_fence(ARGV[6])
 if not f then
   return { 3, 0 }
 end
-redis.call('HSET', W, tok, 1, ':f', num(f), ':c', id)
-redis.call('PEXPIRE', W, ttl)
 if h then
   unplace(tok)
 elseif redis.call('ZREM', WW, tok) == 1 then
@@ -221,5 +249,7 @@ elseif redis.call('ZREM', WW, tok) == 1 then
   -- none).
   fit(WW)
 end
+redis.call('HSET', W, tok, 1, ':f', f, ':c', id)
+redis.call('PEXPIRE', W, ttl)
 noted(id, 1)
-return out({ 1, f })
+return out({ 1, tonumber(f) })

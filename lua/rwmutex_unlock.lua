@@ -124,9 +124,15 @@ if mode == 'r' then
     return answer(2)
   end
   redis.call('ZREM', R, tok)
-  if fit(R, RC) then
+  local top = redis.call('ZRANGE', R, -1, -1, 'WITHSCORES')
+  if top[2] then
+    -- Other readers hold. The record goes before the expiries are fitted:
+    -- a deadline from foreign data there makes fit fail, and the record
+    -- must not outlive the hold without an expiry.
     redis.call('HDEL', RC, tok)
+    fit(R, RC, top)
   else
+    fit(R, RC, top)
     -- No reader left (fit deleted the readers hash): the lock is free
     -- unless the owner still writes (a downgrade undone; its Unlock will
     -- hand it on). The last reader out hands it to the first queued

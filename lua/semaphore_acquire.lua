@@ -17,7 +17,9 @@
 --        of this call, which changes nothing); {0, ms} not served, try again
 --        within ms (queued if ARGV[6] is '1'; also a late copy of an
 --        abandoned call, or of one whose holding ended, which changes
---        nothing); {4, size in force} the size differs, nothing changed.
+--        nothing); {4, size in force} the size differs, nothing changed;
+--        {3, 0} the keys hold data dsync did not write where the fencing
+--        token comes from.
 
 local tok, n, size, ttl, id = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local queue, idle, ch = ARGV[6] == '1', ARGV[7], ARGV[8]
@@ -43,6 +45,9 @@ hold(tok)
 local served, head, hd = grant(ch, idle, id)
 if served then
   return out({ 1, tonumber(served) })
+elseif served == false then
+  -- Waiters served before this call are remembered.
+  return out({ 3, 0 })
 end
 
 tidy(head)
@@ -51,10 +56,26 @@ if in_force and in_force ~= size then
   return out({ 4, in_force })
 end
 
+-- Permits are counted, yet no holder has a lease deadline: the holders
+-- zset was deleted or replaced (foreign data), so prune could never give
+-- them back, and every waiter would keep the state hash alive. Forget
+-- them, as if their leases had ended. (Read only when the call does not
+-- fit: off the uncontended path.)
+if used > 0 and used + n > size and redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('DEL', KEYS[1])
+  known[KEYS[1]] = -2
+  used, held, in_force, hashed = 0, {}, nil, nil
+end
+
 -- Fits and nobody waits: take the permits. (If anyone waits, the head did
 -- not fit, or grant would have served it: this call queues behind it.)
 if not head and used + n <= size then
-  return out({ 1, tonumber(take(tok, n, ttl, id, idle, ARGV[3])) })
+  local f = take(tok, n, ttl, id, idle, ARGV[3])
+  if not f then
+    -- Foreign data where the fencing token comes from.
+    return out({ 3, 0 })
+  end
+  return out({ 1, tonumber(f) })
 end
 
 if not queue then

@@ -114,8 +114,13 @@ end
 local function prune()
   local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_ms, 'LIMIT', 0, 100)
   for _, h in ipairs(gone) do
-    local c = tonumber(redis.call('HGET', KEYS[1], h) or '0')
-    redis.call('HDEL', KEYS[1], h, ':f:' .. h, ':c:' .. h)
+    -- Holder tokens never begin with ':'. Such a member is foreign data:
+    -- it goes alone, or it would take ':used' (say) with it.
+    local c = 0
+    if string.sub(h, 1, 1) ~= ':' then
+      c = tonumber(redis.call('HGET', KEYS[1], h) or '0') or 0
+      redis.call('HDEL', KEYS[1], h, ':f:' .. h, ':c:' .. h)
+    end
     redis.call('ZREM', KEYS[3], h)
     if c > 0 then
       redis.call('HINCRBY', KEYS[1], ':used', -c)
@@ -130,13 +135,18 @@ end
 local last
 
 -- Next fencing token = max(last + 1, server time in µs), so tokens keep
--- rising even after the fence hash expired. Returns it as a string.
+-- rising even after the fence hash expired. Returns it as a string, or
+-- nil, writing nothing, when 'n' holds foreign data (lib.lua's
+-- fence_after).
 local function fence(idle)
   if not last then
     last = redis.call('HGET', KEYS[2], 'n')
   end
-  local f = math.max((tonumber(last) or 0) + 1, now_us)
-  last = fmt(f)
+  local f = fence_after(last, now_us)
+  if not f then
+    return nil
+  end
+  last = f
   redis.call('HSET', KEYS[2], 'n', last)
   keep_fence(idle)
   return last
@@ -147,12 +157,16 @@ end
 -- The lease deadline never moves back (another process of the same owner
 -- may have a longer TTL). With sz, ':size' is set to it too. The call is
 -- remembered as one that took effect. Returns the fencing token (a
--- string).
+-- string), or nil, changing nothing, when there is none to give: 'n' or
+-- the holding's token field holds foreign data (or is gone).
 local function take(tok, n, ttl, id, idle, sz)
   local h = hold(tok)
   if h.n == 0 then
     h.f = fence(idle)
     h.c = nil
+  end
+  if not h.f then
+    return nil
   end
   h.n = h.n + tonumber(n)
   h.c = remember(h.c, id, RECENT)
@@ -199,8 +213,8 @@ end
 -- channel ("<call id> <fence>"): it holds them now, without another round
 -- trip. Stops at the first live head that does not fit, so a large request
 -- is never passed by smaller ones. Returns the fencing token if the waiter
--- with call id self was served (it learns from the reply instead), the
--- head the queue is left with (nil when empty) and, when read, that head's
+-- with call id self was served (it learns from the reply instead; false if
+-- it fit but no token could be issued), the head the queue is left with (nil when empty) and, when read, that head's
 -- data. first, if given, is the head as just read.
 local function grant(ch, idle, self, first)
   local served, h, d
@@ -224,8 +238,19 @@ local function grant(ch, idle, self, first)
     elseif used + tonumber(n) > (in_force or 0) then
       break
     else
-      unqueue(h)
       local f = take(tok, n, ttl, h, idle)
+      if not f then
+        -- No fencing token (foreign data): serve nobody; each waiter's
+        -- own attempt is told so (served is false for self), the head's
+        -- at once.
+        if h == self then
+          served = false
+        else
+          redis.call('PUBLISH', ch, '')
+        end
+        break
+      end
+      unqueue(h)
       if h == self then
         served = f
       else
