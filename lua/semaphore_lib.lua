@@ -214,8 +214,9 @@ end
 -- trip. Stops at the first live head that does not fit, so a large request
 -- is never passed by smaller ones. Returns the fencing token if the waiter
 -- with call id self was served (it learns from the reply instead; false if
--- it fit but no token could be issued), the head the queue is left with (nil when empty) and, when read, that head's
--- data. first, if given, is the head as just read.
+-- it fit but no token could be issued), the head the queue is left with
+-- (nil when empty) and, when read, that head's data. first, if given, is
+-- the head as just read.
 local function grant(ch, idle, self, first)
   local served, h, d
   for i = 1, 101 do
