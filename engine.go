@@ -230,10 +230,11 @@ func sleepFor(d, ttl time.Duration) time.Duration {
 }
 
 // cleanup runs f, which undoes what a failed call may have done on the
-// server, on a context of its own: the call's ctx may be done. It waits
-// cleanupGrace at most; the rest runs in the background, owned by c (Close
-// stops it), so that a call returns in time also when Redis is slow or
-// unreachable.
+// server, on a context of its own: the call's ctx may be done. While ctx
+// lasts it waits for f (a call that failed on a lost reply returns with
+// nothing left behind); once ctx is done, cleanupGrace more at most. The
+// rest runs in the background, owned by c (Close stops it), so that a call
+// returns in time also when Redis is slow or unreachable.
 func (c *Client) cleanup(ctx context.Context, f func(ctx context.Context)) {
 	if f == nil {
 		return
@@ -249,6 +250,11 @@ func (c *Client) cleanup(ctx context.Context, f func(ctx context.Context)) {
 		defer stop()
 		f(dctx)
 	}()
+	select {
+	case <-done:
+		return
+	case <-ctx.Done():
+	}
 	t := time.NewTimer(cleanupGrace)
 	defer t.Stop()
 	select {

@@ -860,6 +860,9 @@ func TestRWMutexCancelLeavesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		wg.Wait()
+		// A clean-up still running when its call returned finishes in the
+		// background (DESIGN: Deadlines); what must be left is nothing.
+		dsync.WaitCleanups(c)
 		if ok, err := newClient(t, b).RWMutex(name).TryLock(ctx); !ok || err != nil {
 			t.Fatalf("TryLock after every waiter gave up = %v, %v; want true", ok, err)
 		}
@@ -1391,7 +1394,8 @@ func TestRWMutexCancelledQueuedWriterLeavesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Two queued writers; the first in line gives up.
-		first := newClient(t, b).RWMutex(name)
+		fc := newClient(t, b)
+		first := fc.RWMutex(name)
 		fctx, cancel := context.WithCancel(dsync.WithOwner(ctx))
 		defer cancel()
 		ftok := dsync.OwnerToken(fctx)
@@ -1417,6 +1421,7 @@ func TestRWMutexCancelledQueuedWriterLeavesNothing(t *testing.T) {
 		if err := <-fgot; !errors.Is(err, context.Canceled) {
 			t.Fatalf("Lock = %v, want Canceled", err)
 		}
+		dsync.WaitCleanups(fc) // the clean-up may outlive the call
 		if err := rdb.ZScore(ctx, rwk(name).WriterQueue, ftok).Err(); !errors.Is(err, redis.Nil) {
 			t.Errorf("the cancelled writer's queue place is left: %v", err)
 		}
