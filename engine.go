@@ -36,6 +36,11 @@ const (
 	// final: not held, and waiting will not change that; grant.err says
 	// why (nil for a try that found the name held).
 	final
+	// over: the call is over in Redis: a hold was handed over to it (or
+	// taken by a copy of its attempt whose reply was lost) and has ended
+	// before the call learned of it. Its id takes nothing any more; the
+	// engine starts the call again under a new one (acquisition.restart).
+	over
 )
 
 // A grant is a primitive's decoding of one attempt's reply.
@@ -79,7 +84,15 @@ type acquisition struct {
 	ttl     time.Duration
 	attempt func(ctx context.Context, queue bool) (grant, error)
 	abandon func(ctx context.Context) // undoes what the call may have done
+	// restart gives the call a new id (and addressee) after a grant of
+	// kind over: attempt and abandon use it from then on.
+	restart func()
 }
+
+// restartPause is how long a call whose hold ended before it learned of
+// it waits before it starts again: a hold that ended so quickly is no
+// reason to hurry, and no remote state makes a call restart faster.
+const restartPause = minRetry
 
 // An addressee is a waiting call as hand-overs name it.
 type addressee struct {
@@ -107,6 +120,29 @@ func digest(s string) string {
 // have produced the hold (for a hand-over, the last attempt sent before
 // it). On error, a.abandon runs, in the background if it takes long.
 func (c *Client) take(ctx context.Context, a *acquisition, wait bool) (grant, time.Time, error) {
+	for {
+		g, sent, err := c.takeAs(ctx, a, wait)
+		if err != nil || g.kind != over {
+			return g, sent, err
+		}
+		// The hold this call was given ended before it learned of it: the
+		// call starts again, as a new one.
+		t := time.NewTimer(restartPause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return grant{}, sent, ctx.Err()
+		case <-c.closed:
+			t.Stop()
+			return grant{}, sent, ErrClosed
+		case <-t.C:
+		}
+		a.restart()
+	}
+}
+
+// takeAs is take under the call's current id.
+func (c *Client) takeAs(ctx context.Context, a *acquisition, wait bool) (grant, time.Time, error) {
 	var mk mark
 	if wait {
 		mk = c.notify.mark(a.ch)
@@ -173,7 +209,7 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 				return grant{}, now, err
 			}
 			switch g.kind {
-			case taken, final:
+			case taken, final, over:
 				return g, now, nil
 			case handed:
 				// Handed over after the previous attempt ran.
@@ -266,7 +302,8 @@ func (c *Client) cleanup(ctx context.Context, f func(ctx context.Context)) {
 // decodeGrant turns the reply codes every lock script shares into a grant:
 // 0 refused (v: the ms to wait at most), 1 taken by this attempt and 2 this
 // call's already (v: the fencing token, checked when fenced), 3 foreign data
-// in the keys of what. ok is false for other codes: the primitive's own.
+// in the keys of what, 5 the call is over (see over). ok is false for other
+// codes: the primitive's own.
 func decodeGrant(code, v int64, fenced bool, what string) (g grant, ok bool, err error) {
 	switch code {
 	case 0:
@@ -284,6 +321,8 @@ func decodeGrant(code, v int64, fenced bool, what string) (g grant, ok bool, err
 		return g, true, nil
 	case 3:
 		return grant{kind: final, err: fmt.Errorf("%w: in the keys of %s", ErrCorrupt, what)}, true, nil
+	case 5:
+		return grant{kind: over}, true, nil
 	}
 	return grant{}, false, nil
 }

@@ -58,6 +58,14 @@ func SwapScript(name, src string) (restore func()) {
 // Only c is affected.
 func SetRenewStall(c *Client, f func()) { renewhook.SetStall(c.renew, f) }
 
+// SetMessageHook makes c's notifier call f with each pub/sub message before
+// it delivers it, on the goroutine that receives them: f may hold messages
+// back. Only c is affected; set it before c's first call.
+func SetMessageHook(c *Client, f func(channel, payload string)) {
+	g := func(m *redis.Message) { f(m.Channel, m.Payload) }
+	c.notify.onMessage.Store(&g)
+}
+
 // LeaseDeadline returns the local time before which the server certainly
 // still holds l's hold: the time at which l is reported lost unless a
 // renewal succeeds first. l must be a lease on one deployment.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +31,45 @@ func muted(t *testing.T, name string) string {
 	return strings.ReplaceAll(src, pub, "redis.call('PUBLISH', ch .. ':muted',")
 }
 
+// handoverSide is one holder of a primitive whose release hands the hold
+// over to the first waiter: a Mutex, an RWMutex writer, a Semaphore of one
+// permit.
+type handoverSide struct {
+	lock   func(ctx context.Context) error
+	unlock func(ctx context.Context) error
+	lease  func(ctx context.Context) (*dsync.Lease, error)
+}
+
+var handoverCases = []struct {
+	name, script string
+	key          func(name string) string
+	channel      func(name string) string
+	make         func(c *dsync.Client, name string, ttl time.Duration) handoverSide
+}{
+	{"Mutex", "mutex_unlock", func(n string) string { return mutexKeys(n).Lock },
+		func(n string) string { return mutexKeys(n).Channel() },
+		func(c *dsync.Client, n string, ttl time.Duration) handoverSide {
+			m := c.Mutex(n, dsync.TTL(ttl))
+			return handoverSide{m.Lock, m.Unlock, m.Lease}
+		}},
+	{"RWMutex", "rwmutex_unlock", func(n string) string { return rwk(n).Writer },
+		func(n string) string { return rwk(n).Channel() },
+		func(c *dsync.Client, n string, ttl time.Duration) handoverSide {
+			rw := c.RWMutex(n, dsync.TTL(ttl))
+			return handoverSide{rw.Lock, rw.Unlock, rw.Lease}
+		}},
+	{"Semaphore", "semaphore_release", nil,
+		func(n string) string { return semKeys(n).Channel() },
+		func(c *dsync.Client, n string, ttl time.Duration) handoverSide {
+			s := c.Semaphore(n, 1, dsync.TTL(ttl))
+			return handoverSide{
+				func(ctx context.Context) error { return s.Acquire(ctx, 1) },
+				func(ctx context.Context) error { return s.Release(ctx, 1) },
+				s.Lease,
+			}
+		}},
+}
+
 // A waiter that misses the notification of a hand-over learns of it from
 // its next attempt. The server's TTL of the hold started at the hand-over,
 // before that attempt, so the lease must be measured from the attempt sent
@@ -37,37 +78,7 @@ func muted(t *testing.T, name string) string {
 // attempt, it would be late by the time the waiter slept (up to a TTL), and
 // another process could get in while the waiter's lease still looked live.
 func TestLeaseStartAfterMissedHandover(t *testing.T) {
-	type side struct {
-		lock   func(ctx context.Context) error
-		unlock func(ctx context.Context) error
-		lease  func(ctx context.Context) (*dsync.Lease, error)
-	}
-	cases := []struct {
-		name, script string
-		key          func(name string) string
-		make         func(c *dsync.Client, name string, ttl time.Duration) side
-	}{
-		{"Mutex", "mutex_unlock", func(n string) string { return mutexKeys(n).Lock },
-			func(c *dsync.Client, n string, ttl time.Duration) side {
-				m := c.Mutex(n, dsync.TTL(ttl))
-				return side{m.Lock, m.Unlock, m.Lease}
-			}},
-		{"RWMutex", "rwmutex_unlock", func(n string) string { return rwk(n).Writer },
-			func(c *dsync.Client, n string, ttl time.Duration) side {
-				rw := c.RWMutex(n, dsync.TTL(ttl))
-				return side{rw.Lock, rw.Unlock, rw.Lease}
-			}},
-		{"Semaphore", "semaphore_release", nil,
-			func(c *dsync.Client, n string, ttl time.Duration) side {
-				s := c.Semaphore(n, 1, dsync.TTL(ttl))
-				return side{
-					func(ctx context.Context) error { return s.Acquire(ctx, 1) },
-					func(ctx context.Context) error { return s.Release(ctx, 1) },
-					s.Lease,
-				}
-			}},
-	}
-	for _, tc := range cases {
+	for _, tc := range handoverCases {
 		t.Run(tc.name, func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, b redistest.Backend) {
 				if b.Mini != nil {
@@ -151,4 +162,184 @@ func semHolderTTL(ctx context.Context, rdb redis.UniversalClient, name string) (
 		return 0, err
 	}
 	return time.Duration(int64(hs[0].Score)-now.UnixMilli()) * time.Millisecond, nil
+}
+
+// scriptGate holds back the script calls of one go-redis client while it is
+// shut, and counts those that completed.
+type scriptGate struct {
+	mu   sync.Mutex
+	shut chan struct{} // nil while open
+	done atomic.Int64
+}
+
+func (g *scriptGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut == nil {
+		g.shut = make(chan struct{})
+	}
+}
+
+func (g *scriptGate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut != nil {
+		close(g.shut)
+		g.shut = nil
+	}
+}
+
+func (g *scriptGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n != "evalsha" && n != "eval" {
+			return next(ctx, cmd)
+		}
+		g.mu.Lock()
+		shut := g.shut
+		g.mu.Unlock()
+		if shut != nil {
+			select {
+			case <-shut:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		err := next(ctx, cmd)
+		g.done.Add(1)
+		return err
+	}
+}
+
+func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A hand-over notification can reach the waiter after the hold it gave has
+// ended: the waiter did not know it held, nobody renewed, and another
+// holder got in. A notification that late must grant nothing (DESIGN,
+// Waiting: never two holders). The waiter is W, with a lease of one
+// second. A releases to W while W's notifications are held back and its
+// attempts are shut out; W's hold runs out and B takes the name; W's next
+// attempt is refused; only then does the hand-over message arrive. W must
+// not return from its lock while B holds, and it gets the name after B.
+func TestLateHandoverAfterTheHoldEndedGrantsNothing(t *testing.T) {
+	for _, tc := range handoverCases {
+		t.Run(tc.name, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, b redistest.Backend) {
+				if b.Mini != nil {
+					t.Skip("miniredis expires nothing while the test sleeps; the engine's rule is the same on every backend")
+				}
+				const ttl = time.Second
+				ctx := ctxT(t)
+				name := redistest.Key(t)
+				rdb := b.NewClient(t)
+				a := tc.make(newClient(t, b), name, ttl)
+				bside := tc.make(newClient(t, b), name, 30*time.Second)
+
+				wrdb := b.NewClient(t)
+				gate := &scriptGate{}
+				wrdb.AddHook(gate)
+				wc := dsync.New(wrdb)
+				t.Cleanup(func() { wc.Close() })
+				// The receiving goroutine blocks on a hand-over message
+				// until let is closed; probes go by.
+				let := make(chan struct{})
+				var letOnce sync.Once
+				release := func() { letOnce.Do(func() { close(let) }) }
+				t.Cleanup(release) // before wc.Close
+				var probed, held atomic.Int64
+				dsync.SetMessageHook(wc, func(_, payload string) {
+					switch payload {
+					case "probe":
+						probed.Add(1)
+					case "":
+					default:
+						held.Add(1)
+						<-let
+					}
+				})
+				w := tc.make(wc, name, ttl)
+
+				if err := a.lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				got := make(chan error, 1)
+				go func() { got <- w.lock(ctx) }()
+				// W's first attempt is refused and queues; W subscribes.
+				waitFor(t, 10*time.Second, "first attempt by the waiter", func() bool { return gate.done.Load() >= 1 })
+				ch := tc.channel(name)
+				waitFor(t, 10*time.Second, "subscription of the waiter", func() bool {
+					rdb.Publish(ctx, ch, "probe")
+					return probed.Load() > 0
+				})
+				gate.close()
+				if err := a.unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, 10*time.Second, "hand-over message to the waiter", func() bool { return held.Load() > 0 })
+				// W holds in Redis without knowing it. Its hold runs out
+				// (nobody renews it); B waits for that and gets in.
+				if err := bside.lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				bl, err := bside.lease(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// W's next attempt comes back refused, a TTL and more
+				// after its first.
+				before := gate.done.Load()
+				gate.open()
+				waitFor(t, 10*time.Second, "refused attempt by the waiter", func() bool { return gate.done.Load() > before })
+				select {
+				case err := <-got:
+					t.Fatalf("W's lock returned %v while B holds, before the late message came", err)
+				default:
+				}
+				// The late hand-over message arrives.
+				after := gate.done.Load()
+				release()
+				waitFor(t, 10*time.Second, "attempt by the waiter after the late message", func() bool {
+					select {
+					case err := <-got:
+						t.Fatalf("W's lock returned %v on a hand-over of a hold that had ended; B holds", err)
+					default:
+					}
+					return gate.done.Load() > after
+				})
+				time.Sleep(100 * time.Millisecond)
+				select {
+				case err := <-got:
+					t.Fatalf("W's lock returned %v while B holds", err)
+				default:
+				}
+				if err := bl.Err(); err != nil {
+					t.Fatalf("B's lease: %v", err)
+				}
+				if err := bside.unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case err := <-got:
+					if err != nil {
+						t.Fatal(err)
+					}
+				case <-time.After(15 * time.Second):
+					t.Fatal("W did not get the name after B released it")
+				}
+				wl, err := w.lease(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if wl.Token() <= bl.Token() {
+					t.Errorf("W's fencing token %d is not above B's %d", wl.Token(), bl.Token())
+				}
+				if err := w.unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	}
 }

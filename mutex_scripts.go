@@ -47,6 +47,7 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 		return s.attempt(ctx, tok, id, a.to.secret, queue)
 	}
 	a.abandon = func(ctx context.Context) { s.abandon(ctx, tok, id) }
+	a.restart = func() { id = newCallID(); a.to = newAddressee(tok, id) }
 	g, start, err := s.c.take(ctx, a, wait)
 	if err == nil && g.kind == handed && s.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the hand-over reached replicas.

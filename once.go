@@ -168,6 +168,7 @@ func (o *Once) DoValue(ctx context.Context, f func(ctx context.Context) ([]byte,
 		return g, err
 	}
 	a.abandon = func(ctx context.Context) { o.abandon(ctx, tok) }
+	a.restart = func() { tok, waited = newToken(), false }
 	// The lease is measured from the attempt that was granted the run, so
 	// that a call that waited longer than the TTL gets a whole lease.
 	g, start, err := o.c.take(ctx, a, true)
@@ -235,11 +236,6 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 			return grant{kind: final}, nil, nil
 		}
 		return grant{kind: final}, []byte(s), nil
-	case 5:
-		// Only a live call that took the run with a copy of an attempt
-		// whose reply it never saw, and then stalled past the lease, can
-		// get this reply: its run is gone before f started.
-		return grant{kind: final, err: fmt.Errorf("%w: the run given to this call ended before f started", ErrLeaseLost)}, nil, nil
 	}
 	v, ok := r[1].(int64)
 	if !ok {

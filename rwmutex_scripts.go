@@ -39,6 +39,7 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 		return s.attempt(ctx, mode, tok, id, a.to.secret, queue, queue)
 	}
 	a.abandon = func(ctx context.Context) { s.abandon(ctx, mode, tok, id) }
+	a.restart = func() { id = newCallID(); a.to = newAddressee(tok, id) }
 	g, start, err := s.c.take(ctx, a, wait)
 	if err == nil && g.kind == final {
 		err = g.err

@@ -162,6 +162,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 		return s.attempt(ctx, tok, id, a.to.secret, n, queue)
 	}
 	a.abandon = func(ctx context.Context) { s.abandon(ctx, tok, owned, id, n) }
+	a.restart = func() { id = newCallID(); a.to = newAddressee(tok, id) }
 	g, start, err := s.c.take(ctx, a, wait)
 	if err == nil && g.kind == final {
 		err = g.err

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -53,6 +54,10 @@ type notifier struct {
 	closed  bool
 	done    chan struct{} // closed when the receiver exits
 	stop    chan struct{}
+
+	// Tests only: called with each message before it is delivered, on
+	// the receiving goroutine (it may hold the message back).
+	onMessage atomic.Pointer[func(*redis.Message)]
 }
 
 type channel struct {
@@ -219,6 +224,11 @@ func (n *notifier) receive(ps *redis.PubSub) {
 		switch {
 		case err == nil:
 			failed = 0
+			if f := n.onMessage.Load(); f != nil {
+				if msg, ok := m.(*redis.Message); ok {
+					(*f)(msg)
+				}
+			}
 			n.deliver(m)
 		case errors.Is(err, redis.ErrClosed):
 			return

@@ -23,18 +23,23 @@
 --        {2, fencing token} the hold was this call's already (a hand-over,
 --        or a repeat of this call); {0, ms} refused: try again after at
 --        most ms; {3, 0} the name's keys hold data dsync did not write (the
---        name recovers when they expire or are removed).
+--        name recovers when they expire or are removed); {5, 0} the call
+--        took effect and its hold has ended: it takes nothing any more.
 
 local tok, ttl, id = ARGV[1], ARGV[2], ARGV[3]
 
 local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f', ':w')
 
 -- A repeat of a call that took effect, or of one its caller abandoned,
--- changes nothing.
+-- changes nothing. A call that took effect and whose hold has ended is
+-- over: a late copy, or a live call that learns only now of a hold handed
+-- to it, which has ended meanwhile (it starts again as a new call).
 local done = recall(KEYS[5], id)
 if done then
   if done == 1 and cur[1] and cur[3] then
     return { 2, tonumber(cur[3]) }
+  elseif done == 1 then
+    return { 5, 0 }
   end
   return { 0, 1 }
 end

@@ -39,7 +39,8 @@
 --        repeat), where v is the fencing token for a write hold and the
 --        hold id for a read hold; {4, 0} write refused because the owner
 --        holds a read lock (an upgrade); {3, 0} foreign data in the keys;
---        {0, ms} refused: try again after at most ms.
+--        {0, ms} refused: try again after at most ms; {5, 0} the call took
+--        effect and its hold has ended: it takes nothing any more.
 
 local mode, tok, ttl, id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local wait = ARGV[5] == '1'
@@ -76,6 +77,9 @@ if done then
         return { 2, tonumber(cur[2]) }
       end
     end
+    -- The hold ended: the call is over (a late copy, or a live call that
+    -- learns only now of a hold handed to it).
+    return { 5, 0 }
   end
   return { 0, 1 }
 end

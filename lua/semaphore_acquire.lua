@@ -16,8 +16,9 @@
 --        token} they were handed to this call while it waited (or a repeat
 --        of this call, which changes nothing); {0, ms} not served, try again
 --        within ms (queued if ARGV[6] is '1'; also a late copy of an
---        abandoned call, or of one whose holding ended, which changes
---        nothing); {4, size in force} the size differs, nothing changed;
+--        abandoned call, which changes nothing); {5, 0} the call took
+--        effect and its holding has ended: it takes nothing any more;
+--        {4, size in force} the size differs, nothing changed;
 --        {3, 0} the keys hold data dsync did not write where the fencing
 --        token comes from.
 
@@ -35,6 +36,9 @@ if done then
     if h.n > 0 then
       return { 2, tonumber(h.f) }
     end
+    -- The holding ended: the call is over (a late copy, or a live call
+    -- that learns only now of permits handed to it).
+    return { 5, 0 }
   end
   return { 0, 1 }
 end
