@@ -51,6 +51,64 @@ func TestReentryNeverShortensExpiry(t *testing.T) {
 	})
 }
 
+// Nor does the renewal of a re-entry from another process with a shorter
+// TTL (the owner token carried there): its renewer extends the hold at its
+// own TTL, and once it unlocks, the first holder's hold must still last its
+// own lease, not the re-entry's (Mutex and RWMutex write).
+func TestReentryRenewalNeverShortensExpiry(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		own := dsync.WithOwner(ctx)
+		there := dsync.WithOwnerToken(ctx, dsync.OwnerToken(own))
+		c1 := newClient(t, b, dsync.TTL(30*time.Second))
+		rec := &redistest.Recorder{}
+		rdb2 := b.NewClient(t)
+		rdb2.AddHook(rec)
+		c2 := dsync.New(rdb2, dsync.TTL(150*time.Millisecond))
+		t.Cleanup(func() { c2.Close() })
+		rdb := b.NewClient(t)
+		type locker interface {
+			Lock(context.Context) error
+			Unlock(context.Context) error
+		}
+		for _, tc := range []struct {
+			what    string
+			first   locker
+			reentry locker
+			key     string
+		}{
+			{"Mutex", c1.Mutex(name), c2.Mutex(name), mutexKeys(name).Lock},
+			{"RWMutex", c1.RWMutex(name + "rw"), c2.RWMutex(name + "rw"), rwk(name + "rw").Writer},
+		} {
+			if err := tc.first.Lock(own); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.reentry.Lock(there); err != nil {
+				t.Fatal(err)
+			}
+			// Wait for two renewals by the re-entering process.
+			rec.Reset()
+			deadline := time.Now().Add(20 * time.Second)
+			for len(rec.All()) < 2 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: the re-entry's hold was not renewed twice in 20s", tc.what)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := tc.reentry.Unlock(there); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := rdb.PTTL(ctx, tc.key).Result(); err != nil || d < 20*time.Second {
+				t.Fatalf("%s: PTTL after a re-entry with TTL 150ms was renewed and unlocked = %v, %v; want the 30s hold's", tc.what, d, err)
+			}
+			if err := tc.first.Unlock(own); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
 // A Mutex handle without an owner stays locked from Lock to Unlock also when
 // its hold was lost: a second Lock through it waits, the Unlock reports the
 // loss and leaves the new holder's hold alone, and the lost Lease keeps

@@ -8,7 +8,9 @@
 local out = {}
 for i = 1, #KEYS do
   if redis.call('HGET', KEYS[i], 't') == ARGV[2 * i - 1] then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[2 * i]) then
+      redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    end
     out[i] = 1
   else
     out[i] = 0
