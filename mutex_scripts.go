@@ -105,5 +105,5 @@ func (s *mutexScripts) unlockFloor(ctx context.Context, tok, id string, floor, f
 
 // renewSpec describes the renewal of tok's hold.
 func (s *mutexScripts) renewSpec(tok string) renew.Spec {
-	return renew.Spec{Script: mutexRenew, Batch: mutexRenews, Keys: s.keys[:1], Args: []any{tok, s.ttlArg}}
+	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, s.ttlArg}}
 }

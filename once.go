@@ -279,10 +279,9 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 // run calls f while the Client renews the run lease, and ends the run.
 func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(context.Context) ([]byte, error)) (val []byte, err error) {
 	h := o.c.startHold(&o.cfg, renew.Spec{
-		Script: onceRenew,
-		Batch:  onceRenews,
-		Keys:   o.keys[:1],
-		Args:   []any{tok, o.ttlArg},
+		Batch: onceRenew,
+		Keys:  o.keys[:1],
+		Args:  []any{tok, o.ttlArg},
 	}, tok, 0, start)
 
 	if o.cfg.replicas > 0 {

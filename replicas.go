@@ -98,11 +98,12 @@ func (c *Client) replicated(ctx context.Context, cfg *config, renew *redis.Scrip
 	if err != nil {
 		return err
 	}
-	v, err := cmd.Int64()
+	// A renew script takes many holds; this is a batch of one.
+	vs, err := cmd.Int64Slice()
 	switch {
 	case err != nil:
 		return err
-	case v != 1:
+	case len(vs) != 1 || vs[0] != 1:
 		return ErrLeaseLost
 	case acked < int64(cfg.replicas):
 		return notReplicated(acked, cfg.replicas)

@@ -113,7 +113,7 @@ func (s *rwScripts) unlockFloor(ctx context.Context, mode, tok, id string, floor
 // renewSpec describes the renewal of tok's hold in mode.
 func (s *rwScripts) renewSpec(mode, tok string) renew.Spec {
 	if mode == modeRead {
-		return renew.Spec{Script: rwRRenew, Batch: rwRRenews, Keys: s.keys[2:4], Args: []any{tok, ms(s.cfg.ttl)}}
+		return renew.Spec{Batch: rwRRenew, Keys: s.keys[2:4], Args: []any{tok, ms(s.cfg.ttl)}}
 	}
-	return renew.Spec{Script: rwRenew, Batch: mutexRenews, Keys: s.keys[:1], Args: []any{tok, ms(s.cfg.ttl)}}
+	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, ms(s.cfg.ttl)}}
 }

@@ -13,27 +13,23 @@ import (
 var (
 	mutexLock   = newScript(lua.Script("mutex_lock"))
 	mutexUnlock = newScript(lua.Script("mutex_unlock"))
-	mutexRenew  = lua.Script("mutex_renew")
-	mutexRenews = lua.Script("mutex_renew_batch")
+	// Renewals (one script per hold kind) take one hold or many; see
+	// renewSpec.
+	mutexRenew = lua.Script("mutex_renew")
 
 	rwLock   = newScript(lua.Script("rwmutex_lock"))
 	rwUnlock = newScript(lua.Script("rwmutex_unlock"))
-	rwRenew  = lua.Script("rwmutex_renew")
+	// The write hold's renewal is mutex_renew (a field of the writer hash).
 	rwRRenew = lua.Script("rwmutex_rrenew")
-	// The write hold's renewal is mutex_renew's (a field of the hash), so
-	// its batches are mutex_renew_batch's too.
-	rwRRenews = lua.Script("rwmutex_rrenew_batch")
 
 	semAcquire = newScript(lua.Script("semaphore_acquire"))
 	semRelease = newScript(lua.Script("semaphore_release"))
 	semAbandon = newScript(lua.Script("semaphore_abandon"))
 	semRenew   = lua.Script("semaphore_renew")
-	semRenews  = lua.Script("semaphore_renew_batch")
 
 	onceDo      = newScript(lua.Script("once_do"))
 	onceRelease = newScript(lua.Script("once_release"))
 	onceRenew   = lua.Script("once_renew")
-	onceRenews  = lua.Script("once_renew_batch")
 )
 
 // A script is a Lua script with its SHA boxed once, run by EVALSHA and

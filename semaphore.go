@@ -225,10 +225,9 @@ func (s *Semaphore) abandon(ctx context.Context, tok string, owned bool, id stri
 func (s *Semaphore) held(tok string, owned bool, fence uint64, n int64, start time.Time) {
 	newHold := func() *hold {
 		return s.c.startHold(&s.cfg, renew.Spec{
-			Script: semRenew,
-			Batch:  semRenews,
-			Keys:   s.rkeys,
-			Args:   []any{tok, s.ttlArg},
+			Batch: semRenew,
+			Keys:  s.rkeys,
+			Args:  []any{tok, s.ttlArg},
 		}, tok, fence, start)
 	}
 	if owned {

@@ -16,7 +16,7 @@ import (
 var files embed.FS
 
 // libs names the scripts that begin with the shared definitions of a
-// *_lib.lua file.
+// *_lib.lua file (after lib.lua's).
 var libs = map[string]string{
 	"semaphore_acquire": "semaphore_lib",
 	"semaphore_release": "semaphore_lib",
@@ -30,25 +30,25 @@ var libs = map[string]string{
 }
 
 // Source returns the source of the script called name (its file name
-// without ".lua"), as dsync runs it: some scripts begin with the shared
-// definitions of their primitive's *_lib.lua. It panics if there is no such
-// script, a programming error.
+// without ".lua"), as dsync runs it: every script begins with lib.lua, and
+// some with the shared definitions of their primitive's *_lib.lua too. It
+// panics if there is no such script, a programming error.
 func Source(name string) string {
+	if strings.HasSuffix(name, "_lib") || name == "lib" {
+		panic(fmt.Sprintf("lua: %q is a library, not a script", name))
+	}
+	src := file("lib") // definitions only: it reads no KEYS or ARGV
+	if lib, ok := libs[name]; ok {
+		src += file(lib)
+	}
+	return src + file(name)
+}
+
+// file returns the contents of lua/<name>.lua.
+func file(name string) string {
 	b, err := files.ReadFile(name + ".lua")
 	if err != nil {
 		panic(fmt.Sprintf("lua: no script %q", name))
-	}
-	if lib, ok := libs[name]; ok {
-		return common() + Source(lib) + string(b)
-	}
-	return string(b)
-}
-
-// common is lib.lua, which every script that has a *_lib.lua begins with.
-func common() string {
-	b, err := files.ReadFile("lib.lua")
-	if err != nil {
-		panic("lua: no lib.lua")
 	}
 	return string(b)
 }

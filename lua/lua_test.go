@@ -1,26 +1,84 @@
 package lua_test
 
 import (
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/dsync-go/dsync/lua"
 )
 
-func TestEveryScriptHasAHeaderAndACopyIsFresh(t *testing.T) {
+// header returns the leading comment block of lua/<name>.lua.
+func header(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(name + ".lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, "--") {
+			break
+		}
+		h = append(h, l)
+	}
+	return strings.Join(h, "\n")
+}
+
+// Every script file begins with its own header: what it does, its KEYS,
+// its ARGV and its reply.
+func TestEveryScriptHasItsOwnHeader(t *testing.T) {
 	names := lua.Names()
-	if len(names) < 10 {
+	if len(names) < 13 {
 		t.Fatalf("Names() = %v, want every script", names)
 	}
 	for _, n := range names {
-		src := lua.Source(n)
-		if !strings.HasPrefix(src, "-- ") {
-			t.Errorf("%s: no header comment", n)
+		h := header(t, n)
+		if !strings.HasPrefix(h, "-- "+n+": ") {
+			t.Errorf("%s: the header does not begin with %q", n, "-- "+n+": ")
 		}
-		if !strings.Contains(src, "KEYS[") {
-			t.Errorf("%s: header names no KEYS", n)
+		for _, want := range []string{"KEYS[", "ARGV[", "Reply: "} {
+			if !strings.Contains(h, want) {
+				t.Errorf("%s: the header says nothing of %q", n, want)
+			}
 		}
 	}
+}
+
+// Server time is read in one place, lib.lua's clock, which every script
+// begins with; the libraries read no KEYS or ARGV and change nothing at
+// load.
+func TestTimeIsReadInOnePlace(t *testing.T) {
+	files, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	timeRE := regexp.MustCompile(`redis\.call\(\s*'TIME'`)
+	var readers []string
+	for _, f := range files {
+		if !strings.HasSuffix(f.Name(), ".lua") {
+			continue
+		}
+		b, err := os.ReadFile(f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(timeRE.FindAll(b, -1)); n > 0 {
+			readers = append(readers, f.Name())
+		}
+	}
+	if len(readers) != 1 || readers[0] != "lib.lua" {
+		t.Errorf("TIME read in %v, want only lib.lua", readers)
+	}
+	for _, n := range lua.Names() {
+		if !strings.HasPrefix(lua.Source(n), header(t, "lib")) {
+			t.Errorf("%s does not begin with lib.lua", n)
+		}
+	}
+}
+
+func TestACopyIsFresh(t *testing.T) {
 	if lua.Script("mutex_lock") == lua.Script("mutex_lock") {
 		t.Error("Script returned the same value twice: callers could change dsync's scripts")
 	}

@@ -1,16 +1,24 @@
--- mutex_renew: extend a Mutex hold if the owner still has it.
--- It never moves the expiry earlier: the owner may also hold it through
--- a re-entry from another process, renewed at that process's shorter TTL.
+-- mutex_renew: extend Mutex holds (and RWMutex write holds, a field of the
+-- writer hash too) whose owners still have them, one or many in one call.
+-- It never moves an expiry earlier: the owner may also hold the lock
+-- through a re-entry from another process, renewed at that process's
+-- shorter TTL.
 --
--- KEYS[1] lock hash
--- ARGV[1] owner token
--- ARGV[2] lease TTL (ms)
--- Reply: 1 extended, 0 the owner no longer holds it.
+-- KEYS[i] lock hash (or RWMutex writer hash) of hold i
+-- ARGV[2i-1] owner token of hold i
+-- ARGV[2i]   lease TTL of hold i (ms)
+-- Reply: an array with, for each hold in order, 1 extended or 0 the owner
+--        no longer holds it.
 
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
+    if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[2 * i]) then
+      redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    end
+    out[i] = 1
+  else
+    out[i] = 0
   end
-  return 1
 end
-return 0
+return out

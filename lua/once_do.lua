@@ -32,7 +32,7 @@ if v then
   -- Reset or the end of the period. Remember that the call is over. (The
   -- common case, a call that finds the Once done at once, writes nothing.)
   if ARGV[3] == '1' and not recall(KEYS[3], tok) then
-    note(KEYS[3], tok, now_ms(), WAITED)
+    note(KEYS[3], tok, now(), WAITED)
   end
   return { 4, v }
 end
@@ -63,5 +63,5 @@ end
 
 redis.call('HSET', KEYS[1], 't', tok)
 redis.call('PEXPIRE', KEYS[1], ttl)
-note(KEYS[3], tok, now_ms(), RAN)
+note(KEYS[3], tok, now(), RAN)
 return { 1, 0 }

@@ -7,8 +7,8 @@
 -- done. A later copy of any attempt of such a call takes nothing.
 local RAN, ABANDONED, WAITED = 1, 2, 3
 
--- Server time in ms.
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Server time in ms (lib.lua's clock).
+local function now()
+  clock()
+  return now_ms
 end

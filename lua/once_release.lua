@@ -37,9 +37,9 @@ end
 -- once_do.lua). A run is remembered again when it ends, since it may have
 -- outlasted the replay window counted from when it was taken.
 if mode == 'abandon' then
-  note(KEYS[3], tok, now_ms(), ABANDONED)
+  note(KEYS[3], tok, now(), ABANDONED)
 else
-  note(KEYS[3], tok, now_ms(), RAN)
+  note(KEYS[3], tok, now(), RAN)
 end
 
 local t = redis.call('HGET', KEYS[1], 't')

@@ -1,15 +1,20 @@
--- once_renew: extend a Once's run lease if the call still holds it.
--- It never moves the expiry earlier.
+-- once_renew: extend the run leases of Once calls that still hold them,
+-- one or many in one call. It never moves an expiry earlier.
 --
--- KEYS[1] run hash
--- ARGV[1] token of the runner's call
--- ARGV[2] lease TTL (ms)
--- Reply: 1 extended, 0 the call no longer holds the run lease.
+-- KEYS[i] run hash of lease i
+-- ARGV[2i-1] token of the runner's call of lease i
+-- ARGV[2i]   lease TTL of lease i (ms)
+-- Reply: an array with, for each lease in order, 1 extended or 0 gone.
 
-if redis.call('HGET', KEYS[1], 't') == ARGV[1] then
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('HGET', KEYS[i], 't') == ARGV[2 * i - 1] then
+    if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[2 * i]) then
+      redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    end
+    out[i] = 1
+  else
+    out[i] = 0
   end
-  return 1
 end
-return 0
+return out

@@ -1,24 +1,32 @@
--- semaphore_renew: extend a Semaphore holder's lease if it still holds.
+-- semaphore_renew: extend the leases of Semaphore holders that still hold
+-- permits, one or many in one call.
 --
--- KEYS[1] state hash, KEYS[2] holders zset (see semaphore_lib.lua)
--- ARGV[1] holder token
--- ARGV[2] lease TTL (ms)
--- Reply: 1 extended, 0 the holder no longer holds permits (its lease ran
---        out, or its keys are gone).
+-- KEYS[2i-1] state hash of holding i, KEYS[2i] its holders zset (see
+--            semaphore_lib.lua)
+-- ARGV[2i-1] holder token of holding i
+-- ARGV[2i]   lease TTL of holding i (ms)
+-- Reply: an array with, for each holding in order, 1 extended or 0 gone
+--        (its lease ran out, or its keys are gone).
 
-local t = redis.call('TIME')
-local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
-local cur = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not cur or tonumber(cur) <= now_ms or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
-  return 0
-end
-local d = now_ms + tonumber(ARGV[2])
-if tonumber(cur) < d then
-  redis.call('ZADD', KEYS[2], string.format('%.0f', d), ARGV[1])
-end
-for i = 1, 2 do
-  if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+clock()
+local out = {}
+for i = 1, #KEYS / 2 do
+  local st, hz = KEYS[2 * i - 1], KEYS[2 * i]
+  local tok, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local cur = redis.call('ZSCORE', hz, tok)
+  if not cur or tonumber(cur) <= now_ms or redis.call('HEXISTS', st, tok) == 0 then
+    out[i] = 0
+  else
+    local d = now_ms + ttl
+    if tonumber(cur) < d then
+      redis.call('ZADD', hz, string.format('%.0f', d), tok)
+    end
+    for _, k in ipairs({st, hz}) do
+      if redis.call('PTTL', k) < ttl then
+        redis.call('PEXPIRE', k, ttl)
+      end
+    end
+    out[i] = 1
   end
 end
-return 1
+return out

@@ -65,7 +65,8 @@ var (
 type Spec struct {
 	// Script extends the hold. It is run as Script.EvalSha(ctx, pipe, Keys, Args...)
 	// and must reply with integer 1 (extended) or 0 (the hold is gone).
-	// It may be nil only for a fixed lease (negative Interval).
+	// It may be nil for a fixed lease (negative Interval), or when Batch
+	// is set: a hold renewed alone is then a batch of one.
 	Script *redis.Script
 	Keys   []string
 	Args   []any
@@ -191,9 +192,9 @@ func New(c Client, opts ...Option) *Renewer {
 // needs attention before its timer fires. The first renewal is due at
 // s.Start+Interval; if that has already passed it is sent at once.
 //
-// A TTL <= 0 gives a hold that is lost at once. Add panics if s.Script is nil
-// and s.Interval is not negative. After Close, Add returns a hold that has
-// already ended with a nil Err.
+// A TTL <= 0 gives a hold that is lost at once. Add panics if s.Script and
+// s.Batch are nil and s.Interval is not negative. After Close, Add returns
+// a hold that has already ended with a nil Err.
 func (r *Renewer) Add(s Spec) *Hold {
 	h := &Hold{
 		r:        r,
@@ -209,8 +210,8 @@ func (r *Renewer) Add(s Spec) *Hold {
 	switch {
 	case s.Interval < 0:
 		h.fixed = true
-	case s.Script == nil:
-		panic("renew: Spec.Script is nil for a renewed lease")
+	case s.Script == nil && s.Batch == nil:
+		panic("renew: Spec.Script and Spec.Batch are nil for a renewed lease")
 	case s.Interval == 0:
 		h.interval = int64(s.TTL / 3)
 	}
