@@ -87,6 +87,21 @@ func (w rsWant) String() string {
 type rsHold struct {
 	token   uint64       // fencing token, 0 when the primitive has none
 	release func() error // ends the hold, on a ctx of its own
+	lease   *dsync.Lease // nil when the primitive has none
+}
+
+// lost reports whether the hold's lease reported its loss: a renewal that
+// came too late on a loaded machine ends a hold legitimately.
+func (h rsHold) lost() bool {
+	if h.lease == nil {
+		return false
+	}
+	select {
+	case <-h.lease.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 // An rsPrim is a primitive as the remote-state tests drive it.
@@ -240,7 +255,7 @@ func semAcquireN(ctx context.Context, c *dsync.Client, name, tok string, n int64
 	if err != nil {
 		return rsHold{}, err
 	}
-	return rsHold{token: l.Token(), release: func() error {
+	return rsHold{token: l.Token(), lease: l, release: func() error {
 		return s.Release(dsync.WithOwnerToken(context.Background(), tok), n)
 	}}, nil
 }
@@ -256,7 +271,7 @@ func rwWriteLock(ctx context.Context, c *dsync.Client, name, tok string, _ bool)
 	if err != nil {
 		return rsHold{}, err
 	}
-	return rsHold{token: l.Token(), release: func() error {
+	return rsHold{token: l.Token(), lease: l, release: func() error {
 		return rw.Unlock(dsync.WithOwnerToken(context.Background(), tok))
 	}}, nil
 }
@@ -279,7 +294,7 @@ var rsPrims = []*rsPrim{
 			if err != nil {
 				return rsHold{}, err
 			}
-			return rsHold{token: l.Token(), release: func() error {
+			return rsHold{token: l.Token(), lease: l, release: func() error {
 				return m.Unlock(dsync.WithOwnerToken(context.Background(), tok))
 			}}, nil
 		},
@@ -465,7 +480,7 @@ func (e *rsEnv) live() {
 	e.prev = max(e.prev, h.token)
 	done := make(chan error, 1)
 	var releasing atomic.Bool
-	e.foreignLive = func() bool { return !releasing.Load() }
+	e.foreignLive = func() bool { return !releasing.Load() && !h.lost() }
 	e.onCall = func() {
 		go func() {
 			time.Sleep(rsRelease)
