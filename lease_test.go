@@ -389,7 +389,7 @@ func TestLeaseAfterLongWaitIsLive(t *testing.T) {
 	b := realOnly(t)
 	ctx := ctxT(t)
 	name := redistest.Key(t)
-	const ttl = 400 * time.Millisecond
+	const ttl = 750 * time.Millisecond // renewed every 250 ms: 500 ms of slack
 	holder := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
 	waiter := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
 	if err := holder.Lock(ctx); err != nil {

@@ -1036,7 +1036,9 @@ func TestRWMutexLongWaitKeepsLease(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		const ttl = 150 * time.Millisecond
+		// Renewed every 200 ms: a renewal may come 400 ms late (a loaded
+		// machine) before a lease runs out.
+		const ttl = 600 * time.Millisecond
 		writer := newClient(t, b).RWMutex(name)
 		if err := writer.Lock(ctx); err != nil {
 			t.Fatal(err)
@@ -1046,7 +1048,7 @@ func TestRWMutexLongWaitKeepsLease(t *testing.T) {
 		w2 := newClient(t, b).RWMutex(name, dsync.TTL(ttl))
 		rgot := make(chan error, 1)
 		go func() { rgot <- reader.RLock(ctx) }()
-		time.Sleep(4 * ttl)
+		time.Sleep(2 * ttl)
 		if err := writer.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -1055,10 +1057,10 @@ func TestRWMutexLongWaitKeepsLease(t *testing.T) {
 		}
 		wgot := make(chan error, 1)
 		go func() { wgot <- w2.Lock(ctx) }()
-		time.Sleep(4 * ttl)
+		time.Sleep(2 * ttl)
 		l, err := reader.RLease(ctx)
 		if err != nil || l.Err() != nil {
-			t.Fatalf("admitted reader's lease after %v = %v, %v; want live", 4*ttl, l, err)
+			t.Fatalf("admitted reader's lease after %v = %v, %v; want live", 2*ttl, l, err)
 		}
 		if err := reader.RUnlock(ctx); err != nil {
 			t.Fatalf("RUnlock = %v", err)
