@@ -75,6 +75,9 @@ type hold struct {
 	released atomic.Bool
 	idMu     sync.Mutex
 	unlockID string // id of an unlock whose reply was lost, reused on retry
+	// relMu makes the releases of this hold in this process run one at a
+	// time (see lockedHold).
+	relMu sync.Mutex
 }
 
 func (h *hold) leaseView() *Lease {
@@ -213,6 +216,27 @@ func (b *base) lookupHold(k holdKey) *hold {
 	return b.holds[k]
 }
 
+// lockedHold returns the hold recorded under k with its release lock
+// held (the caller unlocks h.relMu), or nil if none is recorded. Releases
+// of one hold run one at a time in a process: two goroutines of one owner
+// that release at once each release their own level, and the second finds
+// a hold the first ended gone instead of reporting it lost, and never
+// takes the first's retry id for its own.
+func (b *base) lockedHold(k holdKey) *hold {
+	for {
+		h := b.lookupHold(k)
+		if h == nil {
+			return nil
+		}
+		h.relMu.Lock()
+		if b.lookupHold(k) == h {
+			return h
+		}
+		// Ended (or replaced) while this release waited its turn.
+		h.relMu.Unlock()
+	}
+}
+
 // dropHold forgets h if it is still the hold recorded under k.
 func (b *base) dropHold(k holdKey, h *hold) {
 	b.mu.Lock()
@@ -349,9 +373,10 @@ type releaser func(ctx context.Context, tok, id string, h *hold) (int64, error)
 // unlockOwner releases one level of the hold of the owner recorded under k,
 // held in Redis as tok.
 func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run releaser) error {
-	h := b.lookupHold(k)
+	h := b.lockedHold(k)
 	id := newCallID()
 	if h != nil {
+		defer h.relMu.Unlock()
 		id = h.unlockCall()
 	}
 	dctx, cancel := releaseContext(ctx)

@@ -274,7 +274,9 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 			// Client reentrancy: an inner unlock, counted in this process.
 			return nil
 		}
-		h = rw.b.lookupHold(rw.holdKey(mode, otok))
+		if h = rw.b.lockedHold(rw.holdKey(mode, otok)); h != nil {
+			defer h.relMu.Unlock()
+		}
 		tok = rw.b.holderToken(&rw.cfg, otok)
 	case mode == modeWrite:
 		if h = rw.slot.get(); h == nil {

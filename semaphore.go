@@ -319,7 +319,11 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 		return err
 	}
 	if owned {
-		return s.release(ctx, tok, true, s.c.lookupHold(holdKey{s.keys[0], tok}), n)
+		h := s.c.lockedHold(holdKey{s.keys[0], tok})
+		if h != nil {
+			defer h.relMu.Unlock()
+		}
+		return s.release(ctx, tok, true, h, n)
 	}
 	s.mu.Lock()
 	tok, h := s.tok, s.cur
