@@ -186,9 +186,11 @@ func MaxHold(d time.Duration) Option {
 // read and write holds apart: Redis sees the first RLock and the last
 // RUnlock, and the first Lock and the last Unlock; a downgrade (RLock while
 // writing) is a first RLock, and an upgrade is refused with [ErrUpgrade] as
-// without this option. The price: a token carried
-// to another process (see [WithOwnerToken]) does not re-enter there — it
-// waits like any other owner. The default is script reentrancy, where the
+// without this option. An owner used by several goroutines at once never
+// re-enters a hold its last Unlock is ending: a Lock while that Unlock is
+// under way waits for it, then takes the lock afresh. The price: a token
+// carried to another process (see [WithOwnerToken]) does not re-enter
+// there — it waits like any other owner. The default is script reentrancy, where the
 // count lives in Redis and works across processes. It changes nothing for
 // calls without an owner in ctx, which never re-enter.
 func ClientReentrancy() Option {

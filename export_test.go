@@ -75,3 +75,23 @@ func LeaseDeadline(l *Lease) time.Time { return l.h.(*renew.Hold).Deadline() }
 // background (undoing an attempt), without cancelling them as Close does.
 // No call of c may start meanwhile.
 func WaitCleanups(c *Client) { c.bg.Wait() }
+
+// SetReleaseWaitHook makes the lock calls of owners under client
+// reentrancy made through c (a *Client or *Quorum) call f when they start
+// waiting for a release of their owner's hold under way; nil removes it.
+func SetReleaseWaitHook(c any, f func()) {
+	var b *base
+	switch c := c.(type) {
+	case *Client:
+		b = c.shared()
+	case *Quorum:
+		b = c.shared()
+	default:
+		panic(fmt.Sprintf("SetReleaseWaitHook: %T", c))
+	}
+	if f == nil {
+		b.onWait.Store(nil)
+		return
+	}
+	b.onWait.Store(&f)
+}

@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -69,12 +70,16 @@ type hold struct {
 	// the hold id its grant carried (its Lease shows 0; a quorum read
 	// hold has 0, and its member holds carry their masters' ids). Either
 	// tells this hold from the holder's later ones.
-	fence    uint64
-	count    int // re-entries made through this process (owner mode)
-	lease    leaser
-	released atomic.Bool
-	idMu     sync.Mutex
-	unlockID string // id of an unlock whose reply was lost, reused on retry
+	fence uint64
+	count int // re-entries made through this process (owner mode)
+	// releasing, while the owner's last release of the hold is under way
+	// (client reentrancy), is closed once it is over; then the hold is
+	// gone (and forgotten) unless the release failed. Guarded by base.mu.
+	releasing chan struct{}
+	lease     leaser
+	released  atomic.Bool
+	idMu      sync.Mutex
+	unlockID  string // id of an unlock whose reply was lost, reused on retry
 	// relMu makes the releases of this hold in this process run one at a
 	// time (see lockedHold).
 	relMu sync.Mutex
@@ -118,6 +123,9 @@ type base struct {
 	closed chan struct{}
 	mu     sync.Mutex
 	holds  map[holdKey]*hold // holds of owners carried in ctx
+	calls  map[holdKey]*callWatch
+	// Tests: called when a lock call starts waiting for a release (enter).
+	onWait atomic.Pointer[func()]
 
 	// id tells this Client's holds apart from other processes' with the
 	// same owner token, under client reentrancy (see holderToken).
@@ -131,6 +139,7 @@ func (b *base) init(opts []Option) {
 	b.err = b.cfg.err
 	b.closed = make(chan struct{})
 	b.holds = make(map[holdKey]*hold)
+	b.calls = make(map[holdKey]*callWatch)
 	b.id = newCallID()
 }
 
@@ -168,46 +177,154 @@ func (b *base) handleConfig(name string, opts []Option) (config, error) {
 	return cfg, err
 }
 
-// ownerHold records a hold (or a re-entry) of an owner carried in ctx.
-func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold) *hold {
+// errRegrant is what a lock call of an owner under client reentrancy
+// gets when a release of the owner's hold in this process began while the
+// call was under way: its grant may be a re-entry, in Redis, of the hold
+// that release ends. The call is undone, and the caller takes the hold
+// again once the release is over (see lockLocal).
+var errRegrant = errors.New("dsync: hold released meanwhile in this process")
+
+// A callWatch counts the lock calls of one owner on one key that went to
+// Redis under client reentrancy, and the releases of the owner's hold that
+// began while any of them was under way.
+type callWatch struct {
+	n   int    // calls under way
+	rel uint64 // releases begun
+}
+
+// ownerHold records a hold (or a re-entry) of an owner carried in ctx. w
+// and rel are the lock call's watch and the releases it had seen when it
+// began (see enter), or nil: with a release begun since, the hold is not
+// recorded and ownerHold returns errRegrant.
+func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, w *callWatch, rel uint64) (*hold, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if w != nil && w.rel != rel {
+		return nil, errRegrant
+	}
 	if h := b.holds[k]; h != nil && h.fence == fence && !h.lost() {
 		h.count++
-		return h
+		return h, nil
 	} else if h != nil {
 		h.release()
 	}
 	h := newHold()
 	b.holds[k] = h
-	return h
+	return h, nil
 }
 
-// reenter counts a re-entry of a live hold recorded under k in this
-// process (client reentrancy), and reports whether there was one.
-func (b *base) reenter(k holdKey) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	h := b.holds[k]
-	if h == nil || h.lost() {
-		return false
+// lockLocal runs a lock call of an owner under client reentrancy, whose
+// hold is recorded under k: it re-enters the owner's live hold in the
+// process if there is one, and otherwise runs lock, the call to Redis.
+// A hold whose last release is under way is not re-entered, since that
+// release ends it in Redis: the call waits until the release is over (or
+// ctx ends) and then takes the hold afresh, as it does when lock returns
+// errRegrant.
+func (b *base) lockLocal(ctx context.Context, k holdKey, c lockCall, lock func(c lockCall) (bool, error)) (bool, error) {
+	for {
+		in, w, rel, err := b.enter(ctx, k)
+		if in || err != nil {
+			return in, err
+		}
+		c.w, c.rel = w, rel
+		ok, err := lock(c)
+		b.mu.Lock()
+		if w.n--; w.n == 0 && b.calls[k] == w {
+			delete(b.calls, k)
+		}
+		b.mu.Unlock()
+		if !errors.Is(err, errRegrant) {
+			return ok, err
+		}
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
 	}
-	h.count++
-	return true
 }
 
-// leave counts an inner unlock of a hold recorded under k (client
-// reentrancy) and reports whether it was one: false means the next unlock
-// must go to Redis.
-func (b *base) leave(k holdKey) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	h := b.holds[k]
-	if h == nil || h.count <= 1 || h.lost() {
-		return false
+// enter re-enters the live hold recorded under k and reports whether it
+// did, after waiting for a release of it under way. Otherwise it counts a
+// lock call going to Redis in the watch of k, which it returns with the
+// releases it has seen.
+func (b *base) enter(ctx context.Context, k holdKey) (bool, *callWatch, uint64, error) {
+	for {
+		b.mu.Lock()
+		h := b.holds[k]
+		if h != nil && h.releasing != nil {
+			ch := h.releasing
+			b.mu.Unlock()
+			if f := b.onWait.Load(); f != nil {
+				(*f)()
+			}
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return false, nil, 0, ctx.Err()
+			case <-b.closed:
+				return false, nil, 0, ErrClosed
+			}
+		}
+		if h != nil && !h.lost() {
+			h.count++
+			b.mu.Unlock()
+			return true, nil, 0, nil
+		}
+		w := b.calls[k]
+		if w == nil {
+			w = &callWatch{}
+			b.calls[k] = w
+		}
+		w.n++
+		rel := w.rel
+		b.mu.Unlock()
+		return false, w, rel, nil
 	}
-	h.count--
-	return true
+}
+
+// leaveLocal counts an unlock of the hold recorded under k (client
+// reentrancy) and reports whether it was an inner one, counted here. If
+// not, h is the hold the unlock must release in Redis (nil if none is
+// recorded), marked releasing: the caller calls endRelease once the
+// release is over. A release of the hold already under way is waited for
+// first.
+func (b *base) leaveLocal(k holdKey) (h *hold, inner bool) {
+	for {
+		b.mu.Lock()
+		h = b.holds[k]
+		if h != nil && h.releasing != nil {
+			ch := h.releasing
+			b.mu.Unlock()
+			<-ch // the release has its own deadline
+			continue
+		}
+		switch {
+		case h == nil:
+		case h.count > 1 && !h.lost():
+			h.count--
+			inner = true
+		default:
+			h.releasing = make(chan struct{})
+			if w := b.calls[k]; w != nil {
+				w.rel++
+			}
+		}
+		b.mu.Unlock()
+		return h, inner
+	}
+}
+
+// endRelease ends the release of h that leaveLocal began.
+func (b *base) endRelease(h *hold) {
+	if h == nil {
+		return
+	}
+	b.mu.Lock()
+	if h.releasing != nil {
+		close(h.releasing)
+		h.releasing = nil
+	}
+	b.mu.Unlock()
 }
 
 func (b *base) lookupHold(k holdKey) *hold {
@@ -371,12 +488,17 @@ func (h *hold) fenceArg() any {
 type releaser func(ctx context.Context, tok, id string, h *hold) (int64, error)
 
 // unlockOwner releases one level of the hold of the owner recorded under k,
-// held in Redis as tok.
-func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run releaser) error {
-	h := b.lockedHold(k)
+// held in Redis as tok: h under client reentrancy (local), where the
+// process counts the levels and only the last one gets here, else the hold
+// recorded, its releases one at a time.
+func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run releaser, local bool, h *hold) error {
+	if !local {
+		if h = b.lockedHold(k); h != nil {
+			defer h.relMu.Unlock()
+		}
+	}
 	id := newCallID()
 	if h != nil {
-		defer h.relMu.Unlock()
 		id = h.unlockCall()
 	}
 	dctx, cancel := releaseContext(ctx)

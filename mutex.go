@@ -60,6 +60,10 @@ type mutexImpl interface {
 type lockCall struct {
 	otok, tok string
 	owned     bool
+	// Under client reentrancy, the call's watch and the releases it saw
+	// (see base.lockLocal); nil otherwise.
+	w   *callWatch
+	rel uint64
 }
 
 var (
@@ -130,10 +134,12 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	}
 	c := lockCall{otok: otok, owned: owned}
 	if owned {
-		if m.cfg.local && m.b.reenter(holdKey{m.key, otok}) {
-			return true, nil
-		}
 		c.tok = m.b.holderToken(&m.cfg, otok)
+		if m.cfg.local {
+			return m.b.lockLocal(ctx, holdKey{m.key, otok}, c, func(c lockCall) (bool, error) {
+				return m.impl.lock(ctx, m, c, wait)
+			})
+		}
 	} else {
 		// The handle is locked from Lock to Unlock, as a sync.Mutex is,
 		// also when its hold was lost meanwhile.
@@ -150,13 +156,15 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 }
 
 // held records a hold taken (or re-entered) by call c with fencing token
-// fence; newHold starts the lease of a hold that is not a re-entry.
-func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) {
+// fence; newHold starts the lease of a hold that is not a re-entry. An
+// error (errRegrant) means it recorded nothing: the caller undoes the call.
+func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) error {
 	if c.owned {
-		m.b.ownerHold(holdKey{m.key, c.otok}, fence, newHold)
-		return
+		_, err := m.b.ownerHold(holdKey{m.key, c.otok}, fence, newHold, c.w, c.rel)
+		return err
 	}
 	m.slot.set(newHold())
+	return nil
 }
 
 // Unlock unlocks m: one level of an owner's re-entry, or the handle's hold.
@@ -173,11 +181,17 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if owned && m.cfg.local && m.b.leave(holdKey{m.key, otok}) {
-		return nil
-	}
 	if owned {
-		return m.b.unlockOwner(ctx, holdKey{m.key, otok}, m.b.holderToken(&m.cfg, otok), m.impl.unlock)
+		k := holdKey{m.key, otok}
+		var h *hold
+		if m.cfg.local {
+			var inner bool
+			if h, inner = m.b.leaveLocal(k); inner {
+				return nil
+			}
+			defer m.b.endRelease(h)
+		}
+		return m.b.unlockOwner(ctx, k, m.b.holderToken(&m.cfg, otok), m.impl.unlock, m.cfg.local, h)
 	}
 	return m.b.unlockSlot(ctx, &m.slot, m.impl.unlock)
 }

@@ -61,9 +61,14 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 	if err != nil || (g.kind != taken && g.kind != handed) {
 		return false, err
 	}
-	m.held(c, g.fence, func() *hold {
+	if err := m.held(c, g.fence, func() *hold {
 		return s.c.startHold(s.cfg, s.renewSpec(tok), tok, g.fence, start)
-	})
+	}); err != nil {
+		// errRegrant: the hold may be one a release in this process is
+		// ending. Undo the call; the caller takes the hold again.
+		s.c.cleanup(ctx, a.abandon)
+		return false, err
+	}
 	return true, nil
 }
 
@@ -88,7 +93,7 @@ func (s *mutexScripts) attempt(ctx context.Context, tok, id, secret string, queu
 
 // abandon undoes whatever the lock call id of tok may have done.
 func (s *mutexScripts) abandon(ctx context.Context, tok, id string) {
-	_ = s.c.eval(ctx, mutexUnlock, s.kargs, tok, newCallID(), s.chanArg, fenceIdleArg, id, argNone, argNone).Err()
+	_ = s.c.eval(ctx, mutexUnlock, s.kargs, tok, newCallID(), s.chanArg, fenceIdleArg, id, argNone, argNone, s.localArg).Err()
 }
 
 // unlock runs the unlock script, naming the hold h ends.

@@ -414,11 +414,7 @@ var nemKnownBugs = func() []nemKnown {
 			ks = append(ks, k)
 		}
 	}
-	add(nemKnown{name: "client-reentrancy-owner-in-goroutines",
-		why: "with ClientReentrancy, a Lock by one goroutine of an owner while another goroutine's last Unlock of it is in flight " +
-			"re-enters the hold being released: it returns nil holding nothing, and another owner can lock " +
-			"(unlock: \"returned dsync: not held\"; exclusion)",
-		remove: func(cl *nemClass) { cl.localAlone = true }}, "shared-owner", "all-mixed")
+	_ = add // none open
 	return ks
 }()
 

@@ -269,6 +269,9 @@ type quorumCall struct {
 	// ends (RWMutex: a waiting writer holds back new readers, a waiting
 	// reader is granted by a writer's Unlock).
 	keep bool
+	// accept, if set, records a grant; an error from it (errRegrant)
+	// undoes the call on every member, and the call returns it.
+	accept func(a answers, start time.Time) error
 }
 
 // lock runs the Redlock loop of one call: every attempt on all members in
@@ -341,6 +344,12 @@ func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, t
 			// A member whose reply was lost may hold it, and one that
 			// refused may keep a waiting place: undo there.
 			undo(func(i int) bool { return a.err[i] != nil || (k.keep && a.v[i] <= 0) })
+			if k.accept != nil {
+				if err := k.accept(a, first); err != nil {
+					undo(all)
+					return answers{}, first, err
+				}
+			}
 			return a, first, nil
 		}
 		more := wait && a.got >= q.need

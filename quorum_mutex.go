@@ -1,6 +1,9 @@
 package dsync
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Mutex returns a handle on the Mutex called name over q's masters.
 // Options override the Quorum's defaults for this handle. An empty name, a
@@ -25,7 +28,7 @@ type quorumMutex struct {
 
 func (qm *quorumMutex) lock(ctx context.Context, m *Mutex, c lockCall, wait bool) (bool, error) {
 	tok := c.tok
-	a, start, err := qm.q.lock(ctx, &quorumCall{
+	a, _, err := qm.q.lock(ctx, &quorumCall{
 		channel: qm.ch,
 		ttl:     m.cfg.ttl,
 		try: func(i int, id string) (int64, error) {
@@ -33,17 +36,20 @@ func (qm *quorumMutex) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 			return vote(g, err, int64(g.fence))
 		},
 		undo: func(ctx context.Context, i int, id string) { qm.subs[i].abandon(ctx, tok, id) },
+		// Recorded before the call returns, so that errRegrant undoes it.
+		accept: func(a answers, start time.Time) error {
+			fence := uint64(a.max)
+			return m.held(c, fence, func() *hold {
+				return qm.q.hold(tok, fence, a, func(i int) *hold {
+					sub := qm.subs[i]
+					return sub.c.startHold(sub.cfg, sub.renewSpec(tok), tok, uint64(a.v[i]), start)
+				})
+			})
+		},
 	}, wait)
 	if err != nil || a.v == nil {
 		return false, err
 	}
-	fence := uint64(a.max)
-	m.held(c, fence, func() *hold {
-		return qm.q.hold(tok, fence, a, func(i int) *hold {
-			sub := qm.subs[i]
-			return sub.c.startHold(sub.cfg, sub.renewSpec(tok), tok, uint64(a.v[i]), start)
-		})
-	})
 	return true, nil
 }
 

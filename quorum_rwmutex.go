@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // RWMutex returns a handle on the RWMutex called name over q's masters.
@@ -35,7 +36,7 @@ type quorumRWMutex struct {
 // refused by any master undoes the call everywhere.
 func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c lockCall, wait bool) (bool, error) {
 	tok := c.tok
-	a, start, err := qr.q.lock(ctx, &quorumCall{
+	a, _, err := qr.q.lock(ctx, &quorumCall{
 		channel: qr.ch,
 		ttl:     rw.cfg.ttl,
 		try: func(i int, id string) (int64, error) {
@@ -52,21 +53,24 @@ func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c l
 		undo: func(ctx context.Context, i int, id string) { qr.subs[i].abandon(ctx, mode, tok, id) },
 		zero: ErrUpgrade,
 		keep: true,
+		// Recorded before the call returns, so that errRegrant undoes it.
+		accept: func(a answers, start time.Time) error {
+			fence := uint64(a.max)
+			if mode == modeRead {
+				fence = 0
+			}
+			return rw.held(mode, c, fence, func() *hold {
+				return qr.q.hold(tok, fence, a, func(i int) *hold {
+					sub := qr.subs[i]
+					// This master's fencing token, or its id of the read hold.
+					return sub.c.startHold(sub.cfg, sub.renewSpec(mode, tok), tok, uint64(a.v[i]), start)
+				})
+			})
+		},
 	}, wait)
 	if err != nil || a.v == nil {
 		return false, err
 	}
-	fence := uint64(a.max)
-	if mode == modeRead {
-		fence = 0
-	}
-	rw.held(mode, c, fence, func() *hold {
-		return qr.q.hold(tok, fence, a, func(i int) *hold {
-			sub := qr.subs[i]
-			// This master's fencing token, or its id of the read hold.
-			return sub.c.startHold(sub.cfg, sub.renewSpec(mode, tok), tok, uint64(a.v[i]), start)
-		})
-	})
 	return true, nil
 }
 

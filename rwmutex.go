@@ -168,12 +168,14 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	if owned && rw.cfg.local && rw.b.reenter(rw.holdKey(mode, otok)) {
-		return true, nil
-	}
 	c := lockCall{otok: otok, owned: owned}
 	if owned {
 		c.tok = rw.b.holderToken(&rw.cfg, otok)
+		if rw.cfg.local {
+			return rw.b.lockLocal(ctx, rw.holdKey(mode, otok), c, func(c lockCall) (bool, error) {
+				return rw.impl.lock(ctx, rw, mode, c, wait)
+			})
+		}
 	} else {
 		if mode == modeWrite {
 			// The handle is write-locked from Lock to Unlock, as a
@@ -200,19 +202,22 @@ func (rw *RWMutex) holdKey(mode, tok string) holdKey {
 
 // held records a hold in mode taken (or re-entered) by call c with fencing
 // token fence; newHold starts the lease of a hold that is not a re-entry.
-func (rw *RWMutex) held(mode string, c lockCall, fence uint64, newHold func() *hold) {
+// An error (errRegrant) means it recorded nothing: the caller undoes the
+// call.
+func (rw *RWMutex) held(mode string, c lockCall, fence uint64, newHold func() *hold) error {
 	if c.owned {
-		rw.b.ownerHold(rw.holdKey(mode, c.otok), fence, newHold)
-		return
+		_, err := rw.b.ownerHold(rw.holdKey(mode, c.otok), fence, newHold, c.w, c.rel)
+		return err
 	}
 	h := newHold()
 	if mode == modeWrite {
 		rw.slot.set(h)
-		return
+		return nil
 	}
 	rw.mu.Lock()
 	rw.reads = append(rw.reads, h)
 	rw.mu.Unlock()
+	return nil
 }
 
 // takeRead removes the handle's latest read hold so that no other unlock
@@ -269,11 +274,15 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	var h *hold
 	var tok string
 	switch {
-	case owned:
-		if rw.cfg.local && rw.b.leave(rw.holdKey(mode, otok)) {
+	case owned && rw.cfg.local:
+		var inner bool
+		if h, inner = rw.b.leaveLocal(rw.holdKey(mode, otok)); inner {
 			// Client reentrancy: an inner unlock, counted in this process.
 			return nil
 		}
+		defer rw.b.endRelease(h)
+		tok = rw.b.holderToken(&rw.cfg, otok)
+	case owned:
 		if h = rw.b.lockedHold(rw.holdKey(mode, otok)); h != nil {
 			defer h.relMu.Unlock()
 		}

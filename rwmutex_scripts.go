@@ -55,9 +55,13 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 		}
 	}
 	// For a read hold, g.fence is its hold id (see s.attempt).
-	rw.held(mode, c, g.fence, func() *hold {
+	if err := rw.held(mode, c, g.fence, func() *hold {
 		return s.c.startHold(s.cfg, s.renewSpec(mode, tok), tok, g.fence, start)
-	})
+	}); err != nil {
+		// errRegrant, as for Mutex (mutexScripts.lock).
+		s.c.cleanup(ctx, a.abandon)
+		return false, err
+	}
 	return true, nil
 }
 
@@ -93,7 +97,11 @@ func (s *rwScripts) attempt(ctx context.Context, mode, tok, id, secret string, w
 
 // abandon undoes whatever a failed lock call may have done on the server.
 func (s *rwScripts) abandon(ctx context.Context, mode, tok, id string) {
-	_ = s.c.eval(ctx, rwUnlock, s.kargs, mode, tok, newCallID(), s.ch, argNone, id, argNone, fenceIdleArg).Err()
+	local := argNo
+	if s.cfg.local {
+		local = argYes
+	}
+	_ = s.c.eval(ctx, rwUnlock, s.kargs, mode, tok, newCallID(), s.ch, argNone, id, argNone, fenceIdleArg, local).Err()
 }
 
 // unlock runs the unlock script for a release of h. It names the hold it

@@ -231,7 +231,7 @@ func (s *Semaphore) held(tok string, owned bool, fence uint64, n int64, start ti
 		}, tok, fence, start)
 	}
 	if owned {
-		s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHold)
+		_, _ = s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHold, nil, 0)
 		return
 	}
 	s.mu.Lock()

@@ -17,7 +17,8 @@
 --         place in the queue; '0' (TryLock, quorum mode) never queues
 -- ARGV[5] idle expiry of the fence hash (ms)
 -- ARGV[6] '1' when the owner counts re-entries itself (client reentrancy):
---         a re-entry then leaves the count in Redis at 1
+--         a re-entry then leaves the count in Redis at 1 (its call id is
+--         still added to ':c', see mutex_unlock.lua's ARGV[8])
 -- ARGV[7] the call's secret, proof of a hand-over to it (see lib.lua)
 -- Reply: {1, fencing token} the caller took or re-entered the hold now;
 --        {2, fencing token} the hold was this call's already (a hand-over,
@@ -52,11 +53,13 @@ if cur[1] then
     -- Handed over to this call.
     return { 2, tonumber(cur[3]) }
   end
-  -- Re-entry: it never moves the expiry earlier.
+  -- Re-entry: it never moves the expiry earlier. With client reentrancy
+  -- the count stays at 1, but the call is remembered all the same: an
+  -- abandon of another call of the holder then leaves the hold to it.
   if ARGV[6] ~= '1' then
     redis.call('HINCRBY', KEYS[1], tok, 1)
-    redis.call('HSET', KEYS[1], ':c', remember(cur[2], id))
   end
+  redis.call('HSET', KEYS[1], ':c', remember(cur[2], id))
   extend_key(KEYS[1], ttl)
   clock()
   note(KEYS[5], id, now_ms, 1)

@@ -18,6 +18,10 @@
 -- ARGV[7] the fencing token of the hold this Unlock ends, or '' when the
 --         caller does not know it: a hold with another token is not the
 --         caller's (a later hold of the same holder is never ended)
+-- ARGV[8] '1' when the owner counts re-entries itself (client
+--         reentrancy): an abandon (ARGV[5]) leaves the hold alone while
+--         other calls that took or re-entered it are remembered in ':c',
+--         since the process counts them and releases the hold itself
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it.
 
@@ -78,6 +82,13 @@ if guard ~= '' then
     return 0
   end
   calls = forget(calls, guard)
+  if ARGV[8] == '1' and calls ~= '' and redis.call('HEXISTS', KEYS[1], tok) == 1 then
+    -- Client reentrancy: other calls of the process took or re-entered
+    -- the hold (the Redis count is 1 whatever their number), and the
+    -- process releases it once they are done.
+    redis.call('HSET', KEYS[1], ':c', calls)
+    return 2
+  end
 end
 
 local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':w', ':f')

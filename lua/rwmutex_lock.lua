@@ -30,7 +30,8 @@
 -- ARGV[5] '1' when the caller waits if refused (it takes a place), '0' for a try
 -- ARGV[6] idle expiry of the fence hash (ms)
 -- ARGV[7] '1' when the owner counts re-entries itself (client reentrancy):
---         a re-entry then leaves the count in Redis at 1
+--         a re-entry then leaves the count in Redis at 1 (its call id is
+--         remembered all the same)
 -- ARGV[8] '1' when the caller (a waiting writer) has waited past the
 --         starvation threshold: a refused attempt then queues it
 -- ARGV[9] the call's secret, proof of a hand-over to it (see lib.lua)
@@ -97,8 +98,11 @@ if mode == 'r' then
       return { 2, tonumber(rid) }
     end
     if counted then
-      write_rec(tok, cnt + 1, rid, remember(ids, id))
+      cnt = cnt + 1
     end
+    -- Remembered also with client reentrancy (see rwmutex_unlock.lua's
+    -- ARGV[9]).
+    write_rec(tok, cnt, rid, remember(ids, id))
     local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
     if now + ttl > s then
       redis.call('ZADD', R, num(now + ttl), tok)
@@ -163,8 +167,10 @@ if cur[1] then
   end
   if counted then
     redis.call('HINCRBY', W, tok, 1)
-    redis.call('HSET', W, ':c', remember(cur[3], id))
   end
+  -- Remembered also with client reentrancy (see rwmutex_unlock.lua's
+  -- ARGV[9]).
+  redis.call('HSET', W, ':c', remember(cur[3], id))
   -- A re-entry never moves the expiry earlier.
   extend_key(W, ttl)
   noted(id, 1)

@@ -28,6 +28,10 @@
 --         is larger even where another master's clock ran ahead when it was
 --         issued
 -- ARGV[8] idle expiry of the fence hash (ms)
+-- ARGV[9] '1' when the owner counts re-entries itself (client
+--         reentrancy): an abandon (ARGV[6]) leaves the hold alone while
+--         other calls that took or re-entered it are remembered with it,
+--         since the process counts them and releases the hold itself
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it. A repeat within the
 --        replay window answers as the first run did and changes nothing.
@@ -116,6 +120,16 @@ if mode == 'r' then
   if not cnt or (named and rid ~= name) then
     return answer(0)
   end
+  if guard ~= '' and ARGV[9] == '1' then
+    -- Client reentrancy: other calls of the process took or re-entered
+    -- the hold (the count here is 1 whatever their number), and the
+    -- process releases it once they are done.
+    local rest = forget(ids, guard)
+    if rest ~= '' then
+      write_rec(tok, cnt, rid, rest)
+      return answer(2)
+    end
+  end
   if cnt > 1 then
     if guard ~= '' then
       ids = forget(ids, guard)
@@ -149,6 +163,14 @@ local cur = redis.call('HMGET', W, tok, ':f', ':c')
 local cnt = tonumber(cur[1])
 if not cnt or (named and cur[2] ~= name) then
   return answer(0)
+end
+if guard ~= '' and ARGV[9] == '1' then
+  -- Client reentrancy, as for a read hold above.
+  local rest = forget(cur[3], guard)
+  if rest ~= '' then
+    redis.call('HSET', W, ':c', rest)
+    return answer(2)
+  end
 end
 if cnt > 1 then
   redis.call('HINCRBY', W, tok, -1)
