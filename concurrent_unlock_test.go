@@ -46,7 +46,17 @@ func unlockCases(c, other *dsync.Client, name string) []unlockCase {
 func TestConcurrentUnlocksOfOneOwner(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		c, other := newClient(t, b), newClient(t, b)
-		concurrentUnlocks(t, func(name string) []unlockCase { return unlockCases(c, other, name) })
+		local := newClient(t, b, dsync.ClientReentrancy())
+		concurrentUnlocks(t, func(name string) []unlockCase {
+			cs := unlockCases(c, other, name)
+			// Under client reentrancy (Mutex and RWMutex) the process
+			// counts the levels.
+			for _, tc := range unlockCases(local, other, name+"local")[:3] {
+				tc.name += " (client reentrancy)"
+				cs = append(cs, tc)
+			}
+			return cs
+		})
 	})
 	t.Run("quorum", func(t *testing.T) {
 		var rdbs []redis.UniversalClient
