@@ -63,14 +63,14 @@ func TestScriptCallsPerUncontendedOperation(t *testing.T) {
 			name := redistest.Key(t)
 			m, rw, sem := c.Mutex(name), c.RWMutex(name), c.Semaphore(name, 4)
 			ops := []countedOp{
-				{"Mutex.Lock", mutexKeys(name).Lock, 12, m.Lock},
-				{"Mutex.Unlock", mutexKeys(name).Lock, 8, m.Unlock},
-				{"RWMutex.Lock", rwk(name).Writer, 16, rw.Lock},
-				{"RWMutex.Unlock", rwk(name).Writer, 10, rw.Unlock},
-				{"RWMutex.RLock", rwk(name).Writer, 14, rw.RLock},
-				{"RWMutex.RUnlock", rwk(name).Writer, 12, rw.RUnlock},
-				{"Semaphore.Acquire", semKeys(name).State, 16, func(ctx context.Context) error { return sem.Acquire(ctx, 1) }},
-				{"Semaphore.Release", semKeys(name).State, 9, func(ctx context.Context) error { return sem.Release(ctx, 1) }},
+				{"Mutex.Lock", mutexKeys(name).Lock, 11, m.Lock},
+				{"Mutex.Unlock", mutexKeys(name).Lock, 7, m.Unlock},
+				{"RWMutex.Lock", rwk(name).Writer, 15, rw.Lock},
+				{"RWMutex.Unlock", rwk(name).Writer, 9, rw.Unlock},
+				{"RWMutex.RLock", rwk(name).Writer, 13, rw.RLock},
+				{"RWMutex.RUnlock", rwk(name).Writer, 11, rw.RUnlock},
+				{"Semaphore.Acquire", semKeys(name).State, 15, func(ctx context.Context) error { return sem.Acquire(ctx, 1) }},
+				{"Semaphore.Release", semKeys(name).State, 8, func(ctx context.Context) error { return sem.Release(ctx, 1) }},
 			}
 			// The first round runs on fresh keys; the figures are those of
 			// the rounds after it (the steady state of a name in use). A

@@ -198,7 +198,8 @@ type Mutex struct {
 	QueueData string
 	// Calls is the call ids zset (lua/lib.lua): call id -> (forget-after ms)
 	// * 4 + what the call did (Lock: 1 took or re-entered, 2 abandoned;
-	// Unlock: 1 released, 2 lowered the count). It expires with the replay
+	// Unlock: 1 released, 2 lowered the count), and the member ':p' ->
+	// (when old ids are pruned next, ms) * 4. It expires with the replay
 	// window and may outlive a hold by that much.
 	Calls string
 }
