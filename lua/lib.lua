@@ -51,6 +51,28 @@ local function clock()
   end
 end
 
+-- The fence hash of a name (the fencing counter) outlives its holds with
+-- an idle expiry: 'n' the last fencing token, 'e' the server time (ms) at
+-- which the hash expires as the scripts last set it, so that they need not
+-- read its expiry. Writes the token n (a string) to the fence hash key, whose
+-- 'e' was read as e in this script, and keeps the hash alive for idle ms
+-- after this use: its expiry (and 'e') is rewritten only once less than
+-- half of that is left, so that most calls write 'n' alone. A hash without
+-- 'e' (created by someone else, or foreign data there) gets both. Returns
+-- the hash's 'e' after the write.
+local function set_fence(key, n, e, idle)
+  clock()
+  idle = tonumber(idle)
+  if (tonumber(e) or 0) - now_ms >= idle / 2 then
+    redis.call('HSET', key, 'n', n)
+    return e
+  end
+  e = string.format('%.0f', now_ms + idle)
+  redis.call('HSET', key, 'n', n, 'e', e)
+  redis.call('PEXPIRE', key, idle)
+  return e
+end
+
 -- Call ids. go-redis sends a script again after a read timeout, and the
 -- first copy may still arrive later, after other calls; a cancelled call's
 -- attempt may arrive after its caller gave up. So every call that changed

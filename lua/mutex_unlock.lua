@@ -25,9 +25,9 @@ local tok, id, ch, idle, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 if ARGV[6] and ARGV[6] ~= '' then
   local floor = tonumber(ARGV[6])
-  if floor and floor > (tonumber(redis.call('HGET', KEYS[2], 'n')) or 0) then
-    redis.call('HSET', KEYS[2], 'n', ARGV[6])
-    keep_fence(idle)
+  local fence = redis.call('HMGET', KEYS[2], 'n', 'e')
+  if floor and floor > (tonumber(fence[1]) or 0) then
+    set_fence(KEYS[2], ARGV[6], fence[2], idle)
   end
 end
 
@@ -119,7 +119,7 @@ end
 
 -- Hand over: the head owns the lock now, with its own TTL and its Lock
 -- call's id, so that call's next attempt finds it held and changes nothing.
-local f = next_token(redis.call('HGET', KEYS[2], 'n'), idle)
+local f = next_token(redis.call('HMGET', KEYS[2], 'n', 'e'), idle)
 if not f then
   redis.call('PUBLISH', ch, '')
   return 1

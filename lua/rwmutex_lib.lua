@@ -83,24 +83,15 @@ local function write_rec(tok, cnt, rid, ids)
   redis.call('HSET', RC, tok, string.format('%d %s %s', cnt, rid, ids))
 end
 
--- Keeps the fence hash alive for idle ms after its last use. It is
--- refreshed once less than half of that is left, so that most calls need
--- not write its expiry.
-local function keep_fence(idle)
-  if redis.call('PTTL', F) < tonumber(idle) / 2 then
-    redis.call('PEXPIRE', F, idle)
-  end
-end
-
 -- The next fencing token of a fresh write hold, as a string: max(last + 1,
 -- server time in µs), so tokens keep rising even after the fence hash
 -- expired; nil, with nothing written, when the counter holds foreign data
--- (see lib.lua's fence_after).
+-- (see lib.lua's fence_after and set_fence).
 local function next_fence(idle)
-  local f = fence_after(redis.call('HGET', F, 'n'), now_us)
+  local fence = redis.call('HMGET', F, 'n', 'e')
+  local f = fence_after(fence[1], now_us)
   if f then
-    redis.call('HSET', F, 'n', f)
-    keep_fence(idle)
+    set_fence(F, f, fence[2], idle)
   end
   return f
 end

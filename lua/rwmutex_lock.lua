@@ -4,7 +4,8 @@
 -- KEYS[1] writer hash: <owner token> -> reentry count, ':f' fencing token of
 --         the write hold, ':c' ids of the last calls applied to it (see
 --         lib.lua: what an abandon may undo)
--- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token
+-- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
+--         'e' when the hash expires (see lib.lua's set_fence)
 -- KEYS[3] readers zset: reader token -> lease deadline (server ms)
 -- KEYS[4] readers hash: reader token -> "<reentry count> <hold id> <ids
 --         of the last calls applied>" (ids as ':c' above; the hold id,

@@ -43,9 +43,9 @@ local named = name ~= nil and name ~= ''
 
 if ARGV[7] and ARGV[7] ~= '' then
   local floor = tonumber(ARGV[7])
-  if floor and floor > (tonumber(redis.call('HGET', F, 'n')) or 0) then
-    redis.call('HSET', F, 'n', ARGV[7])
-    keep_fence(idle)
+  local fence = redis.call('HMGET', F, 'n', 'e')
+  if floor and floor > (tonumber(fence[1]) or 0) then
+    set_fence(F, ARGV[7], fence[2], idle)
   end
 end
 

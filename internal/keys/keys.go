@@ -186,7 +186,8 @@ type Mutex struct {
 	// ("<owner token>@<client id>").
 	Lock string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
-	// 'n' last fencing token. The Semaphore of the same name uses the same
+	// 'n' last fencing token, 'e' when the hash expires (server ms, as the
+	// scripts last set it: lua/lib.lua's set_fence). The Semaphore of the same name uses the same
 	// hash on purpose (its field is 'n' too): one sequence of fencing
 	// tokens per name, and one key left per released name rather than two.
 	Fence string
@@ -230,7 +231,8 @@ type RWMutex struct {
 	// what an abandon may undo).
 	Writer string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
-	// 'n' last fencing token.
+	// 'n' last fencing token, 'e' when the hash expires (as for
+	// [Mutex.Fence]).
 	Fence string
 	// Readers is the readers zset: reader token -> lease deadline (server
 	// ms). Each reader's share expires alone.
