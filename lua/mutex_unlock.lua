@@ -106,14 +106,17 @@ end
 if guard == '' then
   note(KEYS[5], id, now_ms, 1)
 end
-local waited = cur[3]
 redis.call('DEL', KEYS[1])
+-- No one waits (':w' unset): the queue has no live place, since every
+-- call that queues finds the lock held by another and sets ':w', or finds
+-- it free behind a live head, whose hold then begins with ':w' set.
+if not cur[3] then
+  return 1
+end
 
 local h, ttl, cid, secret = head()
 if not h then
-  if waited then
-    redis.call('PUBLISH', ch, '')
-  end
+  redis.call('PUBLISH', ch, '')
   return 1
 end
 
