@@ -65,10 +65,10 @@ func TestScriptCallsPerUncontendedOperation(t *testing.T) {
 			ops := []countedOp{
 				{"Mutex.Lock", mutexKeys(name).Lock, 10, m.Lock},
 				{"Mutex.Unlock", mutexKeys(name).Lock, 6, m.Unlock},
-				{"RWMutex.Lock", rwk(name).Writer, 14, rw.Lock},
-				{"RWMutex.Unlock", rwk(name).Writer, 9, rw.Unlock},
-				{"RWMutex.RLock", rwk(name).Writer, 13, rw.RLock},
-				{"RWMutex.RUnlock", rwk(name).Writer, 11, rw.RUnlock},
+				{"RWMutex.Lock", rwk(name).Writer, 12, rw.Lock},
+				{"RWMutex.Unlock", rwk(name).Writer, 7, rw.Unlock},
+				{"RWMutex.RLock", rwk(name).Writer, 12, rw.RLock},
+				{"RWMutex.RUnlock", rwk(name).Writer, 10, rw.RUnlock},
 				{"Semaphore.Acquire", semKeys(name).State, 14, func(ctx context.Context) error { return sem.Acquire(ctx, 1) }},
 				{"Semaphore.Release", semKeys(name).State, 8, func(ctx context.Context) error { return sem.Release(ctx, 1) }},
 			}

@@ -58,6 +58,11 @@ local function refused(deadline)
   return out({ 0, math.max(math.min(deadline - now, ttl), 1) })
 end
 
+-- A reader looks at the readers first thing (its own read hold included).
+if mode == 'r' then
+  prune_readers()
+end
+
 -- A repeat of a call that took effect, or of one abandoned or refused for
 -- good, changes nothing: it answers with the hold it finds, if any.
 local done = recall(X, id)
@@ -111,6 +116,7 @@ if mode == 'r' then
   -- Nobody writes, waits to write, or waits to read: the common case, in
   -- one look.
   if redis.call('EXISTS', W, WW, RQ) > 0 then
+    prune_writers()
     local left = redis.call('PTTL', W) -- -2: no writer
     local held = left ~= -2
     local mine = held and redis.call('HEXISTS', W, tok) == 1
@@ -191,6 +197,7 @@ end
 
 -- Held by another writer (a hold always has ':f'), or by readers?
 if cur[2] or redis.call('EXISTS', W, R) > 0 then
+  prune()
   if redis.call('HEXISTS', RC, tok) == 1 then
     -- The owner reads: waiting for the write lock would wait for itself.
     -- The call is refused for good.
@@ -252,6 +259,7 @@ if h then
 elseif redis.call('ZREM', WW, tok) == 1 then
   -- A waiting place, but no queue place: the queue is empty (head found
   -- none).
+  prune_writers()
   fit(WW)
 end
 redis.call('HSET', W, tok, 1, ':f', f, ':c', id)

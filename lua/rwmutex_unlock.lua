@@ -66,6 +66,7 @@ if guard == '' then
     return done
   end
 else
+  prune()
   if recall(X, guard) == 2 then
     -- Cleaned up already (or refused for good): nothing is left to undo.
     return 0
@@ -108,6 +109,7 @@ else
 end
 
 if mode == 'r' then
+  prune_readers()
   local rec = redis.call('HGET', RC, tok)
   local cnt, rid, ids
   if rec then
@@ -163,6 +165,7 @@ redis.call('DEL', W)
 if redis.call('EXISTS', RQ, WW, WQ) == 0 then
   return answer(1)
 end
+prune()
 
 -- Every reader that waited for this writer holds the lock now, with its own
 -- lease, and its lock call is remembered as one that took effect, so that
