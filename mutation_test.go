@@ -114,8 +114,8 @@ func TestPropertyCatchesSeededBugs(t *testing.T) {
 		}},
 		{"rwmutex fencing token not raised", "rwmutex", []swap{
 			// The next token is max(last, now) instead of max(last + 1, now).
-			{"rwmutex_lock", "local f = fence_after(redis.call('HGET', F, 'n'), now_us)", "local f = fence_after((tonumber(redis.call('HGET', F, 'n')) or 1) - 1, now_us)"},
-			{"rwmutex_unlock", "local f = fence_after(redis.call('HGET', F, 'n'), now_us)", "local f = fence_after((tonumber(redis.call('HGET', F, 'n')) or 1) - 1, now_us)"},
+			{"rwmutex_lock", "local f = fence_after(fence[1], now_us)", "local f = fence_after((tonumber(fence[1]) or 1) - 1, now_us)"},
+			{"rwmutex_unlock", "local f = fence_after(fence[1], now_us)", "local f = fence_after((tonumber(fence[1]) or 1) - 1, now_us)"},
 		}},
 		{"semaphore counting an expired holder", "semaphore", []swap{
 			{"semaphore_acquire", "redis.call('HINCRBY', KEYS[1], ':used', -c)", ""},

@@ -51,6 +51,28 @@ local function clock()
   end
 end
 
+-- The fence hash of a name (the fencing counter) outlives its holds with
+-- an idle expiry: 'n' the last fencing token, 'e' the server time (ms) at
+-- which the hash expires as the scripts last set it, so that they need not
+-- read its expiry. Writes the token n (a string) to the fence hash key, whose
+-- 'e' was read as e in this script, and keeps the hash alive for idle ms
+-- after this use: its expiry (and 'e') is rewritten only once less than
+-- half of that is left, so that most calls write 'n' alone. A hash without
+-- 'e' (created by someone else, or foreign data there) gets both. Returns
+-- the hash's 'e' after the write.
+local function set_fence(key, n, e, idle)
+  clock()
+  idle = tonumber(idle)
+  if (tonumber(e) or 0) - now_ms >= idle / 2 then
+    redis.call('HSET', key, 'n', n)
+    return e
+  end
+  e = string.format('%.0f', now_ms + idle)
+  redis.call('HSET', key, 'n', n, 'e', e)
+  redis.call('PEXPIRE', key, idle)
+  return e
+end
+
 -- Call ids. go-redis sends a script again after a read timeout, and the
 -- first copy may still arrive later, after other calls; a cancelled call's
 -- attempt may arrive after its caller gave up. So every call that changed
@@ -59,29 +81,47 @@ end
 -- id, score (forget-after ms) * 4 + a code saying what the call did. A
 -- repeat within the window answers from the code and changes nothing,
 -- however many calls came in between. Memory is bounded by time, not by
--- count: old ids are pruned by every write, and the zset expires with its
--- newest id.
+-- count: old ids are pruned, and the zset expires with its newest id.
 local REPLAY_MS = 60000
+
+-- Old ids are pruned at most every PRUNE_MS: the member PRUNE_MARK (call
+-- ids never contain ':') has the score (next prune's time ms) * 4, and is
+-- read with the id that recall looks up, in the same command. An id is so
+-- kept up to PRUNE_MS past its window, still within its key's expiry.
+local PRUNE_MS, PRUNE_MARK = 5000, ':p'
+
+-- Per key: when its ids are to be pruned next (ms), as recall last read
+-- it; false when unknown (no marker, or foreign data there).
+local prune_at = {}
 
 -- The code remembered for id in the zset key, or nil.
 local function recall(key, id)
-  local s = redis.call('ZSCORE', key, id)
-  if not s then
+  local s = redis.call('ZMSCORE', key, id, PRUNE_MARK)
+  prune_at[key] = s[2] and math.floor((tonumber(s[2]) or 0) / 4)
+  if not s[1] then
     return nil
   end
-  return tonumber(s) % 4
+  return tonumber(s[1]) % 4
 end
 
 -- Remembers the calls in list ({id, code, id, code, ...}, codes 0 to 3)
--- for the replay window from now_ms: one prune, one ZADD (per 500 ids) and
--- one PEXPIRE, whatever the number of ids.
+-- for the replay window from now_ms: one ZADD (per 500 ids) and one
+-- PEXPIRE, whatever the number of ids, and a prune of old ids when one is
+-- due (or not known not to be: this script did not recall from key).
 local function note_all(key, list, now_ms)
   if #list == 0 then
     return
   end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('(%.0f', now_ms * 4))
-  local base = (now_ms + REPLAY_MS) * 4
+  local due = prune_at[key]
   local args = {}
+  -- A marker from foreign data, or from a clock that stepped back, can be
+  -- too far off: that counts as due too.
+  if not due or due <= now_ms or due > now_ms + PRUNE_MS then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('(%.0f', now_ms * 4))
+    prune_at[key] = now_ms + PRUNE_MS
+    args = { string.format('%.0f', (now_ms + PRUNE_MS) * 4), PRUNE_MARK }
+  end
+  local base = (now_ms + REPLAY_MS) * 4
   for i = 1, #list, 2 do
     args[#args + 1] = string.format('%.0f', base + list[i + 1])
     args[#args + 1] = list[i]
@@ -90,8 +130,9 @@ local function note_all(key, list, now_ms)
       args = {}
     end
   end
-  -- Every id in key is forgotten by now + REPLAY_MS at the latest, so the
-  -- key need not live longer (nor can it already).
+  -- Every id in key is forgotten by now + REPLAY_MS at the latest (pruned
+  -- by PRUNE_MS later), so the key need not live longer (nor can it
+  -- already).
   redis.call('PEXPIRE', key, REPLAY_MS)
 end
 

@@ -4,7 +4,8 @@
 --         the hold, ':c' ids of the last calls applied to the hold (so an
 --         abandoned call undoes only its own effect), ':w' set once someone
 --         waits
--- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token
+-- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
+--         'e' when the hash expires (see lib.lua's set_fence)
 -- KEYS[3] queue zset: waiter token -> arrival time (µs)
 -- KEYS[4] queue data hash: waiter token -> "<place deadline ms> <ttl ms>
 --         <call id> <secret>"
@@ -143,7 +144,7 @@ if h then
 end
 
 -- Fresh acquisition.
-local f = next_token(redis.call('HGET', KEYS[2], 'n'), ARGV[5])
+local f = next_token(redis.call('HMGET', KEYS[2], 'n', 'e'), ARGV[5])
 if not f then
   return { 3, 0 }
 end

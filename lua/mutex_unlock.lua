@@ -29,9 +29,9 @@ local tok, id, ch, idle, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 if ARGV[6] and ARGV[6] ~= '' then
   local floor = tonumber(ARGV[6])
-  if floor and floor > (tonumber(redis.call('HGET', KEYS[2], 'n')) or 0) then
-    redis.call('HSET', KEYS[2], 'n', ARGV[6])
-    keep_fence(idle)
+  local fence = redis.call('HMGET', KEYS[2], 'n', 'e')
+  if floor and floor > (tonumber(fence[1]) or 0) then
+    set_fence(KEYS[2], ARGV[6], fence[2], idle)
   end
 end
 
@@ -117,20 +117,23 @@ end
 if guard == '' then
   note(KEYS[5], id, now_ms, 1)
 end
-local waited = cur[3]
 redis.call('DEL', KEYS[1])
+-- No one waits (':w' unset): the queue has no live place, since every
+-- call that queues finds the lock held by another and sets ':w', or finds
+-- it free behind a live head, whose hold then begins with ':w' set.
+if not cur[3] then
+  return 1
+end
 
 local h, ttl, cid, secret = head()
 if not h then
-  if waited then
-    redis.call('PUBLISH', ch, '')
-  end
+  redis.call('PUBLISH', ch, '')
   return 1
 end
 
 -- Hand over: the head owns the lock now, with its own TTL and its Lock
 -- call's id, so that call's next attempt finds it held and changes nothing.
-local f = next_token(redis.call('HGET', KEYS[2], 'n'), idle)
+local f = next_token(redis.call('HMGET', KEYS[2], 'n', 'e'), idle)
 if not f then
   redis.call('PUBLISH', ch, '')
   return 1

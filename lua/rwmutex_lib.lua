@@ -17,16 +17,42 @@ local function num(x)
   return string.format('%.0f', x)
 end
 
--- Leases and places end by server time: drop every expired reader (each
--- reader's share expires alone) and lapsed writer places.
-local gone = redis.call('ZRANGEBYSCORE', R, '-inf', num(now))
-for _, r in ipairs(gone) do
-  redis.call('HDEL', RC, r)
+-- Leases and places end by server time. A script drops every expired
+-- reader (each reader's share expires alone) before it reads the readers,
+-- and lapsed writer places before it counts the waiting writers or asks
+-- whether any wait; each runs at most once per script. Where a key is
+-- found absent there is nothing to drop: a zset (and its companion hash)
+-- expires with its furthest deadline (see fit), so one whose entries all
+-- lapsed is gone.
+local readers_pruned, writers_pruned = false, false
+
+local function prune_readers()
+  if readers_pruned then
+    return
+  end
+  readers_pruned = true
+  local gone = redis.call('ZRANGEBYSCORE', R, '-inf', num(now))
+  for _, r in ipairs(gone) do
+    redis.call('HDEL', RC, r)
+  end
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', R, '-inf', num(now))
+  end
 end
-if #gone > 0 then
-  redis.call('ZREMRANGEBYSCORE', R, '-inf', num(now))
+
+local function prune_writers()
+  if writers_pruned then
+    return
+  end
+  writers_pruned = true
+  redis.call('ZREMRANGEBYSCORE', WW, '-inf', num(now))
 end
-redis.call('ZREMRANGEBYSCORE', WW, '-inf', num(now))
+
+-- Both, for the paths that are not worth telling apart.
+local function prune()
+  prune_readers()
+  prune_writers()
+end
 
 -- A zset (and its companion hash) expires with its furthest deadline, so no
 -- key outlives the leases or places it records. Reports whether z has any
@@ -83,24 +109,15 @@ local function write_rec(tok, cnt, rid, ids)
   redis.call('HSET', RC, tok, string.format('%d %s %s', cnt, rid, ids))
 end
 
--- Keeps the fence hash alive for idle ms after its last use. It is
--- refreshed once less than half of that is left, so that most calls need
--- not write its expiry.
-local function keep_fence(idle)
-  if redis.call('PTTL', F) < tonumber(idle) / 2 then
-    redis.call('PEXPIRE', F, idle)
-  end
-end
-
 -- The next fencing token of a fresh write hold, as a string: max(last + 1,
 -- server time in µs), so tokens keep rising even after the fence hash
 -- expired; nil, with nothing written, when the counter holds foreign data
--- (see lib.lua's fence_after).
+-- (see lib.lua's fence_after and set_fence).
 local function next_fence(idle)
-  local f = fence_after(redis.call('HGET', F, 'n'), now_us)
+  local fence = redis.call('HMGET', F, 'n', 'e')
+  local f = fence_after(fence[1], now_us)
   if f then
-    redis.call('HSET', F, 'n', f)
-    keep_fence(idle)
+    set_fence(F, f, fence[2], idle)
   end
   return f
 end
@@ -138,6 +155,7 @@ end
 -- Drops writer w's waiting place and its queue place.
 local function unplace(w)
   if redis.call('ZREM', WW, w) == 1 then
+    prune_writers()
     fit(WW)
   end
   redis.call('ZREM', WQ, w)
@@ -152,6 +170,7 @@ end
 -- whether it did (or, when no fencing token can be issued, told the
 -- waiters to try again instead).
 local function hand_over(ch, idle)
+  prune_writers()
   for _ = 1, 100 do
     local h, _, d = head()
     if not h then

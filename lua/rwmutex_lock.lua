@@ -4,7 +4,8 @@
 -- KEYS[1] writer hash: <owner token> -> reentry count, ':f' fencing token of
 --         the write hold, ':c' ids of the last calls applied to it (see
 --         lib.lua: what an abandon may undo)
--- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token
+-- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
+--         'e' when the hash expires (see lib.lua's set_fence)
 -- KEYS[3] readers zset: reader token -> lease deadline (server ms)
 -- KEYS[4] readers hash: reader token -> "<reentry count> <hold id> <ids
 --         of the last calls applied>" (ids as ':c' above; the hold id,
@@ -56,6 +57,11 @@ local function refused(deadline)
     noted(id, 2)
   end
   return out({ 0, math.max(math.min(deadline - now, ttl), 1) })
+end
+
+-- A reader looks at the readers first thing (its own read hold included).
+if mode == 'r' then
+  prune_readers()
 end
 
 -- A repeat of a call that took effect, or of one abandoned or refused for
@@ -114,6 +120,7 @@ if mode == 'r' then
   -- Nobody writes, waits to write, or waits to read: the common case, in
   -- one look.
   if redis.call('EXISTS', W, WW, RQ) > 0 then
+    prune_writers()
     local left = redis.call('PTTL', W) -- -2: no writer
     local held = left ~= -2
     local mine = held and redis.call('HEXISTS', W, tok) == 1
@@ -196,6 +203,7 @@ end
 
 -- Held by another writer (a hold always has ':f'), or by readers?
 if cur[2] or redis.call('EXISTS', W, R) > 0 then
+  prune()
   if redis.call('HEXISTS', RC, tok) == 1 then
     -- The owner reads: waiting for the write lock would wait for itself.
     -- The call is refused for good.
@@ -257,6 +265,7 @@ if h then
 elseif redis.call('ZREM', WW, tok) == 1 then
   -- A waiting place, but no queue place: the queue is empty (head found
   -- none).
+  prune_writers()
   fit(WW)
 end
 redis.call('HSET', W, tok, 1, ':f', f, ':c', id)

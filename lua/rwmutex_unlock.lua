@@ -47,9 +47,9 @@ local named = name ~= nil and name ~= ''
 
 if ARGV[7] and ARGV[7] ~= '' then
   local floor = tonumber(ARGV[7])
-  if floor and floor > (tonumber(redis.call('HGET', F, 'n')) or 0) then
-    redis.call('HSET', F, 'n', ARGV[7])
-    keep_fence(idle)
+  local fence = redis.call('HMGET', F, 'n', 'e')
+  if floor and floor > (tonumber(fence[1]) or 0) then
+    set_fence(F, ARGV[7], fence[2], idle)
   end
 end
 
@@ -70,6 +70,7 @@ if guard == '' then
     return done
   end
 else
+  prune()
   if recall(X, guard) == 2 then
     -- Cleaned up already (or refused for good): nothing is left to undo.
     return 0
@@ -112,6 +113,7 @@ else
 end
 
 if mode == 'r' then
+  prune_readers()
   local rec = redis.call('HGET', RC, tok)
   local cnt, rid, ids
   if rec then
@@ -185,6 +187,7 @@ redis.call('DEL', W)
 if redis.call('EXISTS', RQ, WW, WQ) == 0 then
   return answer(1)
 end
+prune()
 
 -- Every reader that waited for this writer holds the lock now, with its own
 -- lease, and its lock call is remembered as one that took effect, so that

@@ -9,8 +9,9 @@
 --         ':c:'<token> -> ids of the latest Acquire calls applied to that
 --         holding (see lib.lua: what an abandon may undo). Owner tokens
 --         never begin with ':', so the fields cannot clash.
--- KEYS[2] fence hash (outlives holdings, idle expiry): 'n' last fencing token
---         (shared with the other primitives of the name)
+-- KEYS[2] fence hash (outlives holdings, idle expiry): 'n' last fencing token,
+--         'e' when the hash expires (see lib.lua's set_fence); shared with
+--         the Mutex of the name
 -- KEYS[3] holders zset: <token> -> lease deadline (server ms)
 -- KEYS[4] queue zset: Acquire call id -> arrival (server µs, increasing)
 -- KEYS[5] queue data hash: call id -> "<place deadline ms> <ttl ms> <n>
@@ -99,16 +100,6 @@ local function extend(key, ttl)
   end
 end
 
--- Keeps the fence hash alive for idle ms after its last use. It is
--- refreshed once less than half of that is left, so that most calls need
--- not write its expiry.
-local function keep_fence(idle)
-  if pttl(KEYS[2]) < tonumber(idle) / 2 then
-    redis.call('PEXPIRE', KEYS[2], idle)
-    known[KEYS[2]] = tonumber(idle)
-  end
-end
-
 -- Drop the holdings whose lease ran out, giving their permits back. Runs
 -- before the state hash is read (hold).
 local function prune()
@@ -131,8 +122,9 @@ local function prune()
   end
 end
 
--- The fence hash's 'n' (the last fencing token), once read or written.
-local last
+-- The fence hash's 'n' (the last fencing token) and 'e' (when it
+-- expires, see lib.lua's set_fence), once read or written.
+local last, last_e
 
 -- Next fencing token = max(last + 1, server time in µs), so tokens keep
 -- rising even after the fence hash expired. Returns it as a string, or
@@ -140,15 +132,15 @@ local last
 -- fence_after).
 local function fence(idle)
   if not last then
-    last = redis.call('HGET', KEYS[2], 'n')
+    local r = redis.call('HMGET', KEYS[2], 'n', 'e')
+    last, last_e = r[1], r[2]
   end
   local f = fence_after(last, now_us)
   if not f then
     return nil
   end
   last = f
-  redis.call('HSET', KEYS[2], 'n', last)
-  keep_fence(idle)
+  last_e = set_fence(KEYS[2], last, last_e, idle)
   return last
 end
 

@@ -186,7 +186,8 @@ type Mutex struct {
 	// ("<owner token>@<client id>").
 	Lock string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
-	// 'n' last fencing token. The Semaphore of the same name uses the same
+	// 'n' last fencing token, 'e' when the hash expires (server ms, as the
+	// scripts last set it: lua/lib.lua's set_fence). The Semaphore of the same name uses the same
 	// hash on purpose (its field is 'n' too): one sequence of fencing
 	// tokens per name, and one key left per released name rather than two.
 	Fence string
@@ -198,7 +199,8 @@ type Mutex struct {
 	QueueData string
 	// Calls is the call ids zset (lua/lib.lua): call id -> (forget-after ms)
 	// * 4 + what the call did (Lock: 1 took or re-entered, 2 abandoned;
-	// Unlock: 1 released, 2 lowered the count). It expires with the replay
+	// Unlock: 1 released, 2 lowered the count), and the member ':p' ->
+	// (when old ids are pruned next, ms) * 4. It expires with the replay
 	// window and may outlive a hold by that much.
 	Calls string
 }
@@ -229,7 +231,8 @@ type RWMutex struct {
 	// what an abandon may undo).
 	Writer string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
-	// 'n' last fencing token.
+	// 'n' last fencing token, 'e' when the hash expires (as for
+	// [Mutex.Fence]).
 	Fence string
 	// Readers is the readers zset: reader token -> lease deadline (server
 	// ms). Each reader's share expires alone.
