@@ -106,6 +106,69 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 	})
 }
 
+// An owner whose hold was lost (its keys deleted) and who then takes the
+// name afresh (a new fencing token) is told of the loss: the first hold's
+// Lease reports ErrLeaseLost, not a release, since nobody released it. A
+// goroutine of the owner that still relies on the first hold learns that
+// it is gone.
+func TestOwnerHoldReplacedAfterLossIsLost(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		c := newClient(t, b)
+		rdb := b.NewClient(t)
+		m := c.Mutex(name + "-m")
+		rw := c.RWMutex(name + "-rw")
+		s := c.Semaphore(name+"-s", 2)
+		cases := []struct {
+			what   string
+			lock   func() error
+			lease  func() (*dsync.Lease, error)
+			keys   []string
+			unlock func() error
+		}{
+			{"Mutex", func() error { return m.Lock(ctx) }, func() (*dsync.Lease, error) { return m.Lease(ctx) },
+				[]string{mutexKeys(name + "-m").Lock}, func() error { return m.Unlock(ctx) }},
+			{"RWMutex", func() error { return rw.Lock(ctx) }, func() (*dsync.Lease, error) { return rw.Lease(ctx) },
+				[]string{rwk(name + "-rw").Writer}, func() error { return rw.Unlock(ctx) }},
+			{"Semaphore", func() error { return s.Acquire(ctx, 1) }, func() (*dsync.Lease, error) { return s.Lease(ctx) },
+				[]string{semKeys(name + "-s").State, semKeys(name + "-s").Holders}, func() error { return s.Release(ctx, 1) }},
+		}
+		for _, tc := range cases {
+			if err := tc.lock(); err != nil {
+				t.Fatalf("%s: %v", tc.what, err)
+			}
+			first, err := tc.lease()
+			if err != nil {
+				t.Fatalf("%s: %v", tc.what, err)
+			}
+			if err := rdb.Del(ctx, tc.keys...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			// Another goroutine of the owner takes the name afresh.
+			if err := tc.lock(); err != nil {
+				t.Fatalf("%s: lock after the loss: %v", tc.what, err)
+			}
+			second, err := tc.lease()
+			if err != nil {
+				t.Fatalf("%s: %v", tc.what, err)
+			}
+			if second.Token() <= first.Token() {
+				t.Fatalf("%s: token %d after the loss, want above %d (a fresh hold)", tc.what, second.Token(), first.Token())
+			}
+			if err := first.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
+				t.Fatalf("%s: the lost hold's Lease Err = %v, want ErrLeaseLost", tc.what, err)
+			}
+			if err := second.Err(); err != nil {
+				t.Fatalf("%s: the new hold's Lease Err = %v", tc.what, err)
+			}
+			if err := tc.unlock(); err != nil {
+				t.Fatalf("%s: unlock of the new hold: %v", tc.what, err)
+			}
+		}
+	})
+}
+
 // A Semaphore handle without an owner whose holding was lost still owes
 // its permits: a Release of them reports the loss and leaves the holding a
 // later Acquire through the handle took alone, so the semaphore never has
