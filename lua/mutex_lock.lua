@@ -56,6 +56,12 @@ if cur[1] then
   if ARGV[6] ~= '1' then
     redis.call('HINCRBY', KEYS[1], tok, 1)
     redis.call('HSET', KEYS[1], ':c', remember(cur[2], id))
+  else
+    -- The owner counts re-entries itself, and its process did not know
+    -- it held (or this call would not have come): the hold was taken by
+    -- an earlier call of the process that gave up before it learned of
+    -- it, and is this call's now. That call's clean-up must not end it.
+    redis.call('HSET', KEYS[1], ':c', id)
   end
   extend_key(KEYS[1], ttl)
   clock()

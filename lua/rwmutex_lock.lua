@@ -98,6 +98,11 @@ if mode == 'r' then
     end
     if counted then
       write_rec(tok, cnt + 1, rid, remember(ids, id))
+    else
+      -- The owner counts re-entries itself, and its process did not know
+      -- it held: the hold is this call's now, and the clean-up of the
+      -- earlier call that took it but gave up must not end it.
+      write_rec(tok, cnt, rid, id)
     end
     local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
     if now + ttl > s then
@@ -164,6 +169,9 @@ if cur[1] then
   if counted then
     redis.call('HINCRBY', W, tok, 1)
     redis.call('HSET', W, ':c', remember(cur[3], id))
+  else
+    -- As for a read hold above: the hold is this call's now.
+    redis.call('HSET', W, ':c', id)
   end
   -- A re-entry never moves the expiry earlier.
   extend_key(W, ttl)
