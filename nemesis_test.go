@@ -231,8 +231,12 @@ var nemClasses = []*nemClass{
 	// Hand-overs forged from what the keys hold (call ids, holders,
 	// secrets), without a proof and with plausible but invalid ones, with
 	// absurd and plausible fencing tokens, and real ones delivered again
-	// later.
-	{name: "forged", on: map[string]time.Duration{"miniredis": time.Second, "redis": 2 * time.Second, "cluster": time.Second},
+	// later. Not on miniredis: under -race its scripts run in the test
+	// binary on the same busy cores, a one-second run there takes a few
+	// holds and rarely has a call queued when a forgery is made, so the run
+	// proved too little about every other time; the forgeries and what the
+	// waiters make of them do not depend on the server.
+	{name: "forged", on: map[string]time.Duration{"redis": 2 * time.Second, "cluster": time.Second},
 		clients: 3, workers: 9, modes: []bool{false, true}, kinds: allKind, names: 1, owners: 2, shared: 1,
 		pOwner: 0.4, pShared: 0.2, pCarry: 0.3, pTry: 0.1, pWrite: 0.6, pReenter: 0.2,
 		ttl: secs(2, 5), hold: secs(0.005, 0.1), longHold: secs(0.2, 0.5), pLongHold: 0.1, deadline: secs(0.3, 2),
