@@ -1155,7 +1155,36 @@ func (w *nemWorld) release(h *nemHold, ctx context.Context, retry bool, f func(c
 		w.counts["releases that returned nil"]++
 	}
 	w.mu.Unlock()
+	if l := h.lease; l != nil && stillHeld(h) {
+		// The permits stay the handle's (see stillHeld): their loss, if
+		// it comes, is the handle's to learn.
+		w.watchers.Add(1)
+		go func() {
+			defer w.watchers.Done()
+			select {
+			case <-l.Done():
+				if errors.Is(l.Err(), dsync.ErrLeaseLost) {
+					now := time.Now()
+					w.mu.Lock()
+					h.lostAt = now
+					w.mu.Unlock()
+				}
+			case <-w.stop:
+			}
+		}()
+	}
 	return err
+}
+
+// stillHeld reports whether h's permits stay with its holder after its
+// release: a Semaphore handle's Release that failed with an error (its
+// outcome unknown; the nemesis does not retry it) changed nothing the
+// handle knows of, so the handle goes on renewing the holding and, once it
+// is lost, owes its permits: later Releases through the handle settle them
+// first and return ErrLeaseLost (Semaphore.Release).
+func stillHeld(h *nemHold) bool {
+	return h.kind == kSem && h.handle != 0 && h.unlockE != nil &&
+		!errors.Is(h.unlockE, dsync.ErrLeaseLost) && !errors.Is(h.unlockE, dsync.ErrNotHeld)
 }
 
 func (w *nemWorld) window(what string, proc int, name string, d time.Duration) {
@@ -2004,12 +2033,20 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time) map[*nemHold]time.Time
 	for _, h := range hs {
 		byIdent[h.ident] = append(byIdent[h.ident], h)
 	}
+	// A hold whose permits stay with the holder after its release (see
+	// stillHeld) overlaps the holder's later holds until the end.
+	groupEnd := func(h *nemHold) time.Time {
+		if stillHeld(h) {
+			return end
+		}
+		return relOr(h, end)
+	}
 	for _, g := range byIdent {
 		sort.Slice(g, func(i, j int) bool { return g[i].call.Before(g[j].call) })
 		for i := 0; i < len(g); {
-			j, to := i+1, relOr(g[i], end)
+			j, to := i+1, groupEnd(g[i])
 			for j < len(g) && !g[j].call.After(to) {
-				if t := relOr(g[j], end); t.After(to) {
+				if t := groupEnd(g[j]); t.After(to) {
 					to = t
 				}
 				j++
