@@ -2,12 +2,17 @@ package dsync_test
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
@@ -160,6 +165,69 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 		}
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// An owner whose hold was lost (its keys deleted) and who then takes the
+// name afresh (a new fencing token) is told of the loss: the first hold's
+// Lease reports ErrLeaseLost, not a release, since nobody released it. A
+// goroutine of the owner that still relies on the first hold learns that
+// it is gone.
+func TestOwnerHoldReplacedAfterLossIsLost(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		c := newClient(t, b)
+		rdb := b.NewClient(t)
+		m := c.Mutex(name + "-m")
+		rw := c.RWMutex(name + "-rw")
+		s := c.Semaphore(name+"-s", 2)
+		cases := []struct {
+			what   string
+			lock   func() error
+			lease  func() (*dsync.Lease, error)
+			keys   []string
+			unlock func() error
+		}{
+			{"Mutex", func() error { return m.Lock(ctx) }, func() (*dsync.Lease, error) { return m.Lease(ctx) },
+				[]string{mutexKeys(name + "-m").Lock}, func() error { return m.Unlock(ctx) }},
+			{"RWMutex", func() error { return rw.Lock(ctx) }, func() (*dsync.Lease, error) { return rw.Lease(ctx) },
+				[]string{rwk(name + "-rw").Writer}, func() error { return rw.Unlock(ctx) }},
+			{"Semaphore", func() error { return s.Acquire(ctx, 1) }, func() (*dsync.Lease, error) { return s.Lease(ctx) },
+				[]string{semKeys(name + "-s").State, semKeys(name + "-s").Holders}, func() error { return s.Release(ctx, 1) }},
+		}
+		for _, tc := range cases {
+			if err := tc.lock(); err != nil {
+				t.Fatalf("%s: %v", tc.what, err)
+			}
+			first, err := tc.lease()
+			if err != nil {
+				t.Fatalf("%s: %v", tc.what, err)
+			}
+			if err := rdb.Del(ctx, tc.keys...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			// Another goroutine of the owner takes the name afresh.
+			if err := tc.lock(); err != nil {
+				t.Fatalf("%s: lock after the loss: %v", tc.what, err)
+			}
+			second, err := tc.lease()
+			if err != nil {
+				t.Fatalf("%s: %v", tc.what, err)
+			}
+			if second.Token() <= first.Token() {
+				t.Fatalf("%s: token %d after the loss, want above %d (a fresh hold)", tc.what, second.Token(), first.Token())
+			}
+			if err := first.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
+				t.Fatalf("%s: the lost hold's Lease Err = %v, want ErrLeaseLost", tc.what, err)
+			}
+			if err := second.Err(); err != nil {
+				t.Fatalf("%s: the new hold's Lease Err = %v", tc.what, err)
+			}
+			if err := tc.unlock(); err != nil {
+				t.Fatalf("%s: unlock of the new hold: %v", tc.what, err)
+			}
 		}
 	})
 }
@@ -376,4 +444,177 @@ func TestOwnerWaitingInTwoGoroutinesCountsTwice(t *testing.T) {
 			t.Fatalf("TryLock by another after both Unlocks = %v, %v; want true", ok, err)
 		}
 	})
+}
+
+// unlockGate holds back the calls of one unlock script (sha) made through a
+// go-redis client while it is shut; others pass.
+type unlockGate struct {
+	sha  string
+	mu   sync.Mutex
+	shut chan struct{} // nil while open
+	held atomic.Int64
+}
+
+func (g *unlockGate) close() {
+	g.mu.Lock()
+	g.shut = make(chan struct{})
+	g.mu.Unlock()
+}
+
+func (g *unlockGate) open() {
+	g.mu.Lock()
+	if g.shut != nil {
+		close(g.shut)
+		g.shut = nil
+	}
+	g.mu.Unlock()
+}
+
+func (g *unlockGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *unlockGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if len(args) > 1 && fmt.Sprint(args[1]) == g.sha {
+			g.mu.Lock()
+			shut := g.shut
+			g.mu.Unlock()
+			if shut != nil {
+				g.held.Add(1)
+				select {
+				case <-shut:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (g *unlockGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// With client reentrancy, an owner's lock call (A) that waits is given the
+// hold (handed over, or admitted as a reader by a writer's unlock) but its
+// ctx ends before it learns of it: its clean-up, left to the background,
+// is to release that hold. If the owner locks again on the same Client (B)
+// before the clean-up reaches the server, B finds the owner holding in
+// Redis and takes that hold as its own (the count there stays one); A's
+// clean-up must then leave it alone, or B returns holding nothing while
+// another process gets in.
+func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
+	cases := []struct {
+		name, script string
+		// first: the other process's hold that A waits for; mine: A and
+		// B; other: another process's attempt while B holds.
+		first func(c *dsync.Client, name string) (lock, unlock func(context.Context) error)
+		mine  func(c *dsync.Client, name string) (lock, unlock func(context.Context) error)
+		other func(c *dsync.Client, name string) func(context.Context) (bool, error)
+	}{
+		{"Mutex", "mutex_unlock",
+			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
+				m := c.Mutex(n)
+				return m.Lock, m.Unlock
+			},
+			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
+				m := c.Mutex(n)
+				return m.Lock, m.Unlock
+			},
+			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.Mutex(n).TryLock }},
+		{"RWMutex.Lock", "rwmutex_unlock",
+			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
+				rw := c.RWMutex(n)
+				return rw.Lock, rw.Unlock
+			},
+			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
+				rw := c.RWMutex(n)
+				return rw.Lock, rw.Unlock
+			},
+			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.RWMutex(n).TryRLock }},
+		{"RWMutex.RLock", "rwmutex_unlock",
+			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
+				rw := c.RWMutex(n)
+				return rw.Lock, rw.Unlock
+			},
+			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
+				rw := c.RWMutex(n)
+				return rw.RLock, rw.RUnlock
+			},
+			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.RWMutex(n).TryLock }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, b redistest.Backend) {
+				ctx := ctxT(t)
+				name := redistest.Key(t)
+				src, err := dsync.ScriptSource(tc.script)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sum := sha1.Sum([]byte(src))
+				gate := &unlockGate{sha: hex.EncodeToString(sum[:])}
+				wrdb := b.NewClient(t)
+				wrdb.AddHook(gate)
+				wc := dsync.New(wrdb, dsync.ClientReentrancy())
+				// Messages to the owner's Client wait until let is
+				// closed (probes go by): A never learns of its hold.
+				let := make(chan struct{})
+				var letOnce sync.Once
+				release := func() { letOnce.Do(func() { close(let) }) }
+				t.Cleanup(func() { release(); gate.open(); wc.Close() })
+				var probed atomic.Int64
+				dsync.SetMessageHook(wc, func(_, payload string) {
+					if payload == "probe" {
+						probed.Add(1)
+						return
+					}
+					<-let
+				})
+				octx := dsync.WithOwner(ctx)
+				firstLock, firstUnlock := tc.first(newClient(t, b), name)
+				lock, unlock := tc.mine(wc, name)
+				other := tc.other(newClient(t, b), name)
+				rdb := b.NewClient(t)
+
+				if err := firstLock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				actx, cancel := context.WithCancel(octx)
+				got := make(chan error, 1)
+				go func() { got <- lock(actx) }() // A
+				waitFor(t, 10*time.Second, "subscription of the waiter", func() bool {
+					for _, ch := range []string{mutexKeys(name).Channel(), rwk(name).Channel()} {
+						rdb.Publish(ctx, ch, "probe")
+					}
+					return probed.Load() > 0
+				})
+				gate.close()
+				// The hold goes to A, which does not learn of it.
+				if err := firstUnlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				cancel()
+				if err := <-got; !errors.Is(err, context.Canceled) {
+					t.Fatalf("A = %v, want context.Canceled", err)
+				}
+				waitFor(t, 10*time.Second, "A's clean-up held back", func() bool { return gate.held.Load() > 0 })
+				if err := lock(octx); err != nil { // B
+					t.Fatalf("B = %v", err)
+				}
+				gate.open()
+				dsync.WaitCleanups(wc)
+				if ok, err := other(ctx); err != nil || ok {
+					t.Fatalf("another process's attempt while B holds = %v, %v; want false (A's clean-up released B's hold)", ok, err)
+				}
+				if err := unlock(octx); err != nil {
+					t.Fatalf("B's unlock = %v", err)
+				}
+				if ok, err := other(ctx); err != nil || !ok {
+					t.Fatalf("another process's attempt after B's unlock = %v, %v; want true", ok, err)
+				}
+			})
+		})
+	}
 }

@@ -83,6 +83,11 @@ type hold struct {
 	// relMu makes the releases of this hold in this process run one at a
 	// time (see lockedHold).
 	relMu sync.Mutex
+	// Owner holds only, guarded by base.mu: unlocks of the hold in flight,
+	// and whether ownerHold recorded a later hold of the owner meanwhile
+	// (see base.unlocking).
+	unlocking int
+	replaced  bool
 }
 
 func (h *hold) leaseView() *Lease {
@@ -206,7 +211,16 @@ func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, w *callW
 		h.count++
 		return h, nil
 	} else if h != nil {
-		h.release()
+		// A fresh fencing token for the owner: the recorded hold has ended
+		// in Redis. Unless an unlock of it is in flight, whose reply says
+		// how it ended, nobody released it: it was lost (expired or
+		// deleted), and its Lease says so. (Reporting it released would
+		// tell a goroutine still relying on it that it ended well.)
+		if h.unlocking > 0 {
+			h.replaced = true
+		} else {
+			h.lease.MarkLost()
+		}
 	}
 	h := newHold()
 	b.holds[k] = h
@@ -325,6 +339,35 @@ func (b *base) endRelease(h *hold) {
 		h.releasing = nil
 	}
 	b.mu.Unlock()
+}
+
+// unlocking notes an unlock of h, an owner's recorded hold (nil: none), in
+// flight. The func it returns notes the unlock's end: given whether the
+// reply said it ended h, it ends h accordingly if ownerHold recorded a
+// later hold of the owner meanwhile (then h ended in Redis, and only this
+// reply tells whether it was released or lost), and reports whether it did.
+func (b *base) unlocking(h *hold) (done func(released bool) bool) {
+	if h == nil {
+		return func(bool) bool { return false }
+	}
+	b.mu.Lock()
+	h.unlocking++
+	b.mu.Unlock()
+	return func(released bool) bool {
+		b.mu.Lock()
+		h.unlocking--
+		replaced := h.replaced
+		b.mu.Unlock()
+		if !replaced {
+			return false
+		}
+		if released {
+			h.release()
+		} else {
+			h.lease.MarkLost()
+		}
+		return true
+	}
 }
 
 func (b *base) lookupHold(k holdKey) *hold {
@@ -503,7 +546,9 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
+	done := b.unlocking(h)
 	r, err := run(dctx, tok, id, h)
+	done(err == nil && r == 1)
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		return err

@@ -274,3 +274,43 @@ func TestMutexUnlockOfNothingRetriedLateEndsNothing(t *testing.T) {
 		}
 	})
 }
+
+// noscriptHook makes every EVALSHA find no script (it names an unknown
+// one) and fails every SCRIPT LOAD as if the caller's ctx had ended then.
+type noscriptHook struct{}
+
+func (noscriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (noscriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		switch {
+		case cmd.Name() == "evalsha":
+			args[1] = "0000000000000000000000000000000000000000"
+		case cmd.Name() == "script" && len(args) > 1 && args[1] == "load":
+			cmd.SetErr(context.Canceled)
+			return context.Canceled
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (noscriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A call whose script the server does not know, and whose loading of it
+// fails (its ctx ended, say), returns the loading's error, not the
+// NOSCRIPT that asked for it: the caller sees ctx's error as documented.
+func TestScriptLoadFailureIsReported(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		rdb := b.NewClient(t)
+		rdb.AddHook(noscriptHook{})
+		c := dsync.New(rdb)
+		t.Cleanup(func() { c.Close() })
+		err := c.Mutex(redistest.Key(t)).Lock(ctxT(t))
+		if !errors.Is(err, context.Canceled) || redis.HasErrorPrefix(err, "NOSCRIPT") {
+			t.Fatalf("Lock = %v, want the loading's context.Canceled", err)
+		}
+	})
+}

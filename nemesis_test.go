@@ -231,8 +231,12 @@ var nemClasses = []*nemClass{
 	// Hand-overs forged from what the keys hold (call ids, holders,
 	// secrets), without a proof and with plausible but invalid ones, with
 	// absurd and plausible fencing tokens, and real ones delivered again
-	// later.
-	{name: "forged", on: map[string]time.Duration{"miniredis": time.Second, "redis": 2 * time.Second, "cluster": time.Second},
+	// later. Not on miniredis: under -race its scripts run in the test
+	// binary on the same busy cores, a one-second run there takes a few
+	// holds and rarely has a call queued when a forgery is made, so the run
+	// proved too little about every other time; the forgeries and what the
+	// waiters make of them do not depend on the server.
+	{name: "forged", on: map[string]time.Duration{"redis": 2 * time.Second, "cluster": time.Second},
 		clients: 3, workers: 9, modes: []bool{false, true}, kinds: allKind, names: 1, owners: 2, shared: 1,
 		pOwner: 0.4, pShared: 0.2, pCarry: 0.3, pTry: 0.1, pWrite: 0.6, pReenter: 0.2,
 		ttl: secs(2, 5), hold: secs(0.005, 0.1), longHold: secs(0.2, 0.5), pLongHold: 0.1, deadline: secs(0.3, 2),
@@ -1147,7 +1151,36 @@ func (w *nemWorld) release(h *nemHold, ctx context.Context, retry bool, f func(c
 		w.counts["releases that returned nil"]++
 	}
 	w.mu.Unlock()
+	if l := h.lease; l != nil && stillHeld(h) {
+		// The permits stay the handle's (see stillHeld): their loss, if
+		// it comes, is the handle's to learn.
+		w.watchers.Add(1)
+		go func() {
+			defer w.watchers.Done()
+			select {
+			case <-l.Done():
+				if errors.Is(l.Err(), dsync.ErrLeaseLost) {
+					now := time.Now()
+					w.mu.Lock()
+					h.lostAt = now
+					w.mu.Unlock()
+				}
+			case <-w.stop:
+			}
+		}()
+	}
 	return err
+}
+
+// stillHeld reports whether h's permits stay with its holder after its
+// release: a Semaphore handle's Release that failed with an error (its
+// outcome unknown; the nemesis does not retry it) changed nothing the
+// handle knows of, so the handle goes on renewing the holding and, once it
+// is lost, owes its permits: later Releases through the handle settle them
+// first and return ErrLeaseLost (Semaphore.Release).
+func stillHeld(h *nemHold) bool {
+	return h.kind == kSem && h.handle != 0 && h.unlockE != nil &&
+		!errors.Is(h.unlockE, dsync.ErrLeaseLost) && !errors.Is(h.unlockE, dsync.ErrNotHeld)
 }
 
 func (w *nemWorld) window(what string, proc int, name string, d time.Duration) {
@@ -1996,12 +2029,20 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time) map[*nemHold]time.Time
 	for _, h := range hs {
 		byIdent[h.ident] = append(byIdent[h.ident], h)
 	}
+	// A hold whose permits stay with the holder after its release (see
+	// stillHeld) overlaps the holder's later holds until the end.
+	groupEnd := func(h *nemHold) time.Time {
+		if stillHeld(h) {
+			return end
+		}
+		return relOr(h, end)
+	}
 	for _, g := range byIdent {
 		sort.Slice(g, func(i, j int) bool { return g[i].call.Before(g[j].call) })
 		for i := 0; i < len(g); {
-			j, to := i+1, relOr(g[i], end)
+			j, to := i+1, groupEnd(g[i])
 			for j < len(g) && !g[j].call.After(to) {
-				if t := relOr(g[j], end); t.After(to) {
+				if t := groupEnd(g[j]); t.After(to) {
 					to = t
 				}
 				j++

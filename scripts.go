@@ -65,6 +65,10 @@ func (c *Client) eval(ctx context.Context, sc *script, keys []any, args ...any) 
 	cmd := redis.NewCmd(ctx, a...)
 	if err := c.rdb.Process(ctx, cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		if err := sc.s.Load(ctx, c.rdb).Err(); err != nil {
+			// The script did not run: the caller learns why loading it
+			// failed (its ctx ended, the server went away), not the
+			// NOSCRIPT that asked for the load.
+			cmd.SetErr(err)
 			return cmd
 		}
 		cmd = redis.NewCmd(ctx, a...)

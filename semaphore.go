@@ -371,7 +371,12 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
+	done := func(bool) bool { return false }
+	if owned {
+		done = s.c.unlocking(h)
+	}
 	r, err := s.c.eval(dctx, semRelease, s.kargs, tok, n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg()).Int64Slice()
+	done(err == nil && len(r) == 3 && r[0] == 1 && r[1] == 0)
 	if err != nil {
 		return err
 	}
