@@ -415,28 +415,41 @@ type pairReply struct {
 	arg     any
 }
 
-// pair decodes the reply of cmd, a script call replying {code, value}:
-// integers, or strings of integers (as [redis.Cmd.Int64Slice] reads them).
+// pair decodes the reply of cmd, a script call replying {code, value}.
 func pair(what string, cmd *redis.Cmd) (pairReply, error) {
-	r, err := cmd.Slice()
+	var v [2]int64
+	r, err := replyInts(what, cmd, v[:])
 	if err != nil {
-		return pairReply{}, scriptError(err)
+		return pairReply{}, err
 	}
-	for _, e := range r {
-		if _, err := replyInt(e); err != nil {
-			return pairReply{}, err
-		}
-	}
-	if len(r) != 2 {
-		return pairReply{}, replyError(what, r)
-	}
-	p := pairReply{}
-	p.code, _ = replyInt(r[0])
-	p.v, _ = replyInt(r[1])
+	p := pairReply{code: v[0], v: v[1]}
 	if _, ok := r[1].(int64); ok {
 		p.arg = r[1]
 	}
 	return p, nil
+}
+
+// replyInts reads the reply of cmd, a script call replying with an array
+// of len(dst) integers (or strings of integers, as [redis.Cmd.Int64Slice]
+// reads them), into dst, and returns the reply as it came. A reply of
+// another length is ErrCorrupt. Unlike Int64Slice it makes no slice.
+func replyInts(what string, cmd *redis.Cmd, dst []int64) ([]any, error) {
+	r, err := cmd.Slice()
+	if err != nil {
+		return nil, scriptError(err)
+	}
+	for _, e := range r {
+		if _, err := replyInt(e); err != nil {
+			return nil, err
+		}
+	}
+	if len(r) != len(dst) {
+		return nil, replyError(what, r)
+	}
+	for i, e := range r {
+		dst[i], _ = replyInt(e)
+	}
+	return r, nil
 }
 
 // replyInt reads an integer of a reply as [redis.Cmd.Int64Slice] does.

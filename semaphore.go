@@ -384,12 +384,10 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	r, err := s.c.eval(dctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg()).Int64Slice()
-	if err != nil {
+	cmd := s.c.eval(dctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg())
+	var r [3]int64 // code, permits left, fencing token
+	if _, err := replyInts("semaphore release", cmd, r[:]); err != nil {
 		return err
-	}
-	if len(r) != 3 {
-		return replyError("semaphore release", r)
 	}
 	switch r[0] {
 	case 1:
