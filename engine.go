@@ -20,8 +20,9 @@ import (
 // the time the script said the current hold can last, then another
 // attempt, until the hold is taken, handed over, or the call gives up; a
 // call that gives up has whatever it may have done on the server undone in
-// the background. A primitive supplies its attempt and abandon scripts as
-// functions and decodes its replies into a grant; the engine does the rest.
+// the background. A primitive supplies its attempt and abandon scripts
+// through an acquirer, a struct per call, and decodes its replies into a
+// grant; the engine does the rest.
 
 // A grantKind says what one attempt achieved.
 type grantKind int8
