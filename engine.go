@@ -7,7 +7,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,8 +20,9 @@ import (
 // the time the script said the current hold can last, then another
 // attempt, until the hold is taken, handed over, or the call gives up; a
 // call that gives up has whatever it may have done on the server undone in
-// the background. A primitive supplies its attempt and abandon scripts as
-// functions and decodes its replies into a grant; the engine does the rest.
+// the background. A primitive supplies its attempt and abandon scripts
+// through an acquirer, a struct per call, and decodes its replies into a
+// grant; the engine does the rest.
 
 // A grantKind says what one attempt achieved.
 type grantKind int8
@@ -46,9 +49,13 @@ const (
 // A grant is a primitive's decoding of one attempt's reply.
 type grant struct {
 	kind  grantKind
-	fence uint64        // taken, handed: the hold's fencing token
-	wait  time.Duration // refused: the longest the caller need wait
-	err   error         // final
+	fence uint64 // taken, handed: the hold's fencing token
+	// taken, handed: fence as the reply carried it, boxed by go-redis, for
+	// the unlocks that name the hold (see holdID); nil for a hand-over
+	// learned from a notification.
+	fenceArg any
+	wait     time.Duration // refused: the longest the caller need wait
+	err      error         // final
 }
 
 // maxFence bounds fencing tokens: Lua numbers count by one only below
@@ -74,19 +81,32 @@ const minRetry = 20 * time.Millisecond
 const cleanupGrace = 20 * time.Millisecond
 
 // An acquisition is one call that takes a hold (Lock, RLock, Acquire,
-// Once's run). ttl is how long the queue place of a refused attempt lasts
-// (the lease TTL): a waiter comes back within half of it to keep the
+// Once's run), as the engine sees it; the primitive's call embeds it and
+// is the acquirer the engine drives, one struct per call rather than a
+// closure per step. ttl is how long the queue place of a refused attempt
+// lasts (the lease TTL): a waiter comes back within half of it to keep the
 // place. It is zero when refused attempts take no place: a waiter then
 // sleeps as long as the refusal said, unless notified first.
 type acquisition struct {
-	ch      string // the primitive's notification channel
-	to      addressee
-	ttl     time.Duration
-	attempt func(ctx context.Context, queue bool) (grant, error)
-	abandon func(ctx context.Context) // undoes what the call may have done
+	ch  string // the primitive's notification channel
+	to  addressee
+	ttl time.Duration
+}
+
+// An acquirer is a primitive's side of one acquisition.
+type acquirer interface {
+	// attempt runs the primitive's attempt once; with queue, a refused
+	// call takes (or keeps) its place in the queue.
+	attempt(ctx context.Context, queue bool) (grant, error)
 	// restart gives the call a new id (and addressee) after a grant of
 	// kind over: attempt and abandon use it from then on.
-	restart func()
+	restart()
+	abandoner
+}
+
+// An abandoner undoes what a failed call may have done on the server.
+type abandoner interface {
+	abandon(ctx context.Context)
 }
 
 // restartPause is how long a call whose hold ended before it learned of
@@ -97,7 +117,6 @@ const restartPause = minRetry
 // An addressee is a waiting call as hand-overs name it.
 type addressee struct {
 	id     string // the call id
-	holder string // hex SHA-1 of the holder token (not the token itself), made when the call waits
 	secret string // given to the scripts; a hand-over proves it knew it
 	tok    string // the holder token, never sent on a channel
 }
@@ -114,48 +133,78 @@ func digest(s string) string {
 	return hex.EncodeToString(d[:])
 }
 
-// take runs a: one attempt, and with wait, more after notifications until
-// the hold is taken or handed over, or ctx ends. It returns the last grant
-// and the lease start: the send time of the earliest attempt that could
-// have produced the hold (for a hand-over, the last attempt sent before
-// it). On error, a.abandon runs, in the background if it takes long.
-func (c *Client) take(ctx context.Context, a *acquisition, wait bool) (grant, time.Time, error) {
+// A sum is a SHA-1 digest as bytes: a waiter compares it with the hex
+// digests hand-over messages carry without making a string of either.
+type sum [sha1.Size]byte
+
+// holderSum returns the digest of holder token tok, as a hand-over names
+// the holder it went to.
+func holderSum(tok string) sum {
+	var buf [512]byte // a token fits (maxTokenLen, and a Client's suffix)
+	return sha1.Sum(append(buf[:0], tok...))
+}
+
+// proofSum returns the proof a hand-over of the hold with fencing token f
+// to the call with secret carries: the digest of the secret, a space and f
+// in decimal (see lua/lib.lua).
+func proofSum(secret string, f uint64) sum {
+	var buf [128]byte // a secret is 32 bytes
+	b := append(buf[:0], secret...)
+	b = append(b, ' ')
+	return sha1.Sum(strconv.AppendUint(b, f, 10))
+}
+
+// is reports whether h is d in hex, as the scripts write digests.
+func (d sum) is(h string) bool {
+	var b [2 * sha1.Size]byte
+	hex.Encode(b[:], d[:])
+	return string(b[:]) == h
+}
+
+// take runs the acquisition a, whose primitive's side is op: one attempt,
+// and with wait, more after notifications until the hold is taken or
+// handed over, or ctx ends. It returns the last grant and the lease start:
+// the send time of the earliest attempt that could have produced the hold
+// (for a hand-over, the last attempt sent before it). On error, op.abandon
+// runs, in the background if it takes long.
+func (c *Client) take(ctx context.Context, a *acquisition, op acquirer, wait bool) (grant, time.Time, error) {
 	for {
-		g, sent, err := c.takeAs(ctx, a, wait)
+		g, sent, err := c.takeAs(ctx, a, op, wait)
 		if err != nil || g.kind != over {
 			return g, sent, err
 		}
 		// The hold this call was given ended before it learned of it: the
 		// call starts again, as a new one.
-		t := time.NewTimer(restartPause)
+		t := getTimer(restartPause)
 		select {
 		case <-ctx.Done():
-			t.Stop()
+			putTimer(t)
 			return grant{}, sent, ctx.Err()
 		case <-c.closed:
-			t.Stop()
+			putTimer(t)
 			return grant{}, sent, ErrClosed
 		case <-t.C:
 		}
-		a.restart()
+		putTimer(t)
+		op.restart()
 	}
 }
 
 // takeAs is take under the call's current id.
-func (c *Client) takeAs(ctx context.Context, a *acquisition, wait bool) (grant, time.Time, error) {
+func (c *Client) takeAs(ctx context.Context, a *acquisition, op acquirer, wait bool) (grant, time.Time, error) {
 	var mk mark
 	if wait {
 		mk = c.notify.mark(a.ch)
 	}
 	sent := time.Now()
-	g, err := a.attempt(ctx, wait)
+	g, err := op.attempt(ctx, wait)
 	waited := false
 	if err == nil && g.kind == refused && wait {
 		waited = true
-		g, sent, err = c.await(ctx, a, g, sent, mk)
+		g, sent, err = c.await(ctx, a, op, g, sent, mk)
 	}
 	if err != nil {
-		c.cleanup(ctx, a.abandon)
+		c.cleanup(ctx, op)
 		return grant{}, sent, err
 	}
 	if waited && g.kind == final && g.err != nil {
@@ -163,21 +212,21 @@ func (c *Client) takeAs(ctx context.Context, a *acquisition, wait bool) (grant, 
 		// refused attempts did, such as a queue place that would hold
 		// others back until it lapsed. (A first attempt that fails so
 		// changed nothing.)
-		c.cleanup(ctx, a.abandon)
+		c.cleanup(ctx, op)
 	}
 	return g, sent, nil
 }
 
 // await waits after a refused attempt sent at last, which returned g,
 // until the hold is this call's or ctx ends.
-func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.Time, mk mark) (grant, time.Time, error) {
+func (c *Client) await(ctx context.Context, a *acquisition, op acquirer, g grant, last time.Time, mk mark) (grant, time.Time, error) {
 	// Unless the channel was subscribed before the first attempt and
 	// delivered nothing for this call since, a release may have been
 	// missed: try again once subscribed.
 	w, retry := c.notify.watchSince(a.ch, a.to, mk)
 	defer c.notify.unwatch(w)
-	t := time.NewTimer(sleepFor(g.wait, a.ttl))
-	defer t.Stop()
+	t := getTimer(sleepFor(g.wait, a.ttl))
+	defer putTimer(t)
 	w.awaitReady(ctx, c.closed)
 	asked := false // the next attempt was asked for by a notification
 	// A hand-over message may be stale: delayed past the end of the hold
@@ -204,7 +253,7 @@ func (c *Client) await(ctx context.Context, a *acquisition, g grant, last time.T
 			}
 			now := time.Now()
 			var err error
-			g, err = a.attempt(ctx, true)
+			g, err = op.attempt(ctx, true)
 			if err != nil {
 				return grant{}, now, err
 			}
@@ -265,16 +314,13 @@ func sleepFor(d, ttl time.Duration) time.Duration {
 	return max(d, minRetry)
 }
 
-// cleanup runs f, which undoes what a failed call may have done on the
-// server, on a context of its own: the call's ctx may be done. While ctx
-// lasts it waits for f (a call that failed on a lost reply returns with
-// nothing left behind); once ctx is done, cleanupGrace more at most. The
-// rest runs in the background, owned by c (Close stops it), so that a call
-// returns in time also when Redis is slow or unreachable.
-func (c *Client) cleanup(ctx context.Context, f func(ctx context.Context)) {
-	if f == nil {
-		return
-	}
+// cleanup runs u.abandon, which undoes what a failed call may have done on
+// the server, on a context of its own: the call's ctx may be done. While
+// ctx lasts it waits for it (a call that failed on a lost reply returns
+// with nothing left behind); once ctx is done, cleanupGrace more at most.
+// The rest runs in the background, owned by c (Close stops it), so that a
+// call returns in time also when Redis is slow or unreachable.
+func (c *Client) cleanup(ctx context.Context, u abandoner) {
 	done := make(chan struct{})
 	c.bg.Add(1)
 	go func() {
@@ -284,19 +330,46 @@ func (c *Client) cleanup(ctx context.Context, f func(ctx context.Context)) {
 		defer cancel()
 		stop := context.AfterFunc(c.bgCtx, cancel)
 		defer stop()
-		f(dctx)
+		u.abandon(dctx)
 	}()
 	select {
 	case <-done:
 		return
 	case <-ctx.Done():
 	}
-	t := time.NewTimer(cleanupGrace)
-	defer t.Stop()
+	t := getTimer(cleanupGrace)
+	defer putTimer(t)
 	select {
 	case <-done:
 	case <-t.C:
 	}
+}
+
+// timers recycles the timers of waits (see getTimer): a contended call
+// waits once or more, and a timer is two allocations.
+var timers sync.Pool
+
+// getTimer returns a timer, running for d, to give back with putTimer.
+func getTimer(d time.Duration) *time.Timer {
+	if t, ok := timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+// putTimer stops t and recycles it. Its channel is drained, so that the
+// next user sees no stale tick also where timers' channels are buffered
+// (GODEBUG asynctimerchan=1, the default before Go 1.23 for a main module
+// that says so).
+func putTimer(t *time.Timer) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
+	timers.Put(t)
 }
 
 // decodeGrant turns the reply codes every lock script shares into a grant:
@@ -304,7 +377,8 @@ func (c *Client) cleanup(ctx context.Context, f func(ctx context.Context)) {
 // call's already (v: the fencing token, checked when fenced), 3 foreign data
 // in the keys of what, 5 the call is over (see over). ok is false for other
 // codes: the primitive's own.
-func decodeGrant(code, v int64, fenced bool, what string) (g grant, ok bool, err error) {
+func decodeGrant(r pairReply, fenced bool, what string) (g grant, ok bool, err error) {
+	code, v := r.code, r.v
 	switch code {
 	case 0:
 		return grant{kind: refused, wait: time.Duration(v) * time.Millisecond}, true, nil
@@ -317,6 +391,7 @@ func decodeGrant(code, v int64, fenced bool, what string) (g grant, ok bool, err
 			if g.fence, err = checkFence(v); err != nil {
 				return grant{}, true, err
 			}
+			g.fenceArg = r.arg
 		}
 		return g, true, nil
 	case 3:
@@ -333,15 +408,60 @@ func replyError(what string, r any) error {
 	return fmt.Errorf("%w: %s replied %v", ErrCorrupt, what, r)
 }
 
-// pair decodes a script reply {code, value}.
-func pair(what string, r []int64, err error) (int64, int64, error) {
+// A pairReply is a script's reply {code, value}. arg is the value as the
+// reply carried it, already boxed: a hold keeps its fencing token so for
+// the unlocks that name it (nil if the value came as a string).
+type pairReply struct {
+	code, v int64
+	arg     any
+}
+
+// pair decodes the reply of cmd, a script call replying {code, value}.
+func pair(what string, cmd *redis.Cmd) (pairReply, error) {
+	var v [2]int64
+	r, err := replyInts(what, cmd, v[:])
 	if err != nil {
-		return 0, 0, scriptError(err)
+		return pairReply{}, err
 	}
-	if len(r) != 2 {
-		return 0, 0, replyError(what, r)
+	p := pairReply{code: v[0], v: v[1]}
+	if _, ok := r[1].(int64); ok {
+		p.arg = r[1]
 	}
-	return r[0], r[1], nil
+	return p, nil
+}
+
+// replyInts reads the reply of cmd, a script call replying with an array
+// of len(dst) integers (or strings of integers, as [redis.Cmd.Int64Slice]
+// reads them), into dst, and returns the reply as it came. A reply of
+// another length is ErrCorrupt. Unlike Int64Slice it makes no slice.
+func replyInts(what string, cmd *redis.Cmd, dst []int64) ([]any, error) {
+	r, err := cmd.Slice()
+	if err != nil {
+		return nil, scriptError(err)
+	}
+	for _, e := range r {
+		if _, err := replyInt(e); err != nil {
+			return nil, err
+		}
+	}
+	if len(r) != len(dst) {
+		return nil, replyError(what, r)
+	}
+	for i, e := range r {
+		dst[i], _ = replyInt(e)
+	}
+	return r, nil
+}
+
+// replyInt reads an integer of a reply as [redis.Cmd.Int64Slice] does.
+func replyInt(v any) (int64, error) {
+	switch v := v.(type) {
+	case int64:
+		return v, nil
+	case string:
+		return strconv.ParseInt(v, 10, 64)
+	}
+	return 0, fmt.Errorf("redis: unexpected type=%T for Int64", v)
 }
 
 // scriptError marks the errors Redis raises while a script runs on data

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,14 +62,24 @@ var _ leaser = (*renew.Hold)(nil)
 // holdKey names the hold of one owner on one key.
 type holdKey struct{ key, tok string }
 
-// hold is this process's view of one hold.
-type hold struct {
-	tok string
+// A holdID names one hold: its holder token and its fence. tokArg and
+// fenceArg are the two as the unlock scripts take them, if the call that
+// took the hold had them boxed already (the reply of its grant carried the
+// fence); nil, they are boxed when needed.
+type holdID struct {
+	tok    string
+	tokArg any
 	// The hold's fencing token; for an RWMutex read hold, which has none,
 	// the hold id its grant carried (its Lease shows 0; a quorum read
 	// hold has 0, and its member holds carry their masters' ids). Either
 	// tells this hold from the holder's later ones.
-	fence uint64
+	fence    uint64
+	fenceArg any // fence as an integer
+}
+
+// hold is this process's view of one hold.
+type hold struct {
+	holdID
 	count int // re-entries made through this process (owner mode)
 	// releasing, while the owner's last release of the hold is under way
 	// (client reentrancy), is closed once it is over; then the hold is
@@ -109,13 +118,13 @@ func (h *hold) release() {
 	h.lease.Release()
 }
 
-// startHold begins renewing a hold taken at start.
-func (c *Client) startHold(cfg *config, spec renew.Spec, tok string, fence uint64, start time.Time) *hold {
+// startHold begins renewing hold id, taken at start.
+func (c *Client) startHold(cfg *config, spec renew.Spec, id holdID, start time.Time) *hold {
 	spec.TTL = cfg.ttl
 	spec.Interval = cfg.interval
 	spec.MaxHold = cfg.maxHold
 	spec.Start = start
-	return &hold{tok: tok, fence: fence, count: 1, lease: c.renew.Add(spec)}
+	return &hold{holdID: id, count: 1, lease: c.renew.Add(spec)}
 }
 
 // A base is what a [Client] and a [Quorum] share, and what the Mutex and
@@ -516,12 +525,24 @@ func (h *hold) unlocked() {
 }
 
 // fenceArg is the fencing token (or read hold id) an unlock of h names: the
-// hold it ends, and no later one of the same holder.
+// hold it ends, and no later one of the same holder; "" for none.
 func (h *hold) fenceArg() any {
-	if h == nil {
-		return ""
+	switch {
+	case h == nil:
+		return argNone
+	case h.holdID.fenceArg != nil:
+		return h.holdID.fenceArg
 	}
-	return strconv.FormatUint(h.fence, 10)
+	return h.fence
+}
+
+// tokArg returns holder token tok as a script argument, boxed by the call
+// that took h if h is tok's.
+func (h *hold) tokArg(tok string) any {
+	if h != nil && h.holdID.tokArg != nil && h.tok == tok {
+		return h.holdID.tokArg
+	}
+	return tok
 }
 
 // A releaser runs a primitive's release script for holder tok with call

@@ -73,6 +73,14 @@ var (
 	argNone      any = ""
 )
 
+// flagArg returns argYes for true, argNo for false.
+func flagArg(b bool) any {
+	if b {
+		return argYes
+	}
+	return argNo
+}
+
 // Mutex returns a handle on the Mutex called name. Options override the
 // Client's defaults for this handle. An empty name or a bad option makes
 // every call on the handle fail with [ErrInvalid].

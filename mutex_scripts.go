@@ -37,22 +37,13 @@ func newMutexScripts(c *Client, cfg *config, k keys.Mutex, name string) *mutexSc
 
 // lock takes the hold through the engine (see mutexImpl).
 func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool) (bool, error) {
-	tok, id := c.tok, newCallID()
-	a := &acquisition{
-		ch:  s.chanArg.(string),
-		to:  newAddressee(tok, id),
-		ttl: s.cfg.ttl,
-	}
-	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
-		return s.attempt(ctx, tok, id, a.to.secret, queue)
-	}
-	a.abandon = func(ctx context.Context) { s.abandon(ctx, tok, id) }
-	a.restart = func() { id = newCallID(); a.to = newAddressee(tok, id) }
-	g, start, err := s.c.take(ctx, a, wait)
+	mc := &mutexCall{s: s, tok: c.tok}
+	mc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(c.tok, newCallID()), ttl: s.cfg.ttl}
+	g, start, err := s.c.take(ctx, &mc.acquisition, mc, wait)
 	if err == nil && g.kind == handed && s.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the hand-over reached replicas.
-		if err = s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], tok, s.ttlArg); err != nil {
-			s.c.cleanup(ctx, a.abandon)
+		if err = s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], mc.tok, s.ttlArg); err != nil {
+			s.c.cleanup(ctx, mc)
 		}
 	}
 	if err == nil && g.kind == final {
@@ -62,53 +53,84 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 		return false, err
 	}
 	if err := m.held(c, g.fence, func() *hold {
-		return s.c.startHold(s.cfg, s.renewSpec(tok), tok, g.fence, start)
+		id := holdID{tok: c.tok, tokArg: mc.tok, fence: g.fence, fenceArg: g.fenceArg}
+		return s.c.startHold(s.cfg, s.renewSpec(mc.tok), id, start)
 	}); err != nil {
 		// errRegrant: the hold may be one a release in this process is
 		// ending. Undo the call; the caller takes the hold again.
-		s.c.cleanup(ctx, a.abandon)
+		s.c.cleanup(ctx, mc)
 		return false, err
 	}
 	return true, nil
 }
 
-// attempt runs the lock script once. With queue, a refused caller takes (or
-// keeps) a place in the queue.
-func (s *mutexScripts) attempt(ctx context.Context, tok, id, secret string, queue bool) (grant, error) {
-	q := argNo
-	if queue {
-		q = argYes
+// A mutexCall is one Lock or TryLock call of a handle, as the engine drives
+// it (see acquirer).
+type mutexCall struct {
+	acquisition
+	s     *mutexScripts
+	tok   any   // the holder token, boxed once for the call's scripts
+	cmd   []any // the lock script's command, built by the first attempt
+	queue bool  // whether cmd takes a queue place
+}
+
+func (mc *mutexCall) attempt(ctx context.Context, queue bool) (grant, error) {
+	if mc.cmd == nil || mc.queue != queue {
+		mc.cmd, mc.queue = mc.s.lockCmd(mc.tok, mc.to.id, mc.to.secret, queue), queue
 	}
-	r, err := s.c.acquirePair(ctx, s.cfg, mutexLock, s.kargs, tok, s.ttlArg, id, q, fenceIdleArg, s.localArg, secret)
-	code, v, err := pair("mutex lock", r, err)
+	return mc.s.attemptCmd(ctx, mc.cmd)
+}
+
+func (mc *mutexCall) abandon(ctx context.Context) { mc.s.abandon(ctx, mc.tok, mc.to.id) }
+
+func (mc *mutexCall) restart() {
+	mc.to = newAddressee(mc.to.tok, newCallID())
+	mc.cmd = nil
+}
+
+// lockCmd returns the lock script's command for call id of holder tok, whose
+// hand-overs prove secret. With queue, a refused caller takes (or keeps) a
+// place in the queue.
+func (s *mutexScripts) lockCmd(tok any, id, secret string, queue bool) []any {
+	return scriptCall(mutexLock, s.kargs, tok, s.ttlArg, id, flagArg(queue), fenceIdleArg, s.localArg, secret)
+}
+
+// attempt runs the lock script once (see lockCmd).
+func (s *mutexScripts) attempt(ctx context.Context, tok, id, secret string, queue bool) (grant, error) {
+	return s.attemptCmd(ctx, s.lockCmd(tok, id, secret, queue))
+}
+
+// attemptCmd runs a command made by lockCmd.
+func (s *mutexScripts) attemptCmd(ctx context.Context, cmd []any) (grant, error) {
+	r, err := s.c.acquirePair(ctx, s.cfg, mutexLock, "mutex lock", cmd)
 	if err != nil {
 		return grant{}, err
 	}
-	g, ok, err := decodeGrant(code, v, true, s.what)
+	g, ok, err := decodeGrant(r, true, s.what)
 	if !ok {
-		return grant{}, replyError("mutex lock", code)
+		return grant{}, replyError("mutex lock", r.code)
 	}
 	return g, err
 }
 
 // abandon undoes whatever the lock call id of tok may have done.
-func (s *mutexScripts) abandon(ctx context.Context, tok, id string) {
+func (s *mutexScripts) abandon(ctx context.Context, tok any, id string) {
 	_ = s.c.eval(ctx, mutexUnlock, s.kargs, tok, newCallID(), s.chanArg, fenceIdleArg, id, argNone, argNone, s.localArg).Err()
 }
 
 // unlock runs the unlock script, naming the hold h ends.
 func (s *mutexScripts) unlock(ctx context.Context, tok, id string, h *hold) (int64, error) {
-	return s.unlockFloor(ctx, tok, id, argNone, h.fenceArg())
+	return s.unlockFloor(ctx, h.tokArg(tok), id, argNone, h.fenceArg())
 }
 
 // unlockFloor runs the unlock script for holder tok with call id; floor,
 // if set, raises the fencing counter to it, and fence, if set, names the
 // hold the unlock ends.
-func (s *mutexScripts) unlockFloor(ctx context.Context, tok, id string, floor, fence any) (int64, error) {
+func (s *mutexScripts) unlockFloor(ctx context.Context, tok any, id string, floor, fence any) (int64, error) {
 	return s.c.eval(ctx, mutexUnlock, s.kargs, tok, id, s.chanArg, fenceIdleArg, argNone, floor, fence).Int64()
 }
 
 // renewSpec describes the renewal of tok's hold.
-func (s *mutexScripts) renewSpec(tok string) renew.Spec {
+func (s *mutexScripts) renewSpec(tok any) renew.Spec {
 	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, s.ttlArg}}
 }

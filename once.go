@@ -151,27 +151,15 @@ func (o *Once) DoValue(ctx context.Context, f func(ctx context.Context) ([]byte,
 	// The call's token names its run and, sent with every attempt, is also
 	// the call's id: a repeat of an attempt changes nothing, and a late copy
 	// of one after the call ended takes nothing.
-	tok := newToken()
+	oc := &onceCall{o: o, tok: newToken()}
 	// The run is never handed over: the end of a run only wakes the
 	// waiters (the addressee is zero), and the one whose attempt reaches
 	// Redis first takes the run. A waiter has no queue place to keep (ttl
 	// zero): it sleeps until the runner's lease would run out.
-	a := &acquisition{ch: o.ch}
-	var value []byte // the done mark's value, once an attempt found it
-	waited := false  // an attempt of this call was refused
-	a.attempt = func(ctx context.Context, _ bool) (grant, error) {
-		g, v, err := o.attempt(ctx, tok, waited)
-		if err == nil && g.kind == refused {
-			waited = true
-		}
-		value = v
-		return g, err
-	}
-	a.abandon = func(ctx context.Context) { o.abandon(ctx, tok) }
-	a.restart = func() { tok, waited = newToken(), false }
+	oc.acquisition = acquisition{ch: o.ch}
 	// The lease is measured from the attempt that was granted the run, so
 	// that a call that waited longer than the TTL gets a whole lease.
-	g, start, err := o.c.take(ctx, a, true)
+	g, start, err := o.c.take(ctx, &oc.acquisition, oc, true)
 	if err != nil {
 		return nil, err
 	}
@@ -179,15 +167,39 @@ func (o *Once) DoValue(ctx context.Context, f func(ctx context.Context) ([]byte,
 		if g.err != nil {
 			return nil, g.err
 		}
-		return value, nil
+		return oc.value, nil
 	}
 	if err := ctx.Err(); err != nil {
 		// The lease came with the end of ctx: do not start f.
-		o.c.cleanup(ctx, a.abandon)
+		o.c.cleanup(ctx, oc)
 		return nil, err
 	}
+	tok := oc.tok
 	return o.run(ctx, tok, start, f)
 }
+
+// A onceCall is one Do or DoValue call, as the engine drives it (see
+// acquirer).
+type onceCall struct {
+	acquisition
+	o      *Once
+	tok    string
+	value  []byte // the done mark's value, once an attempt found it
+	waited bool   // an attempt of this call was refused
+}
+
+func (oc *onceCall) attempt(ctx context.Context, _ bool) (grant, error) {
+	g, v, err := oc.o.attempt(ctx, oc.tok, oc.waited)
+	if err == nil && g.kind == refused {
+		oc.waited = true
+	}
+	oc.value = v
+	return g, err
+}
+
+func (oc *onceCall) abandon(ctx context.Context) { oc.o.abandon(ctx, oc.tok) }
+
+func (oc *onceCall) restart() { oc.tok, oc.waited = newToken(), false }
 
 // Done reports whether the Once is done: a run succeeded and its mark has
 // neither expired nor been reset. It changes nothing.
@@ -241,7 +253,7 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 	if !ok {
 		return grant{}, nil, replyError("once do", r)
 	}
-	g, ok, err := decodeGrant(code, v, false, "Once "+strconv.Quote(o.name))
+	g, ok, err := decodeGrant(pairReply{code: code, v: v}, false, "Once "+strconv.Quote(o.name))
 	if !ok {
 		return grant{}, nil, replyError("once do", r)
 	}
@@ -282,7 +294,7 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 		Batch: onceRenew,
 		Keys:  o.keys[:1],
 		Args:  []any{tok, o.ttlArg},
-	}, tok, 0, start)
+	}, holdID{tok: tok}, start)
 
 	if o.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the run lease reached the replicas

@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"strings"
 
@@ -49,5 +50,13 @@ func owner(ctx context.Context) (string, bool, error) {
 	return tok, true, nil
 }
 
-// newToken returns a fresh random owner token.
-func newToken() string { return uuid.NewString() }
+// newToken returns a fresh random owner token: a version 4 UUID, as
+// uuid.NewString makes, in one allocation (uuid.NewRandom reads into a
+// UUID on the heap).
+func newToken() string {
+	var u uuid.UUID
+	_, _ = rand.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40 // version 4
+	u[8] = u[8]&0x3f | 0x80 // variant RFC 4122
+	return u.String()
+}

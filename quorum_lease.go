@@ -75,7 +75,7 @@ func (q *Quorum) hold(tok string, fence uint64, a answers, sub func(i int) *hold
 		}
 	}
 	q.watch(l)
-	return &hold{tok: tok, fence: fence, count: 1, lease: l}
+	return &hold{holdID: holdID{tok: tok, fence: fence}, count: 1, lease: l}
 }
 
 // watch marks l lost when fewer than a majority of its member holds are

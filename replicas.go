@@ -40,45 +40,26 @@ func WaitReplicas(n int, timeout time.Duration) Option {
 	}
 }
 
-// acquire runs an acquire script whose reply is an integer, > 0 for a grant.
-// With WaitReplicas, WAIT follows in the same pipeline, and a grant fewer
-// replicas acknowledged is reported as ErrNotReplicated along with the
-// reply, so that the caller releases it as after any failed call.
-func (c *Client) acquire(ctx context.Context, cfg *config, sc *script, keys []any, args ...any) (int64, error) {
+// acquirePair runs a call of an acquire script built by scriptCall, whose
+// reply is {code, value}, code 1 or 2 for a grant, and decodes the reply
+// (see pair; what names the script in errors). With WaitReplicas, WAIT
+// follows in the same pipeline, and a grant fewer replicas acknowledged is
+// reported as ErrNotReplicated, so that the caller releases it as after
+// any failed call.
+func (c *Client) acquirePair(ctx context.Context, cfg *config, sc *script, what string, a []any) (pairReply, error) {
 	if cfg.replicas == 0 {
-		return c.eval(ctx, sc, keys, args...).Int64()
+		return pair(what, c.evalCall(ctx, sc, a))
 	}
-	key := keys[1].(string)
-	cmd, acked, err := c.evalWait(ctx, cfg, key, sc, keys, args...)
+	key := a[3].(string) // the first key, after EVALSHA, the SHA and the key count
+	cmd, acked, err := c.evalWait(ctx, cfg, key, sc, a)
 	if err != nil {
-		return 0, err
+		return pairReply{}, scriptError(err)
 	}
-	v, err := cmd.Int64()
+	r, err := pair(what, cmd)
 	if err != nil {
-		return 0, err
+		return pairReply{}, err
 	}
-	if v > 0 && acked < int64(cfg.replicas) {
-		return v, notReplicated(acked, cfg.replicas)
-	}
-	return v, nil
-}
-
-// acquirePair is acquire for scripts whose reply is {code, value}, code 1
-// or 2 for a grant.
-func (c *Client) acquirePair(ctx context.Context, cfg *config, sc *script, keys []any, args ...any) ([]int64, error) {
-	if cfg.replicas == 0 {
-		return c.eval(ctx, sc, keys, args...).Int64Slice()
-	}
-	key := keys[1].(string)
-	cmd, acked, err := c.evalWait(ctx, cfg, key, sc, keys, args...)
-	if err != nil {
-		return nil, err
-	}
-	r, err := cmd.Int64Slice()
-	if err != nil {
-		return nil, err
-	}
-	if len(r) == 2 && (r[0] == 1 || r[0] == 2) && acked < int64(cfg.replicas) {
+	if (r.code == 1 || r.code == 2) && acked < int64(cfg.replicas) {
 		return r, notReplicated(acked, cfg.replicas)
 	}
 	return r, nil
@@ -93,8 +74,8 @@ func (c *Client) replicated(ctx context.Context, cfg *config, renew *redis.Scrip
 	if cfg.replicas == 0 {
 		return nil
 	}
-	ks := boxKeys(keys)
-	cmd, acked, err := c.evalWait(ctx, cfg, keys[0], newScript(renew), ks, args...)
+	sc := newScript(renew)
+	cmd, acked, err := c.evalWait(ctx, cfg, keys[0], sc, scriptCall(sc, boxKeys(keys), args...))
 	if err != nil {
 		return err
 	}
@@ -118,7 +99,7 @@ func notReplicated(acked int64, want int) error {
 // evalWait sends EVALSHA and WAIT in one pipeline on one connection to the
 // master of key. Pipelines get no NOSCRIPT fallback: on NOSCRIPT it loads the
 // script and sends the pipeline again.
-func (c *Client) evalWait(ctx context.Context, cfg *config, key string, sc *script, keys []any, args ...any) (*redis.Cmd, int64, error) {
+func (c *Client) evalWait(ctx context.Context, cfg *config, key string, sc *script, a []any) (*redis.Cmd, int64, error) {
 	var rdb redis.Cmdable = c.rdb
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		// WAIT has no key: send both to the slot's master on one connection.
@@ -128,10 +109,6 @@ func (c *Client) evalWait(ctx context.Context, cfg *config, key string, sc *scri
 		}
 		rdb = m
 	}
-	a := make([]any, 0, 2+len(keys)+len(args))
-	a = append(a, "evalsha", sc.sha)
-	a = append(a, keys...)
-	a = append(a, args...)
 	for range 2 {
 		pipe := rdb.Pipeline()
 		cmd := redis.NewCmd(ctx, a...)

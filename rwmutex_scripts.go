@@ -21,26 +21,40 @@ type rwScripts struct {
 	kargs []any  // keys boxed once (see boxKeys)
 	ch    string // notification channel
 	what  string // how errors name the RWMutex
+
+	// Script arguments boxed once per handle.
+	chArg    any
+	ttlArg   any
+	localArg any // '1' with client reentrancy
 }
 
 func newRWScripts(c *Client, cfg *config, k keys.RWMutex, name string) *rwScripts {
 	s := &rwScripts{c: c, cfg: cfg, keys: k.Keys(), ch: k.Channel(), what: "RWMutex " + strconv.Quote(name)}
 	s.kargs = boxKeys(s.keys)
+	s.chArg = s.ch
+	s.ttlArg = ms(cfg.ttl)
+	s.localArg = flagArg(cfg.local)
 	return s
+}
+
+// Lock modes boxed once, as script arguments.
+var (
+	modeReadArg  any = modeRead
+	modeWriteArg any = modeWrite
+)
+
+func modeArg(mode string) any {
+	if mode == modeRead {
+		return modeReadArg
+	}
+	return modeWriteArg
 }
 
 // lock takes the hold through the engine (see rwImpl).
 func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCall, wait bool) (bool, error) {
-	tok, id := c.tok, newCallID()
-	a := &acquisition{ch: s.ch, to: newAddressee(tok, id), ttl: s.cfg.ttl}
-	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
-		// Writers queue from their first refused attempt, as Mutex
-		// waiters do.
-		return s.attempt(ctx, mode, tok, id, a.to.secret, queue, queue)
-	}
-	a.abandon = func(ctx context.Context) { s.abandon(ctx, mode, tok, id) }
-	a.restart = func() { id = newCallID(); a.to = newAddressee(tok, id) }
-	g, start, err := s.c.take(ctx, a, wait)
+	rc := &rwCall{s: s, mode: mode, tok: c.tok}
+	rc.acquisition = acquisition{ch: s.ch, to: newAddressee(c.tok, newCallID()), ttl: s.cfg.ttl}
+	g, start, err := s.c.take(ctx, &rc.acquisition, rc, wait)
 	if err == nil && g.kind == final {
 		err = g.err
 	}
@@ -48,80 +62,109 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 		return false, err
 	}
 	if s.cfg.replicas > 0 {
-		spec := s.renewSpec(mode, tok)
+		spec := s.renewSpec(mode, rc.tok)
 		if err := s.c.replicated(ctx, s.cfg, spec.Script, spec.Keys, spec.Args...); err != nil {
-			s.c.cleanup(ctx, a.abandon)
+			s.c.cleanup(ctx, rc)
 			return false, err
 		}
 	}
 	// For a read hold, g.fence is its hold id (see s.attempt).
 	if err := rw.held(mode, c, g.fence, func() *hold {
-		return s.c.startHold(s.cfg, s.renewSpec(mode, tok), tok, g.fence, start)
+		id := holdID{tok: c.tok, tokArg: rc.tok, fence: g.fence, fenceArg: g.fenceArg}
+		return s.c.startHold(s.cfg, s.renewSpec(mode, rc.tok), id, start)
 	}); err != nil {
 		// errRegrant, as for Mutex (mutexScripts.lock).
-		s.c.cleanup(ctx, a.abandon)
+		s.c.cleanup(ctx, rc)
 		return false, err
 	}
 	return true, nil
 }
 
-// attempt runs the lock script once. starving makes a refused writer take
-// a place in the writers' queue.
+// An rwCall is one lock call of a handle in one mode, as the engine drives
+// it (see acquirer).
+type rwCall struct {
+	acquisition
+	s     *rwScripts
+	mode  string
+	tok   any   // the holder token, boxed once for the call's scripts
+	cmd   []any // the lock script's command, built by the first attempt
+	queue bool  // whether cmd waits and takes a queue place
+}
+
+func (rc *rwCall) attempt(ctx context.Context, queue bool) (grant, error) {
+	if rc.cmd == nil || rc.queue != queue {
+		// Writers queue from their first refused attempt, as Mutex
+		// waiters do.
+		rc.cmd, rc.queue = rc.s.lockCmd(rc.mode, rc.tok, rc.to.id, rc.to.secret, queue, queue), queue
+	}
+	return rc.s.attemptCmd(ctx, rc.cmd)
+}
+
+func (rc *rwCall) abandon(ctx context.Context) { rc.s.abandon(ctx, rc.mode, rc.tok, rc.to.id) }
+
+func (rc *rwCall) restart() {
+	rc.to = newAddressee(rc.to.tok, newCallID())
+	rc.cmd = nil
+}
+
+// lockCmd returns the lock script's command for call id of holder tok in
+// mode, whose hand-overs prove secret. wait makes a refused caller a
+// waiter; starving makes a refused writer take a place in the writers'
+// queue.
+func (s *rwScripts) lockCmd(mode string, tok any, id, secret string, wait, starving bool) []any {
+	return scriptCall(rwLock, s.kargs, modeArg(mode), tok, s.ttlArg, id, flagArg(wait), fenceIdleArg, s.localArg, flagArg(starving), secret)
+}
+
+// attempt runs the lock script once (see lockCmd).
 func (s *rwScripts) attempt(ctx context.Context, mode, tok, id, secret string, wait, starving bool) (grant, error) {
-	w, local, q := "0", "0", "0"
-	if wait {
-		w = "1"
-	}
-	if s.cfg.local {
-		local = "1"
-	}
-	if starving {
-		q = "1"
-	}
-	r, err := s.c.acquirePair(ctx, s.cfg, rwLock, s.kargs, mode, tok, ms(s.cfg.ttl), id, w, ms(fenceIdle), local, q, secret)
-	code, v, err := pair("rwmutex lock", r, err)
+	return s.attemptCmd(ctx, s.lockCmd(mode, tok, id, secret, wait, starving))
+}
+
+// attemptCmd runs a command made by lockCmd.
+func (s *rwScripts) attemptCmd(ctx context.Context, cmd []any) (grant, error) {
+	r, err := s.c.acquirePair(ctx, s.cfg, rwLock, "rwmutex lock", cmd)
 	if err != nil {
 		return grant{}, err
 	}
 	// A read hold carries no fencing token; its grant carries its hold id
 	// instead, which its RUnlock names (see rwmutex_unlock.lua) and its
 	// Lease does not show.
-	if g, ok, err := decodeGrant(code, v, true, s.what); ok {
+	if g, ok, err := decodeGrant(r, true, s.what); ok {
 		return g, err
 	}
-	if code == 4 {
+	if r.code == 4 {
 		return grant{kind: final, err: ErrUpgrade}, nil
 	}
-	return grant{}, replyError("rwmutex lock", code)
+	return grant{}, replyError("rwmutex lock", r.code)
 }
 
 // abandon undoes whatever a failed lock call may have done on the server.
-func (s *rwScripts) abandon(ctx context.Context, mode, tok, id string) {
+func (s *rwScripts) abandon(ctx context.Context, mode string, tok any, id string) {
 	local := argNo
 	if s.cfg.local {
 		local = argYes
 	}
-	_ = s.c.eval(ctx, rwUnlock, s.kargs, mode, tok, newCallID(), s.ch, argNone, id, argNone, fenceIdleArg, local).Err()
+	_ = s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, newCallID(), s.chArg, argNone, id, argNone, fenceIdleArg, local).Err()
 }
 
 // unlock runs the unlock script for a release of h. It names the hold it
 // ends (its fencing token, or a read hold's id), so that a late copy of it
 // never ends a later hold.
 func (s *rwScripts) unlock(ctx context.Context, mode, tok, id string, h *hold) (int64, error) {
-	return s.unlockFloor(ctx, mode, tok, id, argNone, h.fenceArg())
+	return s.unlockFloor(ctx, mode, h.tokArg(tok), id, argNone, h.fenceArg())
 }
 
 // unlockFloor runs the unlock script for a release; floor, if set, raises
 // the fencing counter to it, and name, if set, names the hold the unlock
 // ends.
-func (s *rwScripts) unlockFloor(ctx context.Context, mode, tok, id string, floor, name any) (int64, error) {
-	return s.c.eval(ctx, rwUnlock, s.kargs, mode, tok, id, s.ch, name, argNone, floor, fenceIdleArg).Int64()
+func (s *rwScripts) unlockFloor(ctx context.Context, mode string, tok any, id string, floor, name any) (int64, error) {
+	return s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, id, s.chArg, name, argNone, floor, fenceIdleArg).Int64()
 }
 
 // renewSpec describes the renewal of tok's hold in mode.
-func (s *rwScripts) renewSpec(mode, tok string) renew.Spec {
+func (s *rwScripts) renewSpec(mode string, tok any) renew.Spec {
 	if mode == modeRead {
-		return renew.Spec{Batch: rwRRenew, Keys: s.keys[2:4], Args: []any{tok, ms(s.cfg.ttl)}}
+		return renew.Spec{Batch: rwRRenew, Keys: s.keys[2:4], Args: []any{tok, s.ttlArg}}
 	}
-	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, ms(s.cfg.ttl)}}
+	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, s.ttlArg}}
 }

@@ -58,10 +58,21 @@ func boxKeys(keys []string) []any {
 // error the script raised on foreign data matches ErrCorrupt (see
 // scriptError).
 func (c *Client) eval(ctx context.Context, sc *script, keys []any, args ...any) *redis.Cmd {
+	return c.evalCall(ctx, sc, scriptCall(sc, keys, args...))
+}
+
+// scriptCall returns the command that runs sc with the pre-boxed keys (see
+// boxKeys) and args. A call that may be sent more than once (the attempts
+// of one acquisition) builds it once; it is never changed once sent.
+func scriptCall(sc *script, keys []any, args ...any) []any {
 	a := make([]any, 0, 2+len(keys)+len(args))
 	a = append(a, "evalsha", sc.sha)
 	a = append(a, keys...)
-	a = append(a, args...)
+	return append(a, args...)
+}
+
+// evalCall is eval for a command built by scriptCall.
+func (c *Client) evalCall(ctx context.Context, sc *script, a []any) *redis.Cmd {
 	cmd := redis.NewCmd(ctx, a...)
 	if err := c.rdb.Process(ctx, cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		if err := sc.s.Load(ctx, c.rdb).Err(); err != nil {

@@ -52,12 +52,14 @@ type Semaphore struct {
 	sizeArg any
 	ttlArg  any
 	chanArg any
+	what    string // how errors name the Semaphore
 
-	mu   sync.Mutex
-	tok  string // the handle's holder token, made by its first Acquire
-	cur  *hold  // the handle's holding, without an owner in ctx
-	curN int64  // permits in cur
-	owed int64  // permits of the handle's lost holdings that no Release has settled
+	mu     sync.Mutex
+	tok    string // the handle's holder token, made by its first Acquire
+	tokArg any    // tok boxed once
+	cur    *hold  // the handle's holding, without an owner in ctx
+	curN   int64  // permits in cur
+	owed   int64  // permits of the handle's lost holdings that no Release has settled
 	// releasing counts the handle's Release calls in flight; pending are
 	// holdings a new one replaced meanwhile, which one of those calls may
 	// have ended (else they were lost).
@@ -90,6 +92,7 @@ func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
 	s.sizeArg = size
 	s.ttlArg = ms(s.cfg.ttl)
 	s.chanArg = k.Channel()
+	s.what = "Semaphore " + strconv.Quote(name)
 	return s
 }
 
@@ -151,19 +154,15 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
+	var tokArg any = tok
 	if !owned {
-		tok = s.handleToken()
+		tok, tokArg = s.handleToken()
 	}
 	// Hand-overs name the call, not the holder: one holder may have several
 	// calls waiting.
-	id := newCallID()
-	a := &acquisition{ch: s.chanArg.(string), to: newAddressee(tok, id), ttl: s.cfg.ttl}
-	a.attempt = func(ctx context.Context, queue bool) (grant, error) {
-		return s.attempt(ctx, tok, id, a.to.secret, n, queue)
-	}
-	a.abandon = func(ctx context.Context) { s.abandon(ctx, tok, owned, id, n) }
-	a.restart = func() { id = newCallID(); a.to = newAddressee(tok, id) }
-	g, start, err := s.c.take(ctx, a, wait)
+	sc := &semCall{s: s, tok: tokArg, owned: owned, n: n}
+	sc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(tok, newCallID()), ttl: s.cfg.ttl}
+	g, start, err := s.c.take(ctx, &sc.acquisition, sc, wait)
 	if err == nil && g.kind == final {
 		err = g.err
 	}
@@ -172,63 +171,80 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	}
 	if s.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the permits reached the replicas.
-		if err := s.c.replicated(ctx, &s.cfg, semRenew, s.rkeys, tok, s.ttlArg); err != nil {
-			s.c.cleanup(ctx, a.abandon)
+		if err := s.c.replicated(ctx, &s.cfg, semRenew, s.rkeys, tokArg, s.ttlArg); err != nil {
+			s.c.cleanup(ctx, sc)
 			return false, err
 		}
 	}
-	s.held(tok, owned, g.fence, n, start)
+	s.held(holdID{tok: tok, tokArg: tokArg, fence: g.fence, fenceArg: g.fenceArg}, owned, n, start)
 	return true, nil
 }
 
-func (s *Semaphore) handleToken() string {
+// handleToken returns the handle's holder token, and boxed once.
+func (s *Semaphore) handleToken() (string, any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.tok == "" {
 		s.tok = newToken()
+		s.tokArg = s.tok
 	}
-	return s.tok
+	return s.tok, s.tokArg
+}
+
+// A semCall is one Acquire or TryAcquire call, as the engine drives it (see
+// acquirer).
+type semCall struct {
+	acquisition
+	s     *Semaphore
+	tok   any // the holder token, boxed once for the call's scripts
+	owned bool
+	n     int64
+	cmd   []any // the acquire script's command, built by the first attempt
+	queue bool  // whether cmd takes a queue place
 }
 
 // attempt runs the acquire script once.
-func (s *Semaphore) attempt(ctx context.Context, tok, id, secret string, n int64, queue bool) (grant, error) {
-	q := argNo
-	if queue {
-		q = argYes
+func (sc *semCall) attempt(ctx context.Context, queue bool) (grant, error) {
+	s := sc.s
+	if sc.cmd == nil || sc.queue != queue {
+		sc.cmd, sc.queue = scriptCall(semAcquire, s.kargs, sc.tok, sc.n, s.sizeArg, s.ttlArg, sc.to.id, flagArg(queue), fenceIdleArg, s.chanArg, sc.to.secret), queue
 	}
-	r, err := s.c.acquirePair(ctx, &s.cfg, semAcquire, s.kargs, tok, n, s.sizeArg, s.ttlArg, id, q, fenceIdleArg, s.chanArg, secret)
-	code, v, err := pair("semaphore acquire", r, err)
+	r, err := s.c.acquirePair(ctx, &s.cfg, semAcquire, "semaphore acquire", sc.cmd)
 	if err != nil {
 		return grant{}, err
 	}
-	if g, ok, err := decodeGrant(code, v, true, "Semaphore "+strconv.Quote(s.name)); ok {
+	if g, ok, err := decodeGrant(r, true, s.what); ok {
 		return g, err
 	}
-	if code == 4 {
+	if r.code == 4 {
 		// The size differs (a place lapsed and another size took over).
-		return grant{kind: final, err: s.mismatch(v)}, nil
+		return grant{kind: final, err: s.mismatch(r.v)}, nil
 	}
-	return grant{}, replyError("semaphore acquire", code)
+	return grant{}, replyError("semaphore acquire", r.code)
 }
 
 // abandon undoes whatever a failed Acquire or TryAcquire call may have done
 // on the server: its place in the queue, permits it took or was handed
 // whose reply was lost.
-func (s *Semaphore) abandon(ctx context.Context, tok string, owned bool, id string, n int64) {
-	r, err := s.c.eval(ctx, semAbandon, s.kargs, tok, n, id, fenceIdleArg, s.chanArg).Int64Slice()
+func (sc *semCall) abandon(ctx context.Context) {
+	s := sc.s
+	r, err := s.c.eval(ctx, semAbandon, s.kargs, sc.tok, sc.n, sc.to.id, fenceIdleArg, s.chanArg).Int64Slice()
 	if err == nil && len(r) == 2 && r[0] == 0 && r[1] > 0 {
-		s.ended(owned, tok, uint64(r[1]))
+		s.ended(sc.owned, sc.to.tok, uint64(r[1]))
 	}
 }
 
-// held records n permits taken by tok in a holding with fencing token fence.
-func (s *Semaphore) held(tok string, owned bool, fence uint64, n int64, start time.Time) {
+func (sc *semCall) restart() { sc.to, sc.cmd = newAddressee(sc.to.tok, newCallID()), nil }
+
+// held records n permits taken in holding id.
+func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
+	tok, fence := id.tok, id.fence
 	newHold := func() *hold {
 		return s.c.startHold(&s.cfg, renew.Spec{
 			Batch: semRenew,
 			Keys:  s.rkeys,
-			Args:  []any{tok, s.ttlArg},
-		}, tok, fence, start)
+			Args:  []any{id.tokArg, s.ttlArg},
+		}, id, start)
 	}
 	if owned {
 		_, _ = s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHold, nil, 0)
@@ -375,13 +391,12 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	if owned {
 		done = s.c.unlocking(h)
 	}
-	r, err := s.c.eval(dctx, semRelease, s.kargs, tok, n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg()).Int64Slice()
-	done(err == nil && len(r) == 3 && r[0] == 1 && r[1] == 0)
+	cmd := s.c.eval(dctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg())
+	var r [3]int64 // code, permits left, fencing token
+	_, err := replyInts("semaphore release", cmd, r[:])
+	done(err == nil && r[0] == 1 && r[1] == 0)
 	if err != nil {
 		return err
-	}
-	if len(r) != 3 {
-		return replyError("semaphore release", r)
 	}
 	switch r[0] {
 	case 1:

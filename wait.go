@@ -80,8 +80,8 @@ type channel struct {
 const handedKept = 8
 
 type handedMsg struct {
-	seq     uint64
-	payload string
+	seq uint64
+	h   handover
 }
 
 // A mark is what a channel had delivered at one moment, taken before an
@@ -91,12 +91,14 @@ type mark struct {
 	seq uint64
 }
 
-// A watcher is one waiter's interest in a channel.
+// A watcher is one waiter's interest in a channel. Watchers are recycled
+// (see watchers): one must not be used after unwatch.
 type watcher struct {
-	name  string
-	to    addressee // zero: the waiter accepts no hand-over, only wakes
-	ready chan struct{}
-	sig   chan struct{} // a release, a hand-over or a resubscription happened
+	name   string
+	to     addressee // zero: the waiter accepts no hand-over, only wakes
+	holder sum       // the digest of to.tok, if set
+	ready  chan struct{}
+	sig    chan struct{} // a release, a hand-over or a resubscription happened
 
 	mu     sync.Mutex
 	handed uint64 // the fencing token of a proven hand-over to this call
@@ -138,12 +140,7 @@ func (n *notifier) watch(name string) *watcher {
 // resubscription or hand-over that concerns to (one is passed on to the
 // watcher), a notification may have been missed.
 func (n *notifier) watchSince(name string, to addressee, mk mark) (*watcher, bool) {
-	if to.holder == "" && to.tok != "" {
-		// Made only for a call that waits: a hand-over to another call of
-		// its holder wakes it.
-		to.holder = digest(to.tok)
-	}
-	w := &watcher{name: name, to: to, sig: make(chan struct{}, 1)}
+	w := newWatcher(name, to)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -182,23 +179,53 @@ func (ch *channel) missed(w *watcher, mk mark) bool {
 		return true // more hand-overs than remembered
 	}
 	retry := false
-	for _, h := range ch.handed {
-		if h.seq > mk.seq && w.offer(h.payload) {
+	for _, m := range ch.handed {
+		if m.seq > mk.seq && w.offer(m.h) {
 			retry = true
 		}
 	}
 	return retry
 }
 
+// unwatch ends w's interest in its channel; w must not be used after.
 func (n *notifier) unwatch(w *watcher) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if ch := n.chans[w.name]; ch != nil {
 		delete(ch.watchers, w)
 		if len(ch.watchers) == 0 {
 			ch.idle = time.Now()
 		}
 	}
+	n.mu.Unlock()
+	// Nothing delivers to w any more: the notifier reaches watchers only
+	// through its channels' sets, under n.mu.
+	watchers.Put(w)
+}
+
+// watchers recycles watchers: a contended call waits once or more, and a
+// watcher with its signal channel is two allocations.
+var watchers sync.Pool
+
+// newWatcher returns a watcher of channel name for the call to, not yet
+// registered.
+func newWatcher(name string, to addressee) *watcher {
+	w, _ := watchers.Get().(*watcher)
+	if w == nil {
+		w = &watcher{sig: make(chan struct{}, 1)}
+	}
+	select {
+	case <-w.sig: // a signal left from its last use
+	default:
+	}
+	w.name, w.to, w.ready = name, to, nil
+	w.handed, w.retry = 0, false
+	w.holder = sum{}
+	if to.tok != "" {
+		// Made only for a call that waits: a hand-over to another call of
+		// its holder wakes it.
+		w.holder = holderSum(to.tok)
+	}
+	return w
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -308,10 +335,12 @@ func (n *notifier) deliver(m any) {
 		// have no reason to look: the lock is held again, and their timers
 		// keep running).
 		ch.seq++
+		var h handover
 		if m.Payload == "" {
 			ch.retried = ch.seq
 		} else {
-			ch.handed[ch.seq%handedKept] = handedMsg{seq: ch.seq, payload: m.Payload}
+			h = parseHandover(m.Payload)
+			ch.handed[ch.seq%handedKept] = handedMsg{seq: ch.seq, h: h}
 		}
 		for w := range ch.watchers {
 			if m.Payload == "" {
@@ -321,7 +350,7 @@ func (n *notifier) deliver(m any) {
 				w.signal()
 				continue
 			}
-			w.offer(m.Payload)
+			w.offer(h)
 		}
 	}
 }
@@ -376,12 +405,13 @@ func (w *watcher) handover() (uint64, bool) {
 	return w.handed, w.handed > 0
 }
 
-// offer passes w a hand-over message p and reports whether it asks w to
-// retry (a proven hand-over to w is passed on instead). A hand-over to w's call counts only with the proof that a script
-// sent it (see lua/lib.lua); one to another call of w's holder asks w to
-// try again (it re-enters), as does a message that names w's call without
-// a valid proof: a notification can wake a waiter, never grant it a hold.
-func (w *watcher) offer(p string) bool {
+// offer passes w a hand-over message h and reports whether it asks w to
+// retry (a proven hand-over to w is passed on instead). A hand-over to w's
+// call counts only with the proof that a script sent it (see lua/lib.lua);
+// one to another call of w's holder asks w to try again (it re-enters), as
+// does a message that names w's call without a valid proof: a notification
+// can wake a waiter, never grant it a hold.
+func (w *watcher) offer(h handover) bool {
 	if w.to.id == "" {
 		// A waiter that takes no hand-overs: any message may free the name.
 		w.mu.Lock()
@@ -390,15 +420,14 @@ func (w *watcher) offer(p string) bool {
 		w.signal()
 		return true
 	}
-	id, holder, f, proof, ok := splitHandover(p)
 	switch {
-	case ok && id == w.to.id && f > 0 && f < maxFence && proof == digest(w.to.secret+" "+strconv.FormatUint(f, 10)):
+	case h.ok && h.id == w.to.id && h.f > 0 && h.f < maxFence && proofSum(w.to.secret, h.f).is(h.proof):
 		w.mu.Lock()
-		w.handed = f
+		w.handed = h.f
 		w.mu.Unlock()
 		w.signal()
 		return false
-	case id == w.to.id || (ok && holder == w.to.holder):
+	case h.id == w.to.id || (h.ok && w.to.tok != "" && w.holder.is(h.holder)):
 		w.mu.Lock()
 		w.retry = true
 		w.mu.Unlock()
@@ -420,18 +449,28 @@ func (w *watcher) shouldRetry() bool {
 	return r
 }
 
-// splitHandover parses "<call id> <holder digest> <fencing token> <proof>"
-// (see lua/lib.lua).
-func splitHandover(p string) (id, holder string, f uint64, proof string, ok bool) {
-	parts := strings.Split(p, " ")
-	if len(parts) != 4 {
-		return "", "", 0, "", false
+// A handover is a hand-over message parsed: "<call id> <holder digest>
+// <fencing token> <proof>" (see lua/lib.lua). ok is false for a message of
+// another shape; its id is set if it has four words.
+type handover struct {
+	id, holder, proof string
+	f                 uint64
+	ok                bool
+}
+
+// parseHandover parses hand-over message p, once for all its watchers.
+func parseHandover(p string) handover {
+	id, rest, ok1 := strings.Cut(p, " ")
+	holder, rest, ok2 := strings.Cut(rest, " ")
+	fs, proof, ok3 := strings.Cut(rest, " ")
+	if !ok1 || !ok2 || !ok3 || strings.Contains(proof, " ") {
+		return handover{}
 	}
-	f, err := strconv.ParseUint(parts[2], 10, 64)
+	f, err := strconv.ParseUint(fs, 10, 64)
 	if err != nil {
-		return parts[0], "", 0, "", false
+		return handover{id: id}
 	}
-	return parts[0], parts[1], f, parts[3], true
+	return handover{id: id, holder: holder, proof: proof, f: f, ok: true}
 }
 
 // awaitReady waits, boundedly, until w's channel is subscribed, so that a
@@ -442,8 +481,8 @@ func (w *watcher) awaitReady(ctx context.Context, closed <-chan struct{}) {
 		return
 	default:
 	}
-	t := time.NewTimer(subscribeWait)
-	defer t.Stop()
+	t := getTimer(subscribeWait)
+	defer putTimer(t)
 	select {
 	case <-w.ready:
 	case <-t.C:

@@ -97,3 +97,39 @@ func TestWatchSinceMark(t *testing.T) {
 		})
 	}
 }
+
+// TestParseHandover checks the parsing of hand-over messages: four words,
+// the third a number; a message of four words whose third is not a number
+// still names its call (it wakes that call, never grants it a hold).
+func TestParseHandover(t *testing.T) {
+	cases := []struct {
+		p    string
+		want handover
+	}{
+		{"id hd 7 pf", handover{id: "id", holder: "hd", proof: "pf", f: 7, ok: true}},
+		{"id hd x pf", handover{id: "id"}},
+		{"id hd -1 pf", handover{id: "id"}},
+		{"id hd 7", handover{}},
+		{"id hd 7 pf more", handover{}},
+		{"id  7 pf", handover{id: "id", proof: "pf", f: 7, ok: true}},
+		{"me 42", handover{}},
+		{"", handover{}},
+	}
+	for _, c := range cases {
+		if got := parseHandover(c.p); got != c.want {
+			t.Errorf("parseHandover(%q) = %+v, want %+v", c.p, got, c.want)
+		}
+	}
+}
+
+// TestSums checks the digests hand-overs are checked with against the hex
+// digests the scripts write.
+func TestSums(t *testing.T) {
+	tok := "3f1c5b7e-0000-4000-8000-000000000000@abc"
+	if h := holderSum(tok); !h.is(digest(tok)) || h.is(digest(tok+"x")) || h.is("") {
+		t.Errorf("holderSum(%q) does not match digest", tok)
+	}
+	if p := proofSum("secret", 12345); !p.is(digest("secret 12345")) || p.is(digest("secret 1234")) {
+		t.Error("proofSum does not match digest of secret, space, fence")
+	}
+}
