@@ -9,9 +9,7 @@
 local out = {}
 for i = 1, #KEYS do
   if redis.call('HGET', KEYS[i], 't') == ARGV[2 * i - 1] then
-    if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[2 * i]) then
-      redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    end
+    extend_key(KEYS[i], ARGV[2 * i])
     out[i] = 1
   else
     out[i] = 0

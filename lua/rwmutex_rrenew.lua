@@ -9,13 +9,12 @@
 --        (released, or its lease ran out).
 
 clock()
-local now = now_ms
 local out = {}
 for i = 1, #KEYS / 2 do
   local z, h = KEYS[2 * i - 1], KEYS[2 * i]
   local tok, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
   local s = redis.call('ZSCORE', z, tok)
-  if not s or tonumber(s) <= now then
+  if not s or tonumber(s) <= now_ms then
     if s then
       -- Expired: its share is gone even if no script pruned it yet.
       redis.call('ZREM', z, tok)
@@ -23,8 +22,8 @@ for i = 1, #KEYS / 2 do
     end
     out[i] = 0
   else
-    if now + ttl > tonumber(s) then
-      redis.call('ZADD', z, string.format('%.0f', now + ttl), tok)
+    if now_ms + ttl > tonumber(s) then
+      redis.call('ZADD', z, string.format('%.0f', now_ms + ttl), tok)
     end
     if redis.call('PTTL', z) < ttl then
       redis.call('PEXPIRE', z, ttl)

@@ -21,11 +21,8 @@ for i = 1, #KEYS / 2 do
     if tonumber(cur) < d then
       redis.call('ZADD', hz, string.format('%.0f', d), tok)
     end
-    for _, k in ipairs({st, hz}) do
-      if redis.call('PTTL', k) < ttl then
-        redis.call('PEXPIRE', k, ttl)
-      end
-    end
+    extend_key(st, ttl)
+    extend_key(hz, ttl)
     out[i] = 1
   end
 end
