@@ -350,32 +350,35 @@ func (b *base) endRelease(h *hold) {
 	b.mu.Unlock()
 }
 
-// unlocking notes an unlock of h, an owner's recorded hold (nil: none), in
-// flight. The func it returns notes the unlock's end: given whether the
-// reply said it ended h, it ends h accordingly if ownerHold recorded a
-// later hold of the owner meanwhile (then h ended in Redis, and only this
-// reply tells whether it was released or lost), and reports whether it did.
-func (b *base) unlocking(h *hold) (done func(released bool) bool) {
+// beginUnlock notes an unlock of h, an owner's recorded hold (nil: none),
+// in flight; endUnlock notes its end.
+func (b *base) beginUnlock(h *hold) {
 	if h == nil {
-		return func(bool) bool { return false }
+		return
 	}
 	b.mu.Lock()
 	h.unlocking++
 	b.mu.Unlock()
-	return func(released bool) bool {
-		b.mu.Lock()
-		h.unlocking--
-		replaced := h.replaced
-		b.mu.Unlock()
-		if !replaced {
-			return false
-		}
-		if released {
-			h.release()
-		} else {
-			h.lease.MarkLost()
-		}
-		return true
+}
+
+// endUnlock notes the end of an unlock of h that beginUnlock noted, given
+// whether its reply said it ended h. If ownerHold recorded a later hold of
+// the owner meanwhile, h ended in Redis and only this reply tells whether
+// it was released or lost: h ends accordingly.
+func (b *base) endUnlock(h *hold, released bool) {
+	if h == nil {
+		return
+	}
+	b.mu.Lock()
+	h.unlocking--
+	replaced := h.replaced
+	b.mu.Unlock()
+	switch {
+	case !replaced:
+	case released:
+		h.release()
+	default:
+		h.lease.MarkLost()
 	}
 }
 
@@ -567,9 +570,9 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	done := b.unlocking(h)
+	b.beginUnlock(h)
 	r, err := run(dctx, tok, id, h)
-	done(err == nil && r == 1)
+	b.endUnlock(h, err == nil && r == 1)
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		return err

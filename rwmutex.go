@@ -316,12 +316,13 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	done := func(bool) bool { return false }
-	if owned {
-		done = rw.b.unlocking(h)
+	rec := h
+	if !owned {
+		rec = nil // a handle's hold: no owner records it
 	}
+	rw.b.beginUnlock(rec)
 	r, err := rw.impl.unlock(dctx, mode, tok, id, h)
-	done(err == nil && r == 1)
+	rw.b.endUnlock(rec, err == nil && r == 1)
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		restore()

@@ -387,14 +387,15 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	done := func(bool) bool { return false }
-	if owned {
-		done = s.c.unlocking(h)
+	rec := h
+	if !owned {
+		rec = nil // a handle's holding: no owner records it
 	}
+	s.c.beginUnlock(rec)
 	cmd := s.c.eval(dctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg())
 	var r [3]int64 // code, permits left, fencing token
 	_, err := replyInts("semaphore release", cmd, r[:])
-	done(err == nil && r[0] == 1 && r[1] == 0)
+	s.c.endUnlock(rec, err == nil && r[0] == 1 && r[1] == 0)
 	if err != nil {
 		return err
 	}
