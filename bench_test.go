@@ -68,6 +68,24 @@ func BenchmarkMutex(b *testing.B) {
 	})
 }
 
+// BenchmarkMutexCancelCtx is BenchmarkMutex with a ctx that can be
+// cancelled, as a request's is: each command then runs in a goroutine of
+// its own, so that the call returns when ctx ends whatever go-redis does.
+func BenchmarkMutexCancelCtx(b *testing.B) {
+	c, counter := benchClient(b)
+	m := c.Mutex(redistest.Key(b))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reportRoundTrips(b, counter, func() {
+		if err := m.Lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	})
+}
+
 // BenchmarkRawFloor is the floor for a correct lock: SET NX PX and a
 // compare-and-delete script, two round trips.
 func BenchmarkRawFloor(b *testing.B) {

@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
 )
 
 // deadAddr returns a loopback address where nothing listens: connections
@@ -78,6 +80,9 @@ func TestDeadlineWithRedisDown(t *testing.T) {
 		{"silent", func(t *testing.T) *redis.Options {
 			return &redis.Options{Addr: silentAddr(t), ContextTimeoutEnabled: true}
 		}},
+		// go-redis's defaults: it reads until its ReadTimeout (3 s),
+		// whatever the ctx says; the call must not.
+		{"silent, go-redis defaults", func(t *testing.T) *redis.Options { return &redis.Options{Addr: silentAddr(t)} }},
 	} {
 		t.Run(down.name, func(t *testing.T) {
 			rdb := redis.NewClient(down.opts(t))
@@ -104,16 +109,32 @@ func TestDeadlineWithRedisDown(t *testing.T) {
 				}},
 			}
 			for _, call := range calls {
-				ctx, cancel := context.WithTimeout(context.Background(), deadline)
-				start := time.Now()
-				err := call.f(ctx)
-				took := time.Since(start)
-				cancel()
-				if err == nil {
-					t.Errorf("%s with Redis down returned nil", call.name)
+				if call.name == "plain GET" && down.name == "silent, go-redis defaults" {
+					continue // go-redis itself waits for its ReadTimeout
 				}
-				if took > deadline+slack {
-					t.Errorf("%s with a %v deadline returned after %v (%v)", call.name, deadline, took.Round(time.Millisecond), err)
+				// A deadline, and a cancel of a ctx without one (which
+				// go-redis does not see while it reads a reply).
+				for _, end := range []string{"deadline", "cancel"} {
+					ctx, cancel := context.WithTimeout(context.Background(), deadline)
+					if end == "cancel" {
+						if call.name == "plain GET" {
+							continue
+						}
+						ctx, cancel = context.WithCancel(context.Background())
+						time.AfterFunc(deadline, cancel)
+					}
+					start := time.Now()
+					err := call.f(ctx)
+					took := time.Since(start)
+					cancel()
+					if err == nil {
+						t.Errorf("%s with Redis down returned nil", call.name)
+					} else if !errors.Is(err, ctx.Err()) && down.name != "refused" {
+						t.Errorf("%s ended by a %s returned %v, want the ctx's error", call.name, end, err)
+					}
+					if took > deadline+slack {
+						t.Errorf("%s with a %v %s returned after %v (%v)", call.name, deadline, end, took.Round(time.Millisecond), err)
+					}
 				}
 			}
 			// Close waits for the clean-ups left to the background; one
@@ -126,5 +147,93 @@ func TestDeadlineWithRedisDown(t *testing.T) {
 				t.Errorf("Close took %v with clean-ups pending against a dead server", took.Round(time.Millisecond))
 			}
 		})
+	}
+}
+
+// A call whose ctx is cancelled while the server holds its command (CLIENT
+// PAUSE: a server busy, or a network that delays replies) returns at the
+// cancel, with go-redis's default options, which read until ReadTimeout
+// whatever the ctx says; and once the server runs the command it gave up
+// on, nothing is left behind: the name is free at once for another
+// process (DESIGN, Deadlines and Waiting).
+func TestCancelWhileServerHoldsCommand(t *testing.T) {
+	const cancelAfter = 300 * time.Millisecond
+	const slack = 400 * time.Millisecond // a loaded machine under -race
+	const pause = 2 * time.Second
+	s := redistest.StartStandalone(t)
+	admin := s.Client(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr()}) // go-redis defaults
+	t.Cleanup(func() { rdb.Close() })
+	c := dsync.New(rdb)
+	defer c.Close()
+	other := dsync.New(s.Client(t))
+	defer other.Close()
+	ran := false
+	ops := []struct {
+		name string
+		call func(c *dsync.Client, ctx context.Context, name string) error
+		// free takes the name in other at once, and releases it.
+		free func(c *dsync.Client, ctx context.Context, name string) (bool, error)
+	}{
+		{"Mutex.Lock", func(c *dsync.Client, ctx context.Context, n string) error { return c.Mutex(n).Lock(ctx) },
+			func(c *dsync.Client, ctx context.Context, n string) (bool, error) {
+				ok, err := c.Mutex(n).TryLock(ctx)
+				return ok, err
+			}},
+		{"RWMutex.Lock", func(c *dsync.Client, ctx context.Context, n string) error { return c.RWMutex(n).Lock(ctx) },
+			func(c *dsync.Client, ctx context.Context, n string) (bool, error) { return c.RWMutex(n).TryLock(ctx) }},
+		{"RWMutex.RLock", func(c *dsync.Client, ctx context.Context, n string) error { return c.RWMutex(n).RLock(ctx) },
+			func(c *dsync.Client, ctx context.Context, n string) (bool, error) { return c.RWMutex(n).TryLock(ctx) }},
+		{"Semaphore.Acquire", func(c *dsync.Client, ctx context.Context, n string) error { return c.Semaphore(n, 2).Acquire(ctx, 2) },
+			func(c *dsync.Client, ctx context.Context, n string) (bool, error) {
+				return c.Semaphore(n, 2).TryAcquire(ctx, 2)
+			}},
+		{"Once.Do", func(c *dsync.Client, ctx context.Context, n string) error {
+			return c.Once(n).Do(ctx, func(context.Context) error { ran = true; return nil })
+		}, func(c *dsync.Client, ctx context.Context, n string) (bool, error) {
+			// Another process's Do runs f at once: no run lease of the
+			// cancelled call is left to wait out.
+			done := false
+			err := c.Once(n).Do(ctx, func(context.Context) error { done = true; return nil })
+			return done, err
+		}},
+	}
+	for i, op := range ops {
+		name := fmt.Sprintf("%s-%d", redistest.Key(t), i)
+		// Warm up: a connection in the pool, the scripts loaded.
+		wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if _, err := op.free(c, wctx, name+"-warm"); err != nil {
+			t.Fatalf("%s: warm-up: %v", op.name, err)
+		}
+		wcancel()
+		if err := admin.Do(context.Background(), "client", "pause", pause.Milliseconds(), "write").Err(); err != nil {
+			t.Fatal(err)
+		}
+		paused := time.Now()
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(cancelAfter, cancel)
+		start := time.Now()
+		err := op.call(c, ctx, name)
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("%s cancelled while the server held it returned %v, want context.Canceled", op.name, err)
+		}
+		if took > cancelAfter+slack {
+			t.Errorf("%s cancelled after %v returned after %v", op.name, cancelAfter, took.Round(time.Millisecond))
+		}
+		// After the pause the server runs what the call sent, and its
+		// clean-up.
+		time.Sleep(time.Until(paused.Add(pause)))
+		dsync.WaitCleanups(c)
+		fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ok, err := op.free(other, fctx, name)
+		fcancel()
+		if err != nil || !ok {
+			t.Errorf("%s: after the pause another process could not take the name at once (%v, %v): the cancelled call left something behind", op.name, ok, err)
+		}
+	}
+	if ran {
+		t.Error("Once.Do ran f for a call that was cancelled before its script ran")
 	}
 }

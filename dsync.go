@@ -45,8 +45,10 @@ type Client struct {
 	notify *notifier
 	once   sync.Once
 
-	// Clean-up that outlives the call that needed it (see cleanup).
-	bg       sync.WaitGroup
+	// Clean-up that outlives the call that needed it (see cleanup), and
+	// commands whose caller's ctx ended first (see within).
+	bg       tasks
+	calls    tasks
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
 }
@@ -56,10 +58,11 @@ type Client struct {
 // the Client. Close stops the Client's background work; it does not close
 // rdb. A nil rdb or a bad option makes every call fail with [ErrInvalid].
 //
-// Calls return about when their ctx ends, also with Redis unreachable. For
-// that to hold while a server accepts a command and does not answer, make
-// rdb with ContextTimeoutEnabled: true; go-redis otherwise waits for its
-// ReadTimeout whatever the ctx says.
+// Calls return about when their ctx ends, by deadline or cancel, also with
+// Redis unreachable and whatever rdb's settings: a command sent to a server
+// that holds it goes on in the background, owned by the Client, until
+// go-redis gives up on it (its ReadTimeout, or the ctx deadline with
+// ContextTimeoutEnabled), and its outcome is settled as after a lost reply.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c := &Client{rdb: rdb}
 	c.init(opts)
@@ -81,14 +84,19 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // not close the Redis client. It is safe to call more than once.
 //
 // Clean-ups that failed calls left to the background (undoing a cancelled
-// attempt, say) are cancelled, and Close waits for them: a command already
-// sent to a server that does not answer keeps one of them until its own
-// deadline, 5 s at most. No goroutine of the Client outlives Close.
+// attempt, say) are cancelled, and Close waits for them and for commands
+// whose callers gave up on them, 5 s at most for those sent to a server
+// that does not answer (go-redis ends them at its ReadTimeout, 3 s by
+// default; one that outlives Close ends when go-redis gives up on it).
 func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
 		c.bgCancel()
-		c.bg.Wait()
+		c.bg.close(0)
+		// A command whose caller gave up ends when go-redis gives up on
+		// it (its ReadTimeout, or the ctx deadline with
+		// ContextTimeoutEnabled); Close waits releaseTimeout at most.
+		c.calls.close(releaseTimeout)
 		if c.renew != nil {
 			c.renew.Close()
 		}

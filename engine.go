@@ -322,16 +322,17 @@ func sleepFor(d, ttl time.Duration) time.Duration {
 // call returns in time also when Redis is slow or unreachable.
 func (c *Client) cleanup(ctx context.Context, u abandoner) {
 	done := make(chan struct{})
-	c.bg.Add(1)
-	go func() {
-		defer c.bg.Done()
+	if !c.bg.start(func() {
 		defer close(done)
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
 		stop := context.AfterFunc(c.bgCtx, cancel)
 		defer stop()
 		u.abandon(dctx)
-	}()
+	}) {
+		// Closed: the holds a failed call may have taken expire at their TTL.
+		return
+	}
 	select {
 	case <-done:
 		return

@@ -74,7 +74,7 @@ func LeaseDeadline(l *Lease) time.Time { return l.h.(*renew.Hold).Deadline() }
 // WaitCleanups waits for the clean-ups that failed calls of c left to the
 // background (undoing an attempt), without cancelling them as Close does.
 // No call of c may start meanwhile.
-func WaitCleanups(c *Client) { c.bg.Wait() }
+func WaitCleanups(c *Client) { <-c.bg.idle() }
 
 // SetReleaseWaitHook makes the lock calls of owners under client
 // reentrancy made through c (a *Client or *Quorum) call f when they start

@@ -219,7 +219,11 @@ func (o *Once) Reset(ctx context.Context) error {
 	if err := o.check(); err != nil {
 		return err
 	}
-	return o.c.rdb.Del(ctx, o.keys[1]).Err()
+	var err error
+	if !o.c.within(ctx, func() { err = o.c.rdb.Del(ctx, o.keys[1]).Err() }) {
+		return ctx.Err()
+	}
+	return err
 }
 
 // attempt runs the do script once; waited says that an earlier attempt of

@@ -82,8 +82,7 @@ type Quorum struct {
 // an RWMutex's writer preference as a single one does. See the package
 // documentation's scaling notes for fencing tokens.
 //
-// Options are as for [New], but for [WaitReplicas], which a Quorum refuses;
-// so is the advice on ContextTimeoutEnabled for the clients.
+// Options are as for [New], but for [WaitReplicas], which a Quorum refuses.
 // No clients, a nil client or a bad option makes every call fail with
 // [ErrInvalid]. Close stops the Quorum and its members; it does not close
 // the Redis clients.

@@ -99,7 +99,15 @@ func notReplicated(acked int64, want int) error {
 // evalWait sends EVALSHA and WAIT in one pipeline on one connection to the
 // master of key. Pipelines get no NOSCRIPT fallback: on NOSCRIPT it loads the
 // script and sends the pipeline again.
-func (c *Client) evalWait(ctx context.Context, cfg *config, key string, sc *script, a []any) (*redis.Cmd, int64, error) {
+func (c *Client) evalWait(ctx context.Context, cfg *config, key string, sc *script, a []any) (cmd *redis.Cmd, acked int64, err error) {
+	if !c.within(ctx, func() { cmd, acked, err = c.evalWaitNow(ctx, cfg, key, sc, a) }) {
+		return nil, 0, ctx.Err()
+	}
+	return cmd, acked, err
+}
+
+// evalWaitNow is evalWait, returning when go-redis does.
+func (c *Client) evalWaitNow(ctx context.Context, cfg *config, key string, sc *script, a []any) (*redis.Cmd, int64, error) {
 	var rdb redis.Cmdable = c.rdb
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		// WAIT has no key: send both to the slot's master on one connection.

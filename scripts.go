@@ -71,8 +71,26 @@ func scriptCall(sc *script, keys []any, args ...any) []any {
 	return append(a, args...)
 }
 
-// evalCall is eval for a command built by scriptCall.
+// evalCall is eval for a command built by scriptCall. It returns when ctx
+// ends, also while the server holds the command (see within).
 func (c *Client) evalCall(ctx context.Context, sc *script, a []any) *redis.Cmd {
+	if ctx.Done() == nil || ctx.Err() != nil || !c.calls.add() {
+		// Nothing can end ctx, or it has ended (go-redis returns at
+		// once), or c is closed.
+		return c.evalNow(ctx, sc, a)
+	}
+	e := &evalCall{c: c, ctx: ctx, sc: sc, a: a, done: make(chan struct{})}
+	go e.run()
+	if !awaitCall(ctx, e.done) {
+		cmd := redis.NewCmd(ctx, a...)
+		cmd.SetErr(ctx.Err())
+		return cmd
+	}
+	return e.cmd
+}
+
+// evalNow is evalCall, returning when go-redis does.
+func (c *Client) evalNow(ctx context.Context, sc *script, a []any) *redis.Cmd {
 	cmd := redis.NewCmd(ctx, a...)
 	if err := c.rdb.Process(ctx, cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		if err := sc.s.Load(ctx, c.rdb).Err(); err != nil {

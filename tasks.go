@@ -1,0 +1,148 @@
+package dsync
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// tasks counts the goroutines a Client leaves running past the call that
+// started them, so that Close can wait for them. Once closed it starts no
+// more.
+type tasks struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	zero   chan struct{} // closed when n drops to 0; made by idle
+}
+
+// start runs f in a goroutine counted by t; false (and f not run) once t
+// is closed.
+func (t *tasks) start(f func()) bool {
+	if !t.add() {
+		return false
+	}
+	go func() {
+		defer t.end()
+		f()
+	}()
+	return true
+}
+
+// add counts a goroutine about to start, which calls end when it ends;
+// false (and nothing counted) once t is closed.
+func (t *tasks) add() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.n++
+	return true
+}
+
+func (t *tasks) end() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n--
+	if t.n == 0 && t.zero != nil {
+		close(t.zero)
+		t.zero = nil
+	}
+}
+
+// idle returns a channel closed once no goroutine of t runs (at once if
+// none does).
+func (t *tasks) idle() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n == 0 {
+		return closedChan
+	}
+	if t.zero == nil {
+		t.zero = make(chan struct{})
+	}
+	return t.zero
+}
+
+// close stops t from starting more goroutines and waits for those running
+// to end, at most d (forever if d ≤ 0). It reports whether they ended.
+func (t *tasks) close(d time.Duration) bool {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	idle := t.idle()
+	if d <= 0 {
+		<-idle
+		return true
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-idle:
+		return true
+	case <-tm.C:
+		return false
+	}
+}
+
+// within runs f, which sends commands on ctx, and returns when f returns
+// or ctx ends, whichever comes first: false if ctx ended first. f then
+// goes on in the background, owned by c, and what it did is unknown to
+// the caller, as after a lost reply.
+//
+// go-redis does not end a command's read when its ctx is cancelled (only
+// at a deadline, and only with ContextTimeoutEnabled), so a server that
+// holds a command (paused, or a network that drops replies) would hold the
+// caller past its ctx without this.
+func (c *Client) within(ctx context.Context, f func()) bool {
+	if ctx.Done() == nil || ctx.Err() != nil {
+		// Nothing can end ctx, or it has ended: go-redis returns at once.
+		f()
+		return true
+	}
+	done := make(chan struct{})
+	if !c.calls.start(func() {
+		defer close(done)
+		f()
+	}) {
+		f()
+		return true
+	}
+	return awaitCall(ctx, done)
+}
+
+// awaitCall waits for done (a command that runs on ctx ended) or ctx,
+// whichever comes first: false if ctx ended first.
+func awaitCall(ctx context.Context, done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+	}
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// An evalCall is a script call that runs in a goroutine of its own (see
+// within), as one allocation.
+type evalCall struct {
+	c    *Client
+	ctx  context.Context
+	sc   *script
+	a    []any
+	cmd  *redis.Cmd
+	done chan struct{}
+}
+
+func (e *evalCall) run() {
+	defer e.c.calls.end()
+	e.cmd = e.c.evalNow(e.ctx, e.sc, e.a)
+	close(e.done)
+}
