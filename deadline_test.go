@@ -237,3 +237,143 @@ func TestCancelWhileServerHoldsCommand(t *testing.T) {
 		t.Error("Once.Do ran f for a call that was cancelled before its script ran")
 	}
 }
+
+// An Unlock or Release whose ctx ends while the server holds its command
+// returns at once with the ctx's error, and the release completes in the
+// background as if the caller had waited: once the server answers, the
+// name is free for another process and the holder's lease ended released,
+// not lost. Under client reentrancy, a Lock of the owner made meanwhile
+// waits for that release and takes the name afresh, as Redis then shows.
+func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
+	const cancelAfter = 300 * time.Millisecond
+	const slack = 400 * time.Millisecond // a loaded machine under -race
+	const pause = 2 * time.Second
+	s := redistest.StartStandalone(t)
+	admin := s.Client(t)
+	other := dsync.New(s.Client(t))
+	defer other.Close()
+	type prim struct {
+		lock   func(ctx context.Context) error
+		unlock func(ctx context.Context) error
+		lease  func(ctx context.Context) (*dsync.Lease, error)
+		// free takes the name in other at once, reporting whether it could.
+		free func(ctx context.Context) (bool, error)
+	}
+	kinds := []struct {
+		name string
+		mk   func(c *dsync.Client, name string) prim
+	}{
+		{"Mutex", func(c *dsync.Client, n string) prim {
+			m, o := c.Mutex(n), other.Mutex(n)
+			return prim{m.Lock, m.Unlock, m.Lease, o.TryLock}
+		}},
+		{"RWMutex write", func(c *dsync.Client, n string) prim {
+			rw, o := c.RWMutex(n), other.RWMutex(n)
+			return prim{rw.Lock, rw.Unlock, rw.Lease, o.TryLock}
+		}},
+		{"RWMutex read", func(c *dsync.Client, n string) prim {
+			rw, o := c.RWMutex(n), other.RWMutex(n)
+			return prim{rw.RLock, rw.RUnlock, rw.RLease, o.TryLock}
+		}},
+		{"Semaphore", func(c *dsync.Client, n string) prim {
+			sem, o := c.Semaphore(n, 2), other.Semaphore(n, 2)
+			return prim{
+				func(ctx context.Context) error { return sem.Acquire(ctx, 2) },
+				func(ctx context.Context) error { return sem.Release(ctx, 2) },
+				sem.Lease,
+				func(ctx context.Context) (bool, error) { return o.TryAcquire(ctx, 2) },
+			}
+		}},
+	}
+	modes := []struct {
+		name  string
+		local bool
+		ctx   func() context.Context
+	}{
+		{"handle", false, context.Background},
+		{"owner", false, func() context.Context { return dsync.WithOwner(context.Background()) }},
+		{"owner, client reentrancy", true, func() context.Context { return dsync.WithOwner(context.Background()) }},
+	}
+	i := 0
+	for _, kind := range kinds {
+		for _, mode := range modes {
+			if mode.local && kind.name == "Semaphore" {
+				continue // no client reentrancy for a Semaphore
+			}
+			t.Run(kind.name+"/"+mode.name, func(t *testing.T) {
+				i++
+				rdb := redis.NewClient(&redis.Options{Addr: s.Addr()}) // go-redis defaults
+				t.Cleanup(func() { rdb.Close() })
+				var opts []dsync.Option
+				if mode.local {
+					opts = append(opts, dsync.ClientReentrancy())
+				}
+				c := dsync.New(rdb, opts...)
+				defer c.Close()
+				p := kind.mk(c, fmt.Sprintf("%s-%d", redistest.Key(t), i))
+				octx := mode.ctx()
+				lctx, lcancel := context.WithTimeout(octx, 10*time.Second)
+				defer lcancel()
+				if err := p.lock(lctx); err != nil {
+					t.Fatal(err)
+				}
+				lease, err := p.lease(lctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := admin.Do(context.Background(), "client", "pause", pause.Milliseconds(), "write").Err(); err != nil {
+					t.Fatal(err)
+				}
+				paused := time.Now()
+				ctx, cancel := context.WithCancel(octx)
+				time.AfterFunc(cancelAfter, cancel)
+				start := time.Now()
+				err = p.unlock(ctx)
+				took := time.Since(start)
+				cancel()
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("release cancelled while the server held it returned %v, want context.Canceled", err)
+				}
+				if took > cancelAfter+slack {
+					t.Errorf("release cancelled after %v returned after %v", cancelAfter, took.Round(time.Millisecond))
+				}
+				if mode.local {
+					// The owner locks again while its release is pending:
+					// not a re-entry of the hold being released.
+					if err := p.lock(lctx); err != nil {
+						t.Fatalf("owner's Lock during its pending release: %v", err)
+					}
+					if time.Now().Before(paused.Add(pause - 100*time.Millisecond)) {
+						t.Errorf("owner's Lock returned %v into the pause: it re-entered a hold being released", time.Since(paused).Round(time.Millisecond))
+					}
+					fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
+					ok, err := p.free(fctx)
+					fcancel()
+					if err != nil || ok {
+						t.Errorf("after the owner locked again another process took the name (%v, %v)", ok, err)
+					}
+					if err := p.unlock(lctx); err != nil {
+						t.Errorf("Unlock of the new hold: %v", err)
+					}
+				} else {
+					time.Sleep(time.Until(paused.Add(pause)))
+				}
+				dsync.WaitCleanups(c)
+				select {
+				case <-lease.Done():
+				case <-time.After(5 * time.Second):
+					t.Fatal("the lease of the released hold is not done")
+				}
+				if err := lease.Err(); err != nil {
+					t.Errorf("the released hold's lease reports %v, want nil (released, not lost)", err)
+				}
+				fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
+				ok, err := p.free(fctx)
+				fcancel()
+				if err != nil || !ok {
+					t.Errorf("after the release another process could not take the name (%v, %v)", ok, err)
+				}
+			})
+		}
+	}
+}

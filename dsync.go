@@ -97,6 +97,7 @@ func (c *Client) Close() error {
 		// it (its ReadTimeout, or the ctx deadline with
 		// ContextTimeoutEnabled); Close waits releaseTimeout at most.
 		c.calls.close(releaseTimeout)
+		c.releases.close(releaseTimeout)
 		if c.renew != nil {
 			c.renew.Close()
 		}
@@ -245,19 +246,4 @@ func newCallID() string {
 // detached returns a context for cleanup that must run although ctx ended.
 func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-}
-
-// releaseContext returns a context for a release: ctx itself if it can
-// never be cancelled, otherwise one that a cancellation of ctx cannot cut
-// short, bounded by its own deadline when ctx is already done.
-func releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	switch {
-	case ctx.Done() == nil:
-		return ctx, func() {}
-	case ctx.Err() != nil:
-		return detached(ctx)
-	default:
-		// Bounded by the Redis client's own read and write timeouts.
-		return context.WithoutCancel(ctx), func() {}
-	}
 }

@@ -72,9 +72,14 @@ func SetMessageHook(c *Client, f func(channel, payload string)) {
 func LeaseDeadline(l *Lease) time.Time { return l.h.(*renew.Hold).Deadline() }
 
 // WaitCleanups waits for the clean-ups that failed calls of c left to the
-// background (undoing an attempt), without cancelling them as Close does.
+// background (undoing an attempt), and for the releases and commands whose
+// callers' ctx ended first, without cancelling them as Close does.
 // No call of c may start meanwhile.
-func WaitCleanups(c *Client) { <-c.bg.idle() }
+func WaitCleanups(c *Client) {
+	<-c.bg.idle()
+	<-c.releases.idle()
+	<-c.calls.idle()
+}
 
 // SetReleaseWaitHook makes the lock calls of owners under client
 // reentrancy made through c (a *Client or *Quorum) call f when they start

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dsync-go/dsync/renew"
 )
 
@@ -140,6 +142,8 @@ type base struct {
 	calls  map[holdKey]*callWatch
 	// Tests: called when a lock call starts waiting for a release (enter).
 	onWait atomic.Pointer[func()]
+	// Releases whose caller's ctx ended first (see settle).
+	releases tasks
 
 	// id tells this Client's holds apart from other processes' with the
 	// same owner token, under client reentrancy (see holderToken).
@@ -554,7 +558,8 @@ func (h *hold) tokArg(tok string) any {
 // held.
 type releaser func(ctx context.Context, tok, id string, h *hold) (int64, error)
 
-// unlockOwner releases one level of the hold of the owner recorded under k,
+// unlockOwner releases one level of the hold of the owner recorded under k
+// (on a ctx from settle),
 // held in Redis as tok: h under client reentrancy (local), where the
 // process counts the levels and only the last one gets here, else the hold
 // recorded, its releases one at a time.
@@ -568,12 +573,14 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	if h != nil {
 		id = h.unlockCall()
 	}
-	dctx, cancel := releaseContext(ctx)
-	defer cancel()
 	b.beginUnlock(h)
-	r, err := run(dctx, tok, id, h)
+	r, err := b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, h) })
 	b.endUnlock(h, err == nil && r == 1)
 	if err != nil {
+		if local && h != nil && unknownOutcome(err) {
+			b.unsettled(k, h)
+			return err
+		}
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		return err
 	}
@@ -613,15 +620,14 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	return replyError("unlock", r)
 }
 
-// unlockSlot releases the hold of a handle's slot and unlocks the handle.
+// unlockSlot releases the hold of a handle's slot and unlocks the handle
+// (on a ctx from settle).
 func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 	h := sl.get()
 	if h == nil {
 		return ErrNotHeld
 	}
-	dctx, cancel := releaseContext(ctx)
-	defer cancel()
-	r, err := run(dctx, h.tok, h.unlockCall(), h)
+	r, err := run(ctx, h.tok, h.unlockCall(), h)
 	if err != nil {
 		return err
 	}
@@ -640,4 +646,83 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 	}
 	h.release()
 	return nil
+}
+
+// settle runs release, an Unlock or Release of a hold, on a ctx that a
+// cancellation cannot cut short, and returns its error, or ctx.Err() if
+// ctx ends first: the release then goes on in the background, owned by
+// the Client and bounded by the Redis client's own timeouts, and completes
+// (its bookkeeping included) as if the caller had waited. With ctx
+// already done it runs at once, detached, with a deadline of its own
+// (releaseTimeout). So a release is never lost to a cancellation, and the
+// caller still returns when its ctx ends.
+func (b *base) settle(ctx context.Context, release func(ctx context.Context) error) error {
+	switch {
+	case ctx.Done() == nil:
+		return release(ctx)
+	case ctx.Err() != nil:
+		dctx, cancel := detached(ctx)
+		defer cancel()
+		return release(dctx)
+	}
+	var err error
+	done := make(chan struct{})
+	if !b.releases.start(func() {
+		defer close(done)
+		err = release(context.WithoutCancel(ctx))
+	}) {
+		return release(context.WithoutCancel(ctx)) // closed
+	}
+	if awaitCall(ctx, done) {
+		return err
+	}
+	return ctx.Err()
+}
+
+// runRelease runs a release, run. Under client reentrancy (local) the
+// owner's Lock calls wait until the release of its last level is over, and
+// then must not re-enter a hold it may have ended: a release whose outcome
+// is unknown (no reply came) is sent again, under the same call id, until
+// a reply tells the outcome, for releaseTimeout at most (see unsettled for
+// what follows if none does).
+func (b *base) runRelease(ctx context.Context, local bool, run func(ctx context.Context) (int64, error)) (int64, error) {
+	r, err := run(ctx)
+	if !local || err == nil || !unknownOutcome(err) {
+		return r, err
+	}
+	end := time.Now().Add(releaseTimeout)
+	for wait := minRetry; time.Now().Before(end); wait = min(2*wait, time.Second/2) {
+		t := getTimer(min(wait, time.Until(end)))
+		select {
+		case <-t.C:
+		case <-b.closed:
+			putTimer(t)
+			return r, err
+		}
+		putTimer(t)
+		if r, err = run(ctx); err == nil || !unknownOutcome(err) {
+			break
+		}
+	}
+	return r, err
+}
+
+// unsettled ends h, the hold recorded under k whose last release (client
+// reentrancy) got no reply however often it was sent: it may be gone in
+// Redis, so it is reported lost and forgotten, and the owner's next Lock
+// asks Redis instead of re-entering it. If the release never arrived, the
+// hold expires at its TTL, no longer renewed.
+func (b *base) unsettled(k holdKey, h *hold) {
+	b.dropHold(k, h)
+	h.lease.MarkLost()
+}
+
+// unknownOutcome reports whether err, the error of a script call, leaves
+// unknown whether the script ran: no reply came (the connection failed or
+// timed out, ctx ended). A reply, even an error (the script failed, or did
+// not run: NOSCRIPT, BUSY, OOM), tells the outcome, and so does a call
+// that was never sent (the Client closed).
+func unknownOutcome(err error) bool {
+	var re redis.Error
+	return !errors.As(err, &re) && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrClosed) && !errors.Is(err, ErrInvalid)
 }

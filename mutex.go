@@ -176,8 +176,10 @@ func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) error {
 }
 
 // Unlock unlocks m: one level of an owner's re-entry, or the handle's hold.
-// It runs even if ctx is already done, detached with its own deadline. It
-// returns [ErrNotHeld] if the caller does not hold m and [ErrLeaseLost] if
+// It runs even if ctx is already done, detached with its own deadline; if
+// ctx ends while it is under way, Unlock returns ctx's error then and the
+// release completes in the background, as if the caller had waited (it is
+// not to be repeated). It returns [ErrNotHeld] if the caller does not hold m and [ErrLeaseLost] if
 // the hold was lost before Unlock; in both cases nothing is changed. Unlock
 // never affects another owner's hold, nor a later hold of the same owner or
 // handle, also when retried after a lost reply.
@@ -197,11 +199,16 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 			if h, inner = m.b.leaveLocal(k); inner {
 				return nil
 			}
-			defer m.b.endRelease(h)
 		}
-		return m.b.unlockOwner(ctx, k, m.b.holderToken(&m.cfg, otok), m.impl.unlock, m.cfg.local, h)
+		return m.b.settle(ctx, func(ctx context.Context) error {
+			if m.cfg.local {
+				// Lock calls of the owner wait until the release is over.
+				defer m.b.endRelease(h)
+			}
+			return m.b.unlockOwner(ctx, k, m.b.holderToken(&m.cfg, otok), m.impl.unlock, m.cfg.local, h)
+		})
 	}
-	return m.b.unlockSlot(ctx, &m.slot, m.impl.unlock)
+	return m.b.settle(ctx, func(ctx context.Context) error { return m.b.unlockSlot(ctx, &m.slot, m.impl.unlock) })
 }
 
 // Lease returns the lease of the current hold of ctx's owner on m or,

@@ -124,6 +124,7 @@ func (q *Quorum) Close() error {
 		close(q.closed)
 		q.watchMu.Unlock()
 		q.watched.Wait()
+		q.releases.close(releaseTimeout)
 		for _, m := range q.members {
 			m.Close()
 		}

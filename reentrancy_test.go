@@ -318,3 +318,121 @@ func TestClientReentrancyAbandonKeepsReentry(t *testing.T) {
 		judge(t, p, own)
 	})
 }
+
+// Under client reentrancy an owner's other goroutines re-enter its hold
+// without asking Redis, so the last Unlock must learn whether it ended the
+// hold: a release whose reply is lost is sent again under its call id
+// until a reply says (Unlock then returns its outcome), and if none comes
+// the hold is reported lost and the owner's next Lock asks Redis instead
+// of re-entering a hold that may be gone.
+func TestClientReentrancyLastUnlockWithLostReplies(t *testing.T) {
+	isScript := func(c redis.Cmder) bool { n := c.Name(); return n == "evalsha" || n == "eval" }
+	kinds := []struct {
+		name         string
+		lock, unlock func(c *dsync.Client, name string) func(ctx context.Context) error
+		lease        func(c *dsync.Client, name string) func(ctx context.Context) (*dsync.Lease, error)
+	}{
+		{"Mutex",
+			func(c *dsync.Client, n string) func(context.Context) error { return c.Mutex(n).Lock },
+			func(c *dsync.Client, n string) func(context.Context) error { return c.Mutex(n).Unlock },
+			func(c *dsync.Client, n string) func(context.Context) (*dsync.Lease, error) { return c.Mutex(n).Lease }},
+		{"RWMutex write",
+			func(c *dsync.Client, n string) func(context.Context) error { return c.RWMutex(n).Lock },
+			func(c *dsync.Client, n string) func(context.Context) error { return c.RWMutex(n).Unlock },
+			func(c *dsync.Client, n string) func(context.Context) (*dsync.Lease, error) { return c.RWMutex(n).Lease }},
+		{"RWMutex read",
+			func(c *dsync.Client, n string) func(context.Context) error { return c.RWMutex(n).RLock },
+			func(c *dsync.Client, n string) func(context.Context) error { return c.RWMutex(n).RUnlock },
+			func(c *dsync.Client, n string) func(context.Context) (*dsync.Lease, error) {
+				return c.RWMutex(n).RLease
+			}},
+	}
+	for _, kind := range kinds {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel() // a release that gets no reply is sent for 5 s
+			eachBackend(t, func(t *testing.T, b redistest.Backend) {
+				for _, lost := range []struct {
+					name  string
+					drops int
+				}{{"reply lost twice", 2}, {"no reply comes", 1 << 20}} {
+					t.Run(lost.name, func(t *testing.T) {
+						ctx := dsync.WithOwner(ctxT(t))
+						name := redistest.Key(t)
+						rdb := b.NewClient(t)
+						faults := &redistest.Faults{}
+						faults.Match(isScript)
+						rdb.AddHook(faults)
+						c := dsync.New(rdb, dsync.ClientReentrancy())
+						defer c.Close()
+						otherW := newClient(t, b).Mutex(name) // for the Mutex
+						otherRW := newClient(t, b).RWMutex(name)
+						held := func() bool {
+							// Is the name held in Redis? Another owner tries.
+							if kind.name == "Mutex" {
+								ok, err := otherW.TryLock(ctx)
+								if err != nil {
+									t.Fatal(err)
+								}
+								if ok {
+									_ = otherW.Unlock(ctx)
+								}
+								return !ok
+							}
+							ok, err := otherRW.TryLock(ctx)
+							if err != nil {
+								t.Fatal(err)
+							}
+							if ok {
+								_ = otherRW.Unlock(ctx)
+							}
+							return !ok
+						}
+						if err := kind.lock(c, name)(ctx); err != nil {
+							t.Fatal(err)
+						}
+						lease, err := kind.lease(c, name)(ctx)
+						if err != nil {
+							t.Fatal(err)
+						}
+						// Every copy of the release runs on the server;
+						// its reply is lost.
+						faults.DropReplyNext(lost.drops, nil)
+						err = kind.unlock(c, name)(ctx)
+						faults.DropReplyNext(0, nil)
+						if lost.drops < 100 {
+							if err != nil {
+								t.Fatalf("last Unlock whose reply was lost twice = %v, want nil (its copy sent again learns the outcome)", err)
+							}
+						} else {
+							if err == nil {
+								t.Fatal("last Unlock that never got a reply returned nil")
+							}
+							select {
+							case <-lease.Done():
+							default:
+								t.Fatal("the hold whose release got no reply is still live in the process")
+							}
+							if !errors.Is(lease.Err(), dsync.ErrLeaseLost) {
+								t.Errorf("its lease reports %v, want ErrLeaseLost", lease.Err())
+							}
+						}
+						if held() {
+							t.Fatal("the release ran on the server, yet the name is held")
+						}
+						// The owner locks again: Redis must hold it for the
+						// owner now.
+						if err := kind.lock(c, name)(ctx); err != nil {
+							t.Fatal(err)
+						}
+						if !held() {
+							t.Fatal("the owner's Lock after its last Unlock returned nil, but Redis holds nothing: it re-entered a released hold")
+						}
+						if err := kind.unlock(c, name)(ctx); err != nil {
+							t.Fatalf("Unlock of the new hold: %v", err)
+						}
+					})
+				}
+			})
+		})
+	}
+}

@@ -244,8 +244,9 @@ func (rw *RWMutex) restoreRead(h *hold) {
 }
 
 // RUnlock releases one read hold: one level of an owner's re-entry, or the
-// handle's most recent read hold. It does not affect other readers. It runs
-// even if ctx is already done, detached with its own deadline. It returns
+// handle's most recent read hold. It does not affect other readers. Like
+// Unlock it runs even if ctx is already done, and completes in the
+// background if ctx ends while it is under way. It returns
 // [ErrNotHeld] if the caller holds no read lock on rw and [ErrLeaseLost] if
 // the hold was lost before RUnlock; in both cases nothing is changed.
 func (rw *RWMutex) RUnlock(ctx context.Context) error {
@@ -256,7 +257,9 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 // handle's write hold. A read hold the owner took while writing (a
 // downgrade) stays. On the last level every reader that waited for the
 // writer becomes a holder. It runs even if ctx is already done, detached
-// with its own deadline. It returns [ErrNotHeld] if the caller does not hold
+// with its own deadline; if ctx ends while it is under way, Unlock returns
+// ctx's error then and the release completes in the background, as if the
+// caller had waited (it is not to be repeated). It returns [ErrNotHeld] if the caller does not hold
 // the write lock and [ErrLeaseLost] if the hold was lost before Unlock; in
 // both cases nothing is changed.
 func (rw *RWMutex) Unlock(ctx context.Context) error {
@@ -272,15 +275,28 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 		return err
 	}
 	var h *hold
-	var tok string
-	switch {
-	case owned && rw.cfg.local:
+	if owned && rw.cfg.local {
 		var inner bool
 		if h, inner = rw.b.leaveLocal(rw.holdKey(mode, otok)); inner {
 			// Client reentrancy: an inner unlock, counted in this process.
 			return nil
 		}
-		defer rw.b.endRelease(h)
+	}
+	return rw.b.settle(ctx, func(ctx context.Context) error {
+		if owned && rw.cfg.local {
+			// Lock calls of the owner wait until the release is over.
+			defer rw.b.endRelease(h)
+		}
+		return rw.release(ctx, mode, otok, owned, h)
+	})
+}
+
+// release is unlock once an inner unlock under client reentrancy is ruled
+// out, on a ctx from settle; h is the hold leaveLocal returned.
+func (rw *RWMutex) release(ctx context.Context, mode, otok string, owned bool, h *hold) error {
+	var tok string
+	switch {
+	case owned && rw.cfg.local:
 		tok = rw.b.holderToken(&rw.cfg, otok)
 	case owned:
 		if h = rw.b.lockedHold(rw.holdKey(mode, otok)); h != nil {
@@ -314,16 +330,19 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 			rw.slot.leave()
 		}
 	}
-	dctx, cancel := releaseContext(ctx)
-	defer cancel()
 	rec := h
 	if !owned {
 		rec = nil // a handle's hold: no owner records it
 	}
 	rw.b.beginUnlock(rec)
-	r, err := rw.impl.unlock(dctx, mode, tok, id, h)
+	local := owned && rw.cfg.local
+	r, err := rw.b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return rw.impl.unlock(ctx, mode, tok, id, h) })
 	rw.b.endUnlock(rec, err == nil && r == 1)
 	if err != nil {
+		if local && h != nil && unknownOutcome(err) {
+			rw.b.unsettled(rw.holdKey(mode, otok), h)
+			return err
+		}
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		restore()
 		return err

@@ -311,7 +311,10 @@ func (s *Semaphore) lostLocked(h *hold, n int64) {
 // Release releases n permits held by ctx's owner or, without an owner in
 // ctx, by the handle; when none remain, the holding and its lease end.
 // Permits freed go to the waiters first in line that fit. Release runs even
-// if ctx is already done, detached with its own deadline. It returns
+// if ctx is already done, detached with its own deadline; if ctx ends while
+// it is under way, Release returns ctx's error then and the release
+// completes in the background, as if the caller had waited (it is not to be
+// repeated). It returns
 // [ErrNotHeld] if the holder holds no permits of s, an error matching both
 // ErrNotHeld and [ErrInvalid] if it holds fewer than n (Weighted would
 // panic), and [ErrLeaseLost] if its holding was lost before Release; in
@@ -334,6 +337,12 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err != nil {
 		return err
 	}
+	return s.c.settle(ctx, func(ctx context.Context) error { return s.releaseOf(ctx, tok, owned, n) })
+}
+
+// releaseOf is Release for the owner tok (owned) or the handle, on a ctx
+// from settle.
+func (s *Semaphore) releaseOf(ctx context.Context, tok string, owned bool, n int64) error {
 	if owned {
 		h := s.c.lockedHold(holdKey{s.keys[0], tok})
 		if h != nil {
@@ -352,7 +361,7 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	case settled == n:
 		return ErrLeaseLost
 	}
-	err = s.release(ctx, tok, false, h, n-settled)
+	err := s.release(ctx, tok, false, h, n-settled)
 	if settled > 0 {
 		if err == nil || errors.Is(err, ErrLeaseLost) {
 			return ErrLeaseLost
@@ -385,14 +394,12 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 			}
 		}()
 	}
-	dctx, cancel := releaseContext(ctx)
-	defer cancel()
 	rec := h
 	if !owned {
 		rec = nil // a handle's holding: no owner records it
 	}
 	s.c.beginUnlock(rec)
-	cmd := s.c.eval(dctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg())
+	cmd := s.c.eval(ctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg())
 	var r [3]int64 // code, permits left, fencing token
 	_, err := replyInts("semaphore release", cmd, r[:])
 	s.c.endUnlock(rec, err == nil && r[0] == 1 && r[1] == 0)
