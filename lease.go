@@ -648,35 +648,49 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 	return nil
 }
 
-// settle runs release, an Unlock or Release of a hold, on a ctx that a
+// settle runs f(ctx, a), an Unlock or Release of a hold, on a ctx that a
 // cancellation cannot cut short, and returns its error, or ctx.Err() if
 // ctx ends first: the release then goes on in the background, owned by
-// the Client and bounded by the Redis client's own timeouts, and completes
-// (its bookkeeping included) as if the caller had waited. With ctx
-// already done it runs at once, detached, with a deadline of its own
+// the Client (b) and bounded by the Redis client's own timeouts, and
+// completes (its bookkeeping included) as if the caller had waited. With
+// ctx already done it runs at once, detached, with a deadline of its own
 // (releaseTimeout). So a release is never lost to a cancellation, and the
-// caller still returns when its ctx ends.
-func (b *base) settle(ctx context.Context, release func(ctx context.Context) error) error {
+// caller still returns when its ctx ends. (f is a plain function and a its
+// arguments, so that a ctx that cannot end costs no allocation.)
+func settle[A any](b *base, ctx context.Context, a A, f func(context.Context, A) error) error {
 	switch {
 	case ctx.Done() == nil:
-		return release(ctx)
+		return f(ctx, a)
 	case ctx.Err() != nil:
 		dctx, cancel := detached(ctx)
 		defer cancel()
-		return release(dctx)
+		return f(dctx, a)
+	case !b.releases.add():
+		return f(context.WithoutCancel(ctx), a) // closed
 	}
-	var err error
-	done := make(chan struct{})
-	if !b.releases.start(func() {
-		defer close(done)
-		err = release(context.WithoutCancel(ctx))
-	}) {
-		return release(context.WithoutCancel(ctx)) // closed
-	}
-	if awaitCall(ctx, done) {
-		return err
+	r := &releaseCall[A]{b: b, ctx: context.WithoutCancel(ctx), a: a, f: f, done: make(chan struct{})}
+	go r.run()
+	if awaitCall(ctx, r.done) {
+		return r.err
 	}
 	return ctx.Err()
+}
+
+// A releaseCall is a release that runs in a goroutine of its own (see
+// settle), as one allocation.
+type releaseCall[A any] struct {
+	b    *base
+	ctx  context.Context
+	a    A
+	f    func(context.Context, A) error
+	err  error
+	done chan struct{}
+}
+
+func (r *releaseCall[A]) run() {
+	defer r.b.releases.end()
+	r.err = r.f(r.ctx, r.a)
+	close(r.done)
 }
 
 // runRelease runs a release, run. Under client reentrancy (local) the

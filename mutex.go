@@ -200,15 +200,31 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 				return nil
 			}
 		}
-		return m.b.settle(ctx, func(ctx context.Context) error {
-			if m.cfg.local {
-				// Lock calls of the owner wait until the release is over.
-				defer m.b.endRelease(h)
-			}
-			return m.b.unlockOwner(ctx, k, m.b.holderToken(&m.cfg, otok), m.impl.unlock, m.cfg.local, h)
-		})
+		return settle(m.b, ctx, mutexRelease{m, k, otok, h}, releaseMutexOwner)
 	}
-	return m.b.settle(ctx, func(ctx context.Context) error { return m.b.unlockSlot(ctx, &m.slot, m.impl.unlock) })
+	return settle(m.b, ctx, mutexRelease{m: m}, func(ctx context.Context, r mutexRelease) error {
+		return r.m.b.unlockSlot(ctx, &r.m.slot, r.m.impl.unlock)
+	})
+}
+
+// mutexRelease is what an Unlock of m releases: a level of the hold of
+// owner otok recorded under k (h under client reentrancy: the hold of its
+// last level), or the handle's hold.
+type mutexRelease struct {
+	m    *Mutex
+	k    holdKey
+	otok string
+	h    *hold
+}
+
+// releaseMutexOwner is Unlock for an owner, on a ctx from settle.
+func releaseMutexOwner(ctx context.Context, r mutexRelease) error {
+	m := r.m
+	if m.cfg.local {
+		// Lock calls of the owner wait until the release is over.
+		defer m.b.endRelease(r.h)
+	}
+	return m.b.unlockOwner(ctx, r.k, m.b.holderToken(&m.cfg, r.otok), m.impl.unlock, m.cfg.local, r.h)
 }
 
 // Lease returns the lease of the current hold of ctx's owner on m or,

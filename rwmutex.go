@@ -282,18 +282,28 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 			return nil
 		}
 	}
-	return rw.b.settle(ctx, func(ctx context.Context) error {
-		if owned && rw.cfg.local {
-			// Lock calls of the owner wait until the release is over.
-			defer rw.b.endRelease(h)
-		}
-		return rw.release(ctx, mode, otok, owned, h)
-	})
+	return settle(rw.b, ctx, rwRelease{rw, mode, otok, owned, h}, releaseRW)
 }
 
-// release is unlock once an inner unlock under client reentrancy is ruled
-// out, on a ctx from settle; h is the hold leaveLocal returned.
-func (rw *RWMutex) release(ctx context.Context, mode, otok string, owned bool, h *hold) error {
+// rwRelease is what an unlock of rw releases: a level of owner otok's hold
+// in mode (owned; h under client reentrancy: the hold of its last level),
+// or a hold of the handle.
+type rwRelease struct {
+	rw    *RWMutex
+	mode  string
+	otok  string
+	owned bool
+	h     *hold
+}
+
+// releaseRW is unlock once an inner unlock under client reentrancy is
+// ruled out, on a ctx from settle.
+func releaseRW(ctx context.Context, a rwRelease) error {
+	rw, mode, otok, owned, h := a.rw, a.mode, a.otok, a.owned, a.h
+	if owned && rw.cfg.local {
+		// Lock calls of the owner wait until the release is over.
+		defer rw.b.endRelease(h)
+	}
 	var tok string
 	switch {
 	case owned && rw.cfg.local:

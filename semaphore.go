@@ -337,12 +337,21 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err != nil {
 		return err
 	}
-	return s.c.settle(ctx, func(ctx context.Context) error { return s.releaseOf(ctx, tok, owned, n) })
+	return settle(&s.c.base, ctx, semReleaseOf{s, tok, owned, n}, releaseSem)
 }
 
-// releaseOf is Release for the owner tok (owned) or the handle, on a ctx
-// from settle.
-func (s *Semaphore) releaseOf(ctx context.Context, tok string, owned bool, n int64) error {
+// semReleaseOf is what a Release of s releases: n permits of owner tok
+// (owned) or of the handle.
+type semReleaseOf struct {
+	s     *Semaphore
+	tok   string
+	owned bool
+	n     int64
+}
+
+// releaseSem is Release, on a ctx from settle.
+func releaseSem(ctx context.Context, a semReleaseOf) error {
+	s, tok, owned, n := a.s, a.tok, a.owned, a.n
 	if owned {
 		h := s.c.lockedHold(holdKey{s.keys[0], tok})
 		if h != nil {
