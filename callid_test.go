@@ -161,13 +161,6 @@ func rwOps(rw *dsync.RWMutex, mode string) (lock, unlock func(context.Context) e
 	return rw.Lock, rw.Unlock
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A late copy of an RWMutex Unlock or RUnlock that lowered the owner's
 // count, sent after 40 other holds of the same owner (re-entries of one
 // hold, or holds of their own), changes nothing.

@@ -110,19 +110,10 @@ func runFor(t *testing.T, b redistest.Backend, clients, workers int, d time.Dura
 	wg.Wait()
 }
 
-func realBackend(t *testing.T) redistest.Backend {
-	t.Helper()
-	b, ok := redistest.Real(t)
-	if !ok {
-		t.Skip("no redis-server")
-	}
-	return b
-}
-
 func pause(r *rand.Rand) { time.Sleep(time.Duration(r.IntN(1500)) * time.Microsecond) }
 
 func TestConcurrentMutexHistory(t *testing.T) {
-	b := realBackend(t)
+	b := realOnly(t)
 	name := redistest.Key(t)
 	var h history
 	runFor(t, b, 3, 6, 2*time.Second, func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand) {
@@ -153,7 +144,7 @@ func TestConcurrentMutexHistory(t *testing.T) {
 }
 
 func TestConcurrentRWMutexHistory(t *testing.T) {
-	b := realBackend(t)
+	b := realOnly(t)
 	name := redistest.Key(t)
 	var h history
 	runFor(t, b, 3, 6, 2*time.Second, func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand) {
@@ -190,7 +181,7 @@ func TestConcurrentRWMutexHistory(t *testing.T) {
 }
 
 func TestConcurrentSemaphoreHistory(t *testing.T) {
-	b := realBackend(t)
+	b := realOnly(t)
 	name := redistest.Key(t)
 	const size = 3
 	var h history
@@ -238,7 +229,7 @@ func TestConcurrentSemaphoreHistory(t *testing.T) {
 }
 
 func TestConcurrentOnceHistory(t *testing.T) {
-	b := realBackend(t)
+	b := realOnly(t)
 	name := redistest.Key(t)
 	var h history
 	var mu sync.Mutex

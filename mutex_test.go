@@ -18,28 +18,6 @@ import (
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
-// eachBackend runs f on miniredis and, when available, a real redis-server
-// and a real 3-master Redis Cluster.
-func eachBackend(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
-	for _, b := range redistest.AllBackends(t) {
-		t.Run(b.Name, func(t *testing.T) { f(t, b) })
-	}
-}
-
-// newClient returns a dsync Client on a fresh connection to b, closed at cleanup.
-func newClient(t *testing.T, b redistest.Backend, opts ...dsync.Option) *dsync.Client {
-	t.Helper()
-	c := dsync.New(b.NewClient(t), opts...)
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func TestMutexExcludesAcrossClients(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
