@@ -271,99 +271,69 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	if err != nil {
 		return err
 	}
+	run := func(ctx context.Context, tok, id string, h *hold) (int64, error) {
+		return rw.impl.unlock(ctx, mode, tok, id, h)
+	}
+	if !owned {
+		return rw.unlockHandle(ctx, mode, run)
+	}
+	k := rw.holdKey(mode, otok)
 	var h *hold
-	var tok string
-	switch {
-	case owned && rw.cfg.local:
+	if rw.cfg.local {
 		var inner bool
-		if h, inner = rw.b.leaveLocal(rw.holdKey(mode, otok)); inner {
+		if h, inner = rw.b.leaveLocal(k); inner {
 			// Client reentrancy: an inner unlock, counted in this process.
 			return nil
 		}
 		defer rw.b.endRelease(h)
-		tok = rw.b.holderToken(&rw.cfg, otok)
-	case owned:
-		if h = rw.b.lockedHold(rw.holdKey(mode, otok)); h != nil {
-			defer h.relMu.Unlock()
-		}
-		tok = rw.b.holderToken(&rw.cfg, otok)
-	case mode == modeWrite:
-		if h = rw.slot.get(); h == nil {
-			return ErrNotHeld
-		}
-		tok = h.tok
-	default:
-		if h = rw.takeRead(); h == nil {
-			return ErrNotHeld
-		}
-		tok = h.tok
 	}
-	id := newCallID()
-	if h != nil {
-		id = h.unlockCall()
+	return rw.b.unlockOwner(ctx, k, rw.b.holderToken(&rw.cfg, otok), run, rw.cfg.local, h)
+}
+
+// unlockHandle releases the handle's write hold, or its most recent read
+// hold. A handle's holds have a count of one and no owner records them.
+func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) error {
+	var h *hold
+	if mode == modeWrite {
+		h = rw.slot.get()
+	} else {
+		h = rw.takeRead()
 	}
+	if h == nil {
+		return ErrNotHeld
+	}
+	// restore gives back a read hold whose unlock did not end it.
 	restore := func() {
-		if !owned && mode == modeRead {
+		if mode == modeRead {
 			rw.restoreRead(h)
-		}
-	}
-	forget := func() {
-		if owned {
-			rw.b.dropHold(rw.holdKey(mode, otok), h)
-		} else if mode == modeWrite && rw.slot.clear(h) {
-			rw.slot.leave()
 		}
 	}
 	dctx, cancel := releaseContext(ctx)
 	defer cancel()
-	rec := h
-	if !owned {
-		rec = nil // a handle's hold: no owner records it
-	}
-	rw.b.beginUnlock(rec)
-	r, err := rw.impl.unlock(dctx, mode, tok, id, h)
-	rw.b.endUnlock(rec, err == nil && r == 1)
+	r, err := run(dctx, h.tok, h.unlockCall(), h)
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		restore()
 		return err
 	}
-	if h != nil {
-		h.unlocked()
-	}
-	switch {
-	case r == 1 || (r == 0 && h != nil):
-		if h != nil {
-			forget()
-			if r == 0 {
-				h.lease.MarkLost()
-				return ErrLeaseLost
-			}
-			h.release()
+	h.unlocked()
+	switch r {
+	case 1, 0:
+		if mode == modeWrite && rw.slot.clear(h) {
+			rw.slot.leave()
 		}
+		if r == 0 {
+			h.lease.MarkLost()
+			return ErrLeaseLost
+		}
+		h.release()
 		return nil
-	case r == 2:
-		if !owned {
-			// A handle's holds have a count of one; still held.
-			restore()
-			return nil
-		}
-		if h != nil {
-			rw.b.mu.Lock()
-			h.count--
-			last := h.count <= 0
-			rw.b.mu.Unlock()
-			if last {
-				// Another process re-entered with this owner and renews
-				// the rest of the hold.
-				forget()
-				h.release()
-			}
-		}
+	case 2:
+		// Still held.
+		restore()
 		return nil
-	default:
-		return ErrNotHeld
 	}
+	return ErrNotHeld
 }
 
 // Lease returns the lease of the write hold of ctx's owner on rw or,
