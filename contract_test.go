@@ -24,12 +24,12 @@ import (
 type contractPrim struct {
 	// handle returns the handle of c called name, made with opts.
 	handle func(c *dsync.Client, name string, opts ...dsync.Option) any
-	// hold takes all of name through c, so that every operation on it
+	// hold takes all of handle h, so that every operation on its name
 	// waits or is refused; end ends that hold.
-	hold func(t *testing.T, ctx context.Context, c *dsync.Client, name string) (end func())
-	// free checks that c can take all of name at once (after what), and
-	// gives it back.
-	free func(t *testing.T, ctx context.Context, c *dsync.Client, name, after string)
+	hold func(t *testing.T, ctx context.Context, h any) (end func())
+	// free checks that handle h can take all of its name at once (after
+	// what), and gives it back.
+	free func(t *testing.T, ctx context.Context, h any, after string)
 	// clean, if set, checks that name left only expiring bookkeeping.
 	clean func(t *testing.T, b redistest.Backend, name string)
 	// waiting, if set, returns the number of queued calls on name.
@@ -76,22 +76,43 @@ type contractOp struct {
 // taken again.
 var errUndo = errors.New("f undoes its run")
 
+// holdOn takes all of name through a new Client on b; end ends that hold.
+func (p *contractPrim) holdOn(t *testing.T, ctx context.Context, b redistest.Backend, name string) (end func()) {
+	return p.hold(t, ctx, p.handle(newClient(t, b), name))
+}
+
+// leftNothing checks that a new Client on b can take all of name at once
+// (after what) and, where the primitive has the check, that name left
+// only expiring bookkeeping.
+func (p *contractPrim) leftNothing(t *testing.T, ctx context.Context, b redistest.Backend, name, after string) {
+	t.Helper()
+	p.free(t, ctx, p.handle(newClient(t, b), name), after)
+	if p.clean != nil {
+		p.clean(t, b, name)
+	}
+}
+
+// holdLocker and freeLocker are the hold and free of Mutex and RWMutex.
+func holdLocker(t *testing.T, ctx context.Context, h any) func() {
+	l := h.(locker)
+	must(t, l.Lock(ctx))
+	return func() { must(t, l.Unlock(ctx)) }
+}
+
+func freeLocker(t *testing.T, ctx context.Context, h any, after string) {
+	t.Helper()
+	l := h.(locker)
+	if ok, err := l.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock %s = %v, %v; want true", after, ok, err)
+	}
+	must(t, l.Unlock(ctx))
+}
+
 func contractOps() []*contractOp {
 	mutex := &contractPrim{
 		handle: func(c *dsync.Client, name string, opts ...dsync.Option) any { return c.Mutex(name, opts...) },
-		hold: func(t *testing.T, ctx context.Context, c *dsync.Client, name string) func() {
-			m := c.Mutex(name)
-			must(t, m.Lock(ctx))
-			return func() { must(t, m.Unlock(ctx)) }
-		},
-		free: func(t *testing.T, ctx context.Context, c *dsync.Client, name, after string) {
-			t.Helper()
-			m := c.Mutex(name)
-			if ok, err := m.TryLock(ctx); !ok || err != nil {
-				t.Fatalf("TryLock %s = %v, %v; want true", after, ok, err)
-			}
-			must(t, m.Unlock(ctx))
-		},
+		hold:   holdLocker,
+		free:   freeLocker,
 		clean:  assertNoLockKeys,
 		script: "mutex_lock",
 		others: func(h any) map[string]func(context.Context) error {
@@ -100,19 +121,8 @@ func contractOps() []*contractOp {
 	}
 	rwmutex := &contractPrim{
 		handle: func(c *dsync.Client, name string, opts ...dsync.Option) any { return c.RWMutex(name, opts...) },
-		hold: func(t *testing.T, ctx context.Context, c *dsync.Client, name string) func() {
-			rw := c.RWMutex(name)
-			must(t, rw.Lock(ctx))
-			return func() { must(t, rw.Unlock(ctx)) }
-		},
-		free: func(t *testing.T, ctx context.Context, c *dsync.Client, name, after string) {
-			t.Helper()
-			rw := c.RWMutex(name)
-			if ok, err := rw.TryLock(ctx); !ok || err != nil {
-				t.Fatalf("TryLock %s = %v, %v; want true", after, ok, err)
-			}
-			must(t, rw.Unlock(ctx))
-		},
+		hold:   holdLocker,
+		free:   freeLocker,
 		clean:  assertRWReleased,
 		script: "rwmutex_lock",
 		others: func(h any) map[string]func(context.Context) error {
@@ -133,14 +143,14 @@ func contractOps() []*contractOp {
 		handle: func(c *dsync.Client, name string, opts ...dsync.Option) any {
 			return c.Semaphore(name, size, opts...)
 		},
-		hold: func(t *testing.T, ctx context.Context, c *dsync.Client, name string) func() {
-			s := c.Semaphore(name, size)
+		hold: func(t *testing.T, ctx context.Context, h any) func() {
+			s := h.(*dsync.Semaphore)
 			must(t, s.Acquire(ctx, size))
 			return func() { must(t, s.Release(ctx, size)) }
 		},
-		free: func(t *testing.T, ctx context.Context, c *dsync.Client, name, after string) {
+		free: func(t *testing.T, ctx context.Context, h any, after string) {
 			t.Helper()
-			s := c.Semaphore(name, size)
+			s := h.(*dsync.Semaphore)
 			if ok, err := s.TryAcquire(ctx, size); !ok || err != nil {
 				t.Fatalf("TryAcquire(%d) %s = %v, %v; want true", size, after, ok, err)
 			}
@@ -168,11 +178,11 @@ func contractOps() []*contractOp {
 	once := &contractPrim{
 		handle: func(c *dsync.Client, name string, opts ...dsync.Option) any { return c.Once(name, opts...) },
 		// A run of f that fails when end is called.
-		hold: func(t *testing.T, ctx context.Context, c *dsync.Client, name string) func() {
+		hold: func(t *testing.T, ctx context.Context, h any) func() {
 			started, release := make(chan struct{}), make(chan struct{})
 			runner := make(chan error, 1)
 			go func() {
-				runner <- c.Once(name).Do(ctx, func(context.Context) error {
+				runner <- h.(*dsync.Once).Do(ctx, func(context.Context) error {
 					close(started)
 					<-release
 					return errors.New("failed")
@@ -188,12 +198,12 @@ func contractOps() []*contractOp {
 		},
 		// A run lease left behind would make the call wait for its TTL
 		// (30 s).
-		free: func(t *testing.T, ctx context.Context, c *dsync.Client, name, after string) {
+		free: func(t *testing.T, ctx context.Context, h any, after string) {
 			t.Helper()
 			qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			ran := false
-			err := c.Once(name).Do(qctx, func(context.Context) error { ran = true; return errUndo })
+			err := h.(*dsync.Once).Do(qctx, func(context.Context) error { ran = true; return errUndo })
 			if !ran || !errors.Is(err, errUndo) {
 				t.Fatalf("Do %s = %v, ran %v; want f's error, true", after, err, ran)
 			}
@@ -342,7 +352,7 @@ func contractCancel(t *testing.T, op *contractOp) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		end := p.hold(t, ctx, newClient(t, b), name)
+		end := p.holdOn(t, ctx, b, name)
 		c := newClient(t, b)
 		var wg sync.WaitGroup
 		for i := 0; i < 16; i++ {
@@ -384,10 +394,7 @@ func contractCancel(t *testing.T, op *contractOp) {
 		// A clean-up still running when its call returned finishes in the
 		// background (DESIGN: Deadlines); what must be left is nothing.
 		dsync.WaitCleanups(c)
-		p.free(t, ctx, newClient(t, b), name, "after every waiter gave up")
-		if p.clean != nil {
-			p.clean(t, b, name)
-		}
+		p.leftNothing(t, ctx, b, name, "after every waiter gave up")
 	})
 }
 
@@ -425,10 +432,7 @@ func contractLostReply(t *testing.T, op *contractOp) {
 			if took {
 				t.Errorf("owned=%v: %s took a hold (ran f) after a lost reply", owned, op.name)
 			}
-			p.free(t, ctx, newClient(t, b), name, "after a lost reply")
-			if p.clean != nil {
-				p.clean(t, b, name)
-			}
+			p.leftNothing(t, ctx, b, name, "after a lost reply")
 		}
 	})
 }
@@ -439,7 +443,7 @@ func contractLostReplyQueued(t *testing.T, op *contractOp) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		end := p.hold(t, ctx, newClient(t, b), name)
+		end := p.holdOn(t, ctx, b, name)
 		c, _, faults, _ := faulty(t, b)
 		faults.DropReplyNext(1, context.DeadlineExceeded)
 		if _, _, err := op.call(ctx, p.handle(c, name), 0); !errors.Is(err, context.DeadlineExceeded) {
@@ -451,10 +455,7 @@ func contractLostReplyQueued(t *testing.T, op *contractOp) {
 			}
 		}
 		end()
-		p.free(t, ctx, newClient(t, b), name, "after a queued call's lost reply")
-		if p.clean != nil {
-			p.clean(t, b, name)
-		}
+		p.leftNothing(t, ctx, b, name, "after a queued call's lost reply")
 	})
 }
 
@@ -534,15 +535,12 @@ func contractLateCopy(t *testing.T, op *contractOp) {
 				t.Errorf("late copy %d of a completed %s replied %d, want %d (the call is over)", i+1, op.name, got, replyOver)
 			}
 		}
-		p.free(t, ctx, newClient(t, b), name, "after the late copies")
-		if p.clean != nil {
-			p.clean(t, b, name)
-		}
+		p.leftNothing(t, ctx, b, name, "after the late copies")
 		if !op.try {
 			return
 		}
 		for _, tctx := range []context.Context{ctx, octx} {
-			end := p.hold(t, ctx, newClient(t, b), name)
+			end := p.holdOn(t, ctx, b, name)
 			_, _, refused := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
 				took, _, err := op.call(tctx, h, 0)
 				if took || err != nil {
@@ -554,10 +552,7 @@ func contractLateCopy(t *testing.T, op *contractOp) {
 			if got := sendCopy(t, rdb, refused); got != replyRefused {
 				t.Errorf("late copy of a refused %s replied %d, want %d (refused)", op.name, got, replyRefused)
 			}
-			p.free(t, ctx, newClient(t, b), name, "after the late copy of a refused try")
-			if p.clean != nil {
-				p.clean(t, b, name)
-			}
+			p.leftNothing(t, ctx, b, name, "after the late copy of a refused try")
 		}
 	})
 }
@@ -591,10 +586,7 @@ func contractAbandoned(t *testing.T, op *contractOp) {
 		if got := sendCopy(t, rdb, copies[0]); got != p.abandoned {
 			t.Errorf("late retry of an abandoned %s replied %d, want %d", op.name, got, p.abandoned)
 		}
-		p.free(t, ctx, newClient(t, b), name, "after an abandoned call arrived late")
-		if p.clean != nil {
-			p.clean(t, b, name)
-		}
+		p.leftNothing(t, ctx, b, name, "after an abandoned call arrived late")
 	})
 }
 
