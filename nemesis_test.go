@@ -1092,20 +1092,7 @@ func (w *nemWorld) acquire(r *rand.Rand, hd nemHolder, n *nemName, what string, 
 	}
 	w.mu.Unlock()
 	if l := h.lease; l != nil {
-		w.watchers.Add(1)
-		go func() {
-			defer w.watchers.Done()
-			select {
-			case <-l.Done():
-				if errors.Is(l.Err(), dsync.ErrLeaseLost) {
-					now := time.Now()
-					w.mu.Lock()
-					h.lostAt = now
-					w.mu.Unlock()
-				}
-			case <-h.stop:
-			}
-		}()
+		w.watchLoss(h, l, h.stop)
 	}
 	if w.cl.stallAfter > 0 && (hd.p.net.psDelay.Load() > 0 || w.cl.psDelay[1] == 0) && r.Float64() < w.cl.stallAfter {
 		// The holder's renewals stall right after it acquired.
@@ -1154,22 +1141,27 @@ func (w *nemWorld) release(h *nemHold, ctx context.Context, retry bool, f func(c
 	if l := h.lease; l != nil && stillHeld(h) {
 		// The permits stay the handle's (see stillHeld): their loss, if
 		// it comes, is the handle's to learn.
-		w.watchers.Add(1)
-		go func() {
-			defer w.watchers.Done()
-			select {
-			case <-l.Done():
-				if errors.Is(l.Err(), dsync.ErrLeaseLost) {
-					now := time.Now()
-					w.mu.Lock()
-					h.lostAt = now
-					w.mu.Unlock()
-				}
-			case <-w.stop:
-			}
-		}()
+		w.watchLoss(h, l, w.stop)
 	}
 	return err
+}
+
+// watchLoss records when lease l of h is lost, until stop is closed.
+func (w *nemWorld) watchLoss(h *nemHold, l *dsync.Lease, stop <-chan struct{}) {
+	w.watchers.Add(1)
+	go func() {
+		defer w.watchers.Done()
+		select {
+		case <-l.Done():
+			if errors.Is(l.Err(), dsync.ErrLeaseLost) {
+				now := time.Now()
+				w.mu.Lock()
+				h.lostAt = now
+				w.mu.Unlock()
+			}
+		case <-stop:
+		}
+	}()
 }
 
 // stillHeld reports whether h's permits stay with its holder after its
