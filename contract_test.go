@@ -22,8 +22,11 @@ import (
 // contractPrim is what the scenarios need of a primitive, whatever the
 // operation.
 type contractPrim struct {
-	// handle returns the handle of c called name, made with opts.
-	handle func(c *dsync.Client, name string, opts ...dsync.Option) any
+	// handle returns the handle of c (a *dsync.Client, or a *dsync.Quorum
+	// where quorum is set) called name, made with opts.
+	handle func(c any, name string, opts ...dsync.Option) any
+	// quorum: a Quorum has the type too.
+	quorum bool
 	// hold takes all of handle h, so that every operation on its name
 	// waits or is refused; end ends that hold.
 	hold func(t *testing.T, ctx context.Context, h any) (end func())
@@ -47,8 +50,8 @@ type contractPrim struct {
 	// nilHandle, if set, is the type's nil handle.
 	nilHandle any
 	// bad returns further handles that are invalid for this type, of c or
-	// of periodc, a Client made with Period(0).
-	bad func(c, periodc *dsync.Client) map[string]any
+	// of periodc, made with Period(0).
+	bad func(c, periodc any) map[string]any
 }
 
 // contractOp is a row: one operation that takes a hold.
@@ -65,7 +68,7 @@ type contractOp struct {
 	call func(ctx context.Context, h any, i int) (took bool, undo func(context.Context) error, err error)
 	// bad returns calls of c's handles with arguments that are invalid for
 	// this operation.
-	bad func(c *dsync.Client) map[string]func(context.Context) error
+	bad func(c any) map[string]func(context.Context) error
 	// mix, if set, is the operation that every other waiter of the cancel
 	// scenario calls instead, so that the two kinds of waiter interleave.
 	mix *contractOp
@@ -76,19 +79,115 @@ type contractOp struct {
 // taken again.
 var errUndo = errors.New("f undoes its run")
 
-// holdOn takes all of name through a new Client on b; end ends that hold.
-func (p *contractPrim) holdOn(t *testing.T, ctx context.Context, b redistest.Backend, name string) (end func()) {
-	return p.hold(t, ctx, p.handle(newClient(t, b), name))
+// lockMaker is what Client and Quorum share: Mutexes and RWMutexes.
+type lockMaker interface {
+	Mutex(name string, opts ...dsync.Option) *dsync.Mutex
+	RWMutex(name string, opts ...dsync.Option) *dsync.RWMutex
 }
 
-// leftNothing checks that a new Client on b can take all of name at once
-// (after what) and, where the primitive has the check, that name left
-// only expiring bookkeeping.
-func (p *contractPrim) leftNothing(t *testing.T, ctx context.Context, b redistest.Backend, name, after string) {
+// contractEnv is where a scenario runs: a Client on one backend, or a
+// Quorum over three miniredis masters.
+type contractEnv struct {
+	members []redistest.Backend
+	quorum  bool
+}
+
+// connect returns a new connection to each member, with hooks added.
+func (e contractEnv) connect(t *testing.T, hooks ...redis.Hook) []redis.UniversalClient {
+	var rdbs []redis.UniversalClient
+	for _, b := range e.members {
+		rdb := b.NewClient(t)
+		for _, h := range hooks {
+			rdb.AddHook(h)
+		}
+		rdbs = append(rdbs, rdb)
+	}
+	return rdbs
+}
+
+// over returns a Client on rdbs[0], or a Quorum over rdbs, made with
+// opts and closed at cleanup (nil rdbs: a Client or Quorum of no
+// connection).
+func (e contractEnv) over(t *testing.T, rdbs []redis.UniversalClient, opts ...dsync.Option) any {
+	if e.quorum {
+		return newQuorum(t, rdbs, opts...)
+	}
+	var rdb redis.UniversalClient
+	if len(rdbs) > 0 {
+		rdb = rdbs[0]
+	}
+	c := dsync.New(rdb, opts...)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// client returns a new Client or Quorum, closed at cleanup.
+func (e contractEnv) client(t *testing.T) any { return e.over(t, e.connect(t)) }
+
+// faulty returns a new Client or Quorum whose connections drop their next
+// reply when drop is called.
+func (e contractEnv) faulty(t *testing.T) (c any, drop func()) {
+	var fs []*redistest.Faults
+	var rdbs []redis.UniversalClient
+	for _, b := range e.members {
+		rdb, f := b.NewClient(t), &redistest.Faults{}
+		rdb.AddHook(f)
+		fs, rdbs = append(fs, f), append(rdbs, rdb)
+	}
+	return e.over(t, rdbs), func() {
+		for _, f := range fs {
+			f.DropReplyNext(1, context.DeadlineExceeded)
+		}
+	}
+}
+
+// eachEnv runs f on every backend and, if the operation's type has one and
+// withQuorum is set, on a Quorum of three miniredis masters.
+func eachEnv(t *testing.T, op *contractOp, withQuorum bool, f func(t *testing.T, e contractEnv)) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		f(t, contractEnv{members: []redistest.Backend{b}})
+	})
+	if withQuorum && op.p.quorum {
+		t.Run("quorum", func(t *testing.T) { f(t, quorumEnv(t)) })
+	}
+}
+
+// eachMiniEnv is eachEnv for checks that need no real server: miniredis,
+// and the Quorum.
+func eachMiniEnv(t *testing.T, op *contractOp, f func(t *testing.T, e contractEnv)) {
+	t.Run("miniredis", func(t *testing.T) {
+		f(t, contractEnv{members: []redistest.Backend{redistest.Miniredis(t)}})
+	})
+	if op.p.quorum {
+		t.Run("quorum", func(t *testing.T) { f(t, quorumEnv(t)) })
+	}
+}
+
+// quorumEnv returns a Quorum's environment: three miniredis masters.
+func quorumEnv(t *testing.T) contractEnv {
+	var ms []redistest.Backend
+	for range 3 {
+		ms = append(ms, redistest.Miniredis(t))
+	}
+	return contractEnv{members: ms, quorum: true}
+}
+
+// holdOn takes all of name through a new Client or Quorum of e; end ends
+// that hold.
+func (p *contractPrim) holdOn(t *testing.T, ctx context.Context, e contractEnv, name string) (end func()) {
+	return p.hold(t, ctx, p.handle(e.client(t), name))
+}
+
+// leftNothing checks that a new Client or Quorum of e can take all of name
+// at once (after what) and, where the primitive has the check, that name
+// left only expiring bookkeeping on each member.
+func (p *contractPrim) leftNothing(t *testing.T, ctx context.Context, e contractEnv, name, after string) {
 	t.Helper()
-	p.free(t, ctx, p.handle(newClient(t, b), name), after)
+	p.free(t, ctx, p.handle(e.client(t), name), after)
 	if p.clean != nil {
-		p.clean(t, b, name)
+		for _, b := range e.members {
+			p.clean(t, b, name)
+		}
 	}
 }
 
@@ -110,7 +209,8 @@ func freeLocker(t *testing.T, ctx context.Context, h any, after string) {
 
 func contractOps() []*contractOp {
 	mutex := &contractPrim{
-		handle: func(c *dsync.Client, name string, opts ...dsync.Option) any { return c.Mutex(name, opts...) },
+		handle: func(c any, name string, opts ...dsync.Option) any { return c.(lockMaker).Mutex(name, opts...) },
+		quorum: true,
 		hold:   holdLocker,
 		free:   freeLocker,
 		clean:  assertNoLockKeys,
@@ -120,7 +220,8 @@ func contractOps() []*contractOp {
 		},
 	}
 	rwmutex := &contractPrim{
-		handle: func(c *dsync.Client, name string, opts ...dsync.Option) any { return c.RWMutex(name, opts...) },
+		handle: func(c any, name string, opts ...dsync.Option) any { return c.(lockMaker).RWMutex(name, opts...) },
+		quorum: true,
 		hold:   holdLocker,
 		free:   freeLocker,
 		clean:  assertRWReleased,
@@ -134,14 +235,14 @@ func contractOps() []*contractOp {
 			}
 		},
 		nilHandle: (*dsync.RWMutex)(nil),
-		bad: func(c, _ *dsync.Client) map[string]any {
-			return map[string]any{"negative MaxHold": c.RWMutex("x", dsync.MaxHold(-time.Second))}
+		bad: func(c, _ any) map[string]any {
+			return map[string]any{"negative MaxHold": c.(lockMaker).RWMutex("x", dsync.MaxHold(-time.Second))}
 		},
 	}
 	const size = 3
 	semaphore := &contractPrim{
-		handle: func(c *dsync.Client, name string, opts ...dsync.Option) any {
-			return c.Semaphore(name, size, opts...)
+		handle: func(c any, name string, opts ...dsync.Option) any {
+			return c.(*dsync.Client).Semaphore(name, size, opts...)
 		},
 		hold: func(t *testing.T, ctx context.Context, h any) func() {
 			s := h.(*dsync.Semaphore)
@@ -171,12 +272,13 @@ func contractOps() []*contractOp {
 			}
 		},
 		nilHandle: (*dsync.Semaphore)(nil),
-		bad: func(c, _ *dsync.Client) map[string]any {
-			return map[string]any{"zero size": c.Semaphore("x", 0), "negative size": c.Semaphore("x", -1)}
+		bad: func(c, _ any) map[string]any {
+			cl := c.(*dsync.Client)
+			return map[string]any{"zero size": cl.Semaphore("x", 0), "negative size": cl.Semaphore("x", -1)}
 		},
 	}
 	once := &contractPrim{
-		handle: func(c *dsync.Client, name string, opts ...dsync.Option) any { return c.Once(name, opts...) },
+		handle: func(c any, name string, opts ...dsync.Option) any { return c.(*dsync.Client).Once(name, opts...) },
 		// A run of f that fails when end is called.
 		hold: func(t *testing.T, ctx context.Context, h any) func() {
 			started, release := make(chan struct{}), make(chan struct{})
@@ -223,11 +325,12 @@ func contractOps() []*contractOp {
 			}
 		},
 		nilHandle: (*dsync.Once)(nil),
-		bad: func(c, periodc *dsync.Client) map[string]any {
+		bad: func(c, periodc any) map[string]any {
+			cl := c.(*dsync.Client)
 			return map[string]any{
-				"bad client option (Period)": periodc.Once("x"),
-				"zero period":                c.Once("x", dsync.Period(0)),
-				"negative period":            c.Once("x", dsync.Period(-time.Second)),
+				"bad client option (Period)": periodc.(*dsync.Client).Once("x"),
+				"zero period":                cl.Once("x", dsync.Period(0)),
+				"negative period":            cl.Once("x", dsync.Period(-time.Second)),
 			}
 		},
 	}
@@ -267,11 +370,11 @@ func contractOps() []*contractOp {
 	rwLock.mix, rwRLock.mix = rwRLock, rwLock
 	// semBad returns the calls of c's Semaphores with counts that are
 	// invalid whatever the state: acquire is Acquire or TryAcquire.
-	semBad := func(acquire func(s *dsync.Semaphore, ctx context.Context, n int64) error) func(c *dsync.Client) map[string]func(context.Context) error {
-		return func(c *dsync.Client) map[string]func(context.Context) error {
+	semBad := func(acquire func(s *dsync.Semaphore, ctx context.Context, n int64) error) func(c any) map[string]func(context.Context) error {
+		return func(c any) map[string]func(context.Context) error {
 			calls := map[string]func(context.Context) error{}
 			for what, n := range map[string]int64{"zero n": 0, "negative n": -2, "n over size": 4} {
-				s := c.Semaphore("x", 3)
+				s := c.(*dsync.Client).Semaphore("x", 3)
 				calls[what] = func(ctx context.Context) error { return acquire(s, ctx, n) }
 				calls[what+" (Release)"] = func(ctx context.Context) error { return s.Release(ctx, n) }
 			}
@@ -306,8 +409,8 @@ func contractOps() []*contractOp {
 			}
 			return ran, func(context.Context) error { return nil }, err
 		},
-		bad: func(c *dsync.Client) map[string]func(context.Context) error {
-			o := c.Once("x")
+		bad: func(c any) map[string]func(context.Context) error {
+			o := c.(*dsync.Client).Once("x")
 			return map[string]func(context.Context) error{
 				"nil f": func(ctx context.Context) error { return o.Do(ctx, nil) },
 				"nil f (DoValue)": func(ctx context.Context) error {
@@ -349,11 +452,11 @@ func TestContract(t *testing.T) {
 // released: hand-overs race with cancellations. What is left is nothing.
 func contractCancel(t *testing.T, op *contractOp) {
 	p := op.p
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+	eachEnv(t, op, true, func(t *testing.T, e contractEnv) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		end := p.holdOn(t, ctx, b, name)
-		c := newClient(t, b)
+		end := p.holdOn(t, ctx, e, name)
+		c := e.client(t)
 		var wg sync.WaitGroup
 		for i := 0; i < 16; i++ {
 			wg.Add(1)
@@ -394,7 +497,7 @@ func contractCancel(t *testing.T, op *contractOp) {
 		// A clean-up still running when its call returned finishes in the
 		// background (DESIGN: Deadlines); what must be left is nothing.
 		dsync.WaitCleanups(c)
-		p.leftNothing(t, ctx, b, name, "after every waiter gave up")
+		p.leftNothing(t, ctx, e, name, "after every waiter gave up")
 	})
 }
 
@@ -415,16 +518,16 @@ func faulty(t *testing.T, b redistest.Backend) (*dsync.Client, redis.UniversalCl
 // error, and what the attempt took is given back, not leaked until the TTL.
 func contractLostReply(t *testing.T, op *contractOp) {
 	p := op.p
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+	eachEnv(t, op, true, func(t *testing.T, e contractEnv) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		c, _, faults, _ := faulty(t, b)
+		c, drop := e.faulty(t)
 		for _, owned := range []bool{false, true} {
 			lctx := ctx
 			if owned {
 				lctx = dsync.WithOwner(ctx)
 			}
-			faults.DropReplyNext(1, context.DeadlineExceeded)
+			drop()
 			took, _, err := op.call(lctx, p.handle(c, name), 0)
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("owned=%v: %s = %v, want the injected error", owned, op.name, err)
@@ -432,7 +535,7 @@ func contractLostReply(t *testing.T, op *contractOp) {
 			if took {
 				t.Errorf("owned=%v: %s took a hold (ran f) after a lost reply", owned, op.name)
 			}
-			p.leftNothing(t, ctx, b, name, "after a lost reply")
+			p.leftNothing(t, ctx, e, name, "after a lost reply")
 		}
 	})
 }
@@ -440,22 +543,24 @@ func contractLostReply(t *testing.T, op *contractOp) {
 // An attempt that queued, its reply lost: its place is dropped.
 func contractLostReplyQueued(t *testing.T, op *contractOp) {
 	p := op.p
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+	eachEnv(t, op, true, func(t *testing.T, e contractEnv) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		end := p.holdOn(t, ctx, b, name)
-		c, _, faults, _ := faulty(t, b)
-		faults.DropReplyNext(1, context.DeadlineExceeded)
+		end := p.holdOn(t, ctx, e, name)
+		c, drop := e.faulty(t)
+		drop()
 		if _, _, err := op.call(ctx, p.handle(c, name), 0); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("queued %s = %v, want the injected error", op.name, err)
 		}
 		if p.waiting != nil {
-			if n := p.waiting(t, b, name); n != 0 {
-				t.Errorf("queue length %d after a lost reply, want 0", n)
+			for _, b := range e.members {
+				if n := p.waiting(t, b, name); n != 0 {
+					t.Errorf("queue length %d after a lost reply, want 0", n)
+				}
 			}
 		}
 		end()
-		p.leftNothing(t, ctx, b, name, "after a queued call's lost reply")
+		p.leftNothing(t, ctx, e, name, "after a queued call's lost reply")
 	})
 }
 
@@ -504,10 +609,10 @@ func sendCopy(t *testing.T, rdb redis.UniversalClient, args []any) int64 {
 // release.
 func contractLateCopy(t *testing.T, op *contractOp) {
 	p := op.p
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+	eachEnv(t, op, false, func(t *testing.T, e contractEnv) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		c, rdb, _, rec := faulty(t, b)
+		c, rdb, _, rec := faulty(t, e.members[0])
 		octx := dsync.WithOwner(ctx)
 		h := p.handle(c, name)
 		// The fresh call and, if the operation is reentrant, a re-entry
@@ -535,12 +640,12 @@ func contractLateCopy(t *testing.T, op *contractOp) {
 				t.Errorf("late copy %d of a completed %s replied %d, want %d (the call is over)", i+1, op.name, got, replyOver)
 			}
 		}
-		p.leftNothing(t, ctx, b, name, "after the late copies")
+		p.leftNothing(t, ctx, e, name, "after the late copies")
 		if !op.try {
 			return
 		}
 		for _, tctx := range []context.Context{ctx, octx} {
-			end := p.holdOn(t, ctx, b, name)
+			end := p.holdOn(t, ctx, e, name)
 			_, _, refused := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
 				took, _, err := op.call(tctx, h, 0)
 				if took || err != nil {
@@ -552,7 +657,7 @@ func contractLateCopy(t *testing.T, op *contractOp) {
 			if got := sendCopy(t, rdb, refused); got != replyRefused {
 				t.Errorf("late copy of a refused %s replied %d, want %d (refused)", op.name, got, replyRefused)
 			}
-			p.leftNothing(t, ctx, b, name, "after the late copy of a refused try")
+			p.leftNothing(t, ctx, e, name, "after the late copy of a refused try")
 		}
 	})
 }
@@ -561,10 +666,10 @@ func contractLateCopy(t *testing.T, op *contractOp) {
 // first one's go-redis retry arrives after both: it takes nothing.
 func contractAbandoned(t *testing.T, op *contractOp) {
 	p := op.p
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+	eachEnv(t, op, false, func(t *testing.T, e contractEnv) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		c, rdb, faults, rec := faulty(t, b)
+		c, rdb, faults, rec := faulty(t, e.members[0])
 		h := p.handle(c, name)
 		// Load the scripts on the name's server.
 		took, undo, err := op.call(ctx, h, 0)
@@ -586,25 +691,23 @@ func contractAbandoned(t *testing.T, op *contractOp) {
 		if got := sendCopy(t, rdb, copies[0]); got != p.abandoned {
 			t.Errorf("late retry of an abandoned %s replied %d, want %d", op.name, got, p.abandoned)
 		}
-		p.leftNothing(t, ctx, b, name, "after an abandoned call arrived late")
+		p.leftNothing(t, ctx, e, name, "after an abandoned call arrived late")
 	})
 }
 
 // Bad input is an error before any I/O: every call of an invalid handle,
 // and the operation with invalid arguments or owner tokens.
 func contractBadInput(t *testing.T, op *contractOp) {
+	eachMiniEnv(t, op, func(t *testing.T, e contractEnv) { badInput(t, op, e) })
+}
+
+func badInput(t *testing.T, op *contractOp, e contractEnv) {
 	p := op.p
-	b := redistest.Miniredis(t)
-	rdb := b.NewClient(t)
 	counter := &redistest.Counter{}
-	rdb.AddHook(counter)
+	rdbs := e.connect(t, counter)
 	ctx := context.Background()
-	c := dsync.New(rdb)
-	defer c.Close()
-	nilc, badc, badPeriod := dsync.New(nil), dsync.New(rdb, dsync.TTL(0)), dsync.New(rdb, dsync.Period(0))
-	defer nilc.Close()
-	defer badc.Close()
-	defer badPeriod.Close()
+	c := e.over(t, rdbs)
+	nilc, badc, badPeriod := e.over(t, nil), e.over(t, rdbs, dsync.TTL(0)), e.over(t, rdbs, dsync.Period(0))
 	handles := map[string]any{
 		"empty name":        p.handle(c, ""),
 		"zero TTL":          p.handle(c, "x", dsync.TTL(0)),
@@ -652,13 +755,14 @@ func contractBadInput(t *testing.T, op *contractOp) {
 	}
 }
 
-// A handle of a closed Client refuses the operation.
+// A handle of a closed Client (or Quorum) refuses the operation.
 func contractClosedClient(t *testing.T, op *contractOp) {
-	b := redistest.Miniredis(t)
-	c := dsync.New(b.NewClient(t))
-	h := op.p.handle(c, "x")
-	c.Close()
-	if _, _, err := op.call(context.Background(), h, 0); !errors.Is(err, dsync.ErrClosed) {
-		t.Fatalf("%s after Close = %v, want ErrClosed", op.name, err)
-	}
+	eachMiniEnv(t, op, func(t *testing.T, e contractEnv) {
+		c := e.client(t)
+		h := op.p.handle(c, "x")
+		c.(interface{ Close() error }).Close()
+		if _, _, err := op.call(context.Background(), h, 0); !errors.Is(err, dsync.ErrClosed) {
+			t.Fatalf("%s after Close = %v, want ErrClosed", op.name, err)
+		}
+	})
 }

@@ -71,10 +71,22 @@ func SetMessageHook(c *Client, f func(channel, payload string)) {
 // renewal succeeds first. l must be a lease on one deployment.
 func LeaseDeadline(l *Lease) time.Time { return l.h.(*renew.Hold).Deadline() }
 
-// WaitCleanups waits for the clean-ups that failed calls of c left to the
-// background (undoing an attempt), without cancelling them as Close does.
-// No call of c may start meanwhile.
-func WaitCleanups(c *Client) { c.bg.Wait() }
+// WaitCleanups waits for the clean-ups that failed calls of c (a *Client,
+// or a *Quorum: those of its members) left to the background (undoing an
+// attempt), without cancelling them as Close does. No call of c may start
+// meanwhile.
+func WaitCleanups(c any) {
+	switch c := c.(type) {
+	case *Client:
+		c.bg.Wait()
+	case *Quorum:
+		for _, m := range c.members {
+			m.bg.Wait()
+		}
+	default:
+		panic(fmt.Sprintf("WaitCleanups: %T", c))
+	}
+}
 
 // SetReleaseWaitHook makes the lock calls of owners under client
 // reentrancy made through c (a *Client or *Quorum) call f when they start
