@@ -141,24 +141,19 @@ func (e contractEnv) faulty(t *testing.T) (c any, drop func()) {
 	}
 }
 
-// eachEnv runs f on every backend and, if the operation's type has one and
-// withQuorum is set, on a Quorum of three miniredis masters.
-func eachEnv(t *testing.T, op *contractOp, withQuorum bool, f func(t *testing.T, e contractEnv)) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		f(t, contractEnv{members: []redistest.Backend{b}})
-	})
-	if withQuorum && op.p.quorum {
-		t.Run("quorum", func(t *testing.T) { f(t, quorumEnv(t)) })
+// eachEnv runs f where on says: on backends (miniredis only, or
+// every backend) and, with quorum, on a Quorum of three miniredis masters.
+func eachEnv(t *testing.T, on int, quorum bool, f func(t *testing.T, e contractEnv)) {
+	if on == onMiniQuorum {
+		t.Run("miniredis", func(t *testing.T) {
+			f(t, contractEnv{members: []redistest.Backend{redistest.Miniredis(t)}})
+		})
+	} else {
+		eachBackend(t, func(t *testing.T, b redistest.Backend) {
+			f(t, contractEnv{members: []redistest.Backend{b}})
+		})
 	}
-}
-
-// eachMiniEnv is eachEnv for checks that need no real server: miniredis,
-// and the Quorum.
-func eachMiniEnv(t *testing.T, op *contractOp, f func(t *testing.T, e contractEnv)) {
-	t.Run("miniredis", func(t *testing.T) {
-		f(t, contractEnv{members: []redistest.Backend{redistest.Miniredis(t)}})
-	})
-	if op.p.quorum {
+	if on != onBackends && quorum {
 		t.Run("quorum", func(t *testing.T) { f(t, quorumEnv(t)) })
 	}
 }
@@ -422,19 +417,27 @@ func contractOps() []*contractOp {
 	return []*contractOp{mutexLock, mutexTry, rwLock, rwRLock, rwTry, rwTryR, semAcquire, semTry, onceDo}
 }
 
+// Where a scenario runs.
+const (
+	onBackends       = iota // every backend
+	onBackendsQuorum        // every backend, and a Quorum where the type has one
+	onMiniQuorum            // miniredis, and a Quorum where the type has one
+)
+
 func TestContract(t *testing.T) {
 	scenarios := []struct {
 		name  string
 		waits bool // only for operations that wait
-		run   func(t *testing.T, op *contractOp)
+		on    int
+		run   func(t *testing.T, op *contractOp, e contractEnv)
 	}{
-		{"cancel leaves nothing", true, contractCancel},
-		{"lost reply leaves nothing", false, contractLostReply},
-		{"lost reply while queued leaves nothing", true, contractLostReplyQueued},
-		{"late copy takes nothing", false, contractLateCopy},
-		{"abandoned call stays abandoned", false, contractAbandoned},
-		{"bad input", false, contractBadInput},
-		{"closed client", false, contractClosedClient},
+		{"cancel leaves nothing", true, onBackendsQuorum, contractCancel},
+		{"lost reply leaves nothing", false, onBackendsQuorum, contractLostReply},
+		{"lost reply while queued leaves nothing", true, onBackendsQuorum, contractLostReplyQueued},
+		{"late copy takes nothing", false, onBackends, contractLateCopy},
+		{"abandoned call stays abandoned", false, onBackends, contractAbandoned},
+		{"bad input", false, onMiniQuorum, contractBadInput},
+		{"closed client", false, onMiniQuorum, contractClosedClient},
 	}
 	for _, op := range contractOps() {
 		t.Run(op.name, func(t *testing.T) {
@@ -442,7 +445,9 @@ func TestContract(t *testing.T) {
 				if sc.waits && op.try {
 					continue // a try neither waits nor queues
 				}
-				t.Run(sc.name, func(t *testing.T) { sc.run(t, op) })
+				t.Run(sc.name, func(t *testing.T) {
+					eachEnv(t, sc.on, op.p.quorum, func(t *testing.T, e contractEnv) { sc.run(t, op, e) })
+				})
 			}
 		})
 	}
@@ -450,55 +455,53 @@ func TestContract(t *testing.T) {
 
 // Waiters give up (their deadlines end) while the hold they wait for is
 // released: hand-overs race with cancellations. What is left is nothing.
-func contractCancel(t *testing.T, op *contractOp) {
+func contractCancel(t *testing.T, op *contractOp, e contractEnv) {
 	p := op.p
-	eachEnv(t, op, true, func(t *testing.T, e contractEnv) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		end := p.holdOn(t, ctx, e, name)
-		c := e.client(t)
-		var wg sync.WaitGroup
-		for i := 0; i < 16; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				wctx, cancel := context.WithTimeout(ctx, time.Duration(1+rand.IntN(40))*time.Millisecond)
-				defer cancel()
-				if i%3 == 0 {
-					wctx = dsync.WithOwner(wctx)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	end := p.holdOn(t, ctx, e, name)
+	c := e.client(t)
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wctx, cancel := context.WithTimeout(ctx, time.Duration(1+rand.IntN(40))*time.Millisecond)
+			defer cancel()
+			if i%3 == 0 {
+				wctx = dsync.WithOwner(wctx)
+			}
+			o := op
+			if i%2 == 1 && op.mix != nil {
+				o = op.mix
+			}
+			took, undo, err := o.call(wctx, p.handle(c, name), i)
+			if err != nil && took {
+				t.Errorf("%s gave up (%v) but took a hold (ran f)", o.name, err)
+			}
+			if err != nil {
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("%s = %v, want DeadlineExceeded", o.name, err)
 				}
-				o := op
-				if i%2 == 1 && op.mix != nil {
-					o = op.mix
-				}
-				took, undo, err := o.call(wctx, p.handle(c, name), i)
-				if err != nil && took {
-					t.Errorf("%s gave up (%v) but took a hold (ran f)", o.name, err)
-				}
-				if err != nil {
-					if !errors.Is(err, context.DeadlineExceeded) {
-						t.Errorf("%s = %v, want DeadlineExceeded", o.name, err)
-					}
-					return
-				}
-				if !took {
-					t.Errorf("%s returned nil but took nothing", o.name)
-					return
-				}
-				// It won the race with its deadline: a hold like any other.
-				if err := undo(wctx); err != nil {
-					t.Errorf("undo %s: %v", o.name, err)
-				}
-			}()
-		}
-		time.Sleep(20 * time.Millisecond)
-		end()
-		wg.Wait()
-		// A clean-up still running when its call returned finishes in the
-		// background (DESIGN: Deadlines); what must be left is nothing.
-		dsync.WaitCleanups(c)
-		p.leftNothing(t, ctx, e, name, "after every waiter gave up")
-	})
+				return
+			}
+			if !took {
+				t.Errorf("%s returned nil but took nothing", o.name)
+				return
+			}
+			// It won the race with its deadline: a hold like any other.
+			if err := undo(wctx); err != nil {
+				t.Errorf("undo %s: %v", o.name, err)
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	end()
+	wg.Wait()
+	// A clean-up still running when its call returned finishes in the
+	// background (DESIGN: Deadlines); what must be left is nothing.
+	dsync.WaitCleanups(c)
+	p.leftNothing(t, ctx, e, name, "after every waiter gave up")
 }
 
 // faulty returns a Client whose connection drops replies on request and
@@ -516,52 +519,48 @@ func faulty(t *testing.T, b redistest.Backend) (*dsync.Client, redis.UniversalCl
 
 // The server runs the attempt, its reply is lost: the caller sees the
 // error, and what the attempt took is given back, not leaked until the TTL.
-func contractLostReply(t *testing.T, op *contractOp) {
+func contractLostReply(t *testing.T, op *contractOp, e contractEnv) {
 	p := op.p
-	eachEnv(t, op, true, func(t *testing.T, e contractEnv) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		c, drop := e.faulty(t)
-		for _, owned := range []bool{false, true} {
-			lctx := ctx
-			if owned {
-				lctx = dsync.WithOwner(ctx)
-			}
-			drop()
-			took, _, err := op.call(lctx, p.handle(c, name), 0)
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("owned=%v: %s = %v, want the injected error", owned, op.name, err)
-			}
-			if took {
-				t.Errorf("owned=%v: %s took a hold (ran f) after a lost reply", owned, op.name)
-			}
-			p.leftNothing(t, ctx, e, name, "after a lost reply")
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	c, drop := e.faulty(t)
+	for _, owned := range []bool{false, true} {
+		lctx := ctx
+		if owned {
+			lctx = dsync.WithOwner(ctx)
 		}
-	})
+		drop()
+		took, _, err := op.call(lctx, p.handle(c, name), 0)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("owned=%v: %s = %v, want the injected error", owned, op.name, err)
+		}
+		if took {
+			t.Errorf("owned=%v: %s took a hold (ran f) after a lost reply", owned, op.name)
+		}
+		p.leftNothing(t, ctx, e, name, "after a lost reply")
+	}
 }
 
 // An attempt that queued, its reply lost: its place is dropped.
-func contractLostReplyQueued(t *testing.T, op *contractOp) {
+func contractLostReplyQueued(t *testing.T, op *contractOp, e contractEnv) {
 	p := op.p
-	eachEnv(t, op, true, func(t *testing.T, e contractEnv) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		end := p.holdOn(t, ctx, e, name)
-		c, drop := e.faulty(t)
-		drop()
-		if _, _, err := op.call(ctx, p.handle(c, name), 0); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("queued %s = %v, want the injected error", op.name, err)
-		}
-		if p.waiting != nil {
-			for _, b := range e.members {
-				if n := p.waiting(t, b, name); n != 0 {
-					t.Errorf("queue length %d after a lost reply, want 0", n)
-				}
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	end := p.holdOn(t, ctx, e, name)
+	c, drop := e.faulty(t)
+	drop()
+	if _, _, err := op.call(ctx, p.handle(c, name), 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("queued %s = %v, want the injected error", op.name, err)
+	}
+	if p.waiting != nil {
+		for _, b := range e.members {
+			if n := p.waiting(t, b, name); n != 0 {
+				t.Errorf("queue length %d after a lost reply, want 0", n)
 			}
 		}
-		end()
-		p.leftNothing(t, ctx, e, name, "after a queued call's lost reply")
-	})
+	}
+	end()
+	p.leftNothing(t, ctx, e, name, "after a queued call's lost reply")
 }
 
 // recordCall runs call and returns whether it took a hold, its undo and
@@ -607,101 +606,93 @@ func sendCopy(t *testing.T, rdb redis.UniversalClient, args []any) int64 {
 // arrives after the hold ended; a late copy of a refused try arrives once
 // the name is free. Neither takes a hold, which no one would renew or
 // release.
-func contractLateCopy(t *testing.T, op *contractOp) {
+func contractLateCopy(t *testing.T, op *contractOp, e contractEnv) {
 	p := op.p
-	eachEnv(t, op, false, func(t *testing.T, e contractEnv) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		c, rdb, _, rec := faulty(t, e.members[0])
-		octx := dsync.WithOwner(ctx)
-		h := p.handle(c, name)
-		// The fresh call and, if the operation is reentrant, a re-entry
-		// (for a Semaphore: 2 permits, then 1 more).
-		calls := []int{1}
-		if op.reentrant {
-			calls = append(calls, 0)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	c, rdb, _, rec := faulty(t, e.members[0])
+	octx := dsync.WithOwner(ctx)
+	h := p.handle(c, name)
+	// The fresh call and, if the operation is reentrant, a re-entry
+	// (for a Semaphore: 2 permits, then 1 more).
+	calls := []int{1}
+	if op.reentrant {
+		calls = append(calls, 0)
+	}
+	var copies [][]any
+	var undos []func(context.Context) error
+	for _, i := range calls {
+		took, undo, args := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
+			return op.call(octx, h, i)
+		})
+		if !took {
+			t.Fatalf("%s on a free name took nothing", op.name)
 		}
-		var copies [][]any
-		var undos []func(context.Context) error
-		for _, i := range calls {
-			took, undo, args := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
-				return op.call(octx, h, i)
-			})
-			if !took {
-				t.Fatalf("%s on a free name took nothing", op.name)
+		copies, undos = append(copies, args), append(undos, undo)
+	}
+	for _, undo := range undos {
+		must(t, undo(octx))
+	}
+	for i, args := range copies {
+		if got := sendCopy(t, rdb, args); got != replyOver {
+			t.Errorf("late copy %d of a completed %s replied %d, want %d (the call is over)", i+1, op.name, got, replyOver)
+		}
+	}
+	p.leftNothing(t, ctx, e, name, "after the late copies")
+	if !op.try {
+		return
+	}
+	for _, tctx := range []context.Context{ctx, octx} {
+		end := p.holdOn(t, ctx, e, name)
+		_, _, refused := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
+			took, _, err := op.call(tctx, h, 0)
+			if took || err != nil {
+				t.Fatalf("%s while held = %v, %v; want false, nil", op.name, took, err)
 			}
-			copies, undos = append(copies, args), append(undos, undo)
+			return took, nil, err
+		})
+		end()
+		if got := sendCopy(t, rdb, refused); got != replyRefused {
+			t.Errorf("late copy of a refused %s replied %d, want %d (refused)", op.name, got, replyRefused)
 		}
-		for _, undo := range undos {
-			must(t, undo(octx))
-		}
-		for i, args := range copies {
-			if got := sendCopy(t, rdb, args); got != replyOver {
-				t.Errorf("late copy %d of a completed %s replied %d, want %d (the call is over)", i+1, op.name, got, replyOver)
-			}
-		}
-		p.leftNothing(t, ctx, e, name, "after the late copies")
-		if !op.try {
-			return
-		}
-		for _, tctx := range []context.Context{ctx, octx} {
-			end := p.holdOn(t, ctx, e, name)
-			_, _, refused := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
-				took, _, err := op.call(tctx, h, 0)
-				if took || err != nil {
-					t.Fatalf("%s while held = %v, %v; want false, nil", op.name, took, err)
-				}
-				return took, nil, err
-			})
-			end()
-			if got := sendCopy(t, rdb, refused); got != replyRefused {
-				t.Errorf("late copy of a refused %s replied %d, want %d (refused)", op.name, got, replyRefused)
-			}
-			p.leftNothing(t, ctx, e, name, "after the late copy of a refused try")
-		}
-	})
+		p.leftNothing(t, ctx, e, name, "after the late copy of a refused try")
+	}
 }
 
 // Two attempts whose replies are lost are each abandoned and undone; the
 // first one's go-redis retry arrives after both: it takes nothing.
-func contractAbandoned(t *testing.T, op *contractOp) {
+func contractAbandoned(t *testing.T, op *contractOp, e contractEnv) {
 	p := op.p
-	eachEnv(t, op, false, func(t *testing.T, e contractEnv) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		c, rdb, faults, rec := faulty(t, e.members[0])
-		h := p.handle(c, name)
-		// Load the scripts on the name's server.
-		took, undo, err := op.call(ctx, h, 0)
-		if err != nil || !took {
-			t.Fatalf("%s on a free name = %v, %v; want a hold", op.name, took, err)
-		}
-		must(t, undo(ctx))
-		var copies [][]any
-		for range 2 {
-			_, _, args := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
-				faults.DropReplyNext(1, context.DeadlineExceeded)
-				if _, _, err := op.call(ctx, h, 0); err == nil {
-					t.Fatalf("%s succeeded despite the lost reply", op.name)
-				}
-				return false, nil, nil
-			})
-			copies = append(copies, args)
-		}
-		if got := sendCopy(t, rdb, copies[0]); got != p.abandoned {
-			t.Errorf("late retry of an abandoned %s replied %d, want %d", op.name, got, p.abandoned)
-		}
-		p.leftNothing(t, ctx, e, name, "after an abandoned call arrived late")
-	})
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	c, rdb, faults, rec := faulty(t, e.members[0])
+	h := p.handle(c, name)
+	// Load the scripts on the name's server.
+	took, undo, err := op.call(ctx, h, 0)
+	if err != nil || !took {
+		t.Fatalf("%s on a free name = %v, %v; want a hold", op.name, took, err)
+	}
+	must(t, undo(ctx))
+	var copies [][]any
+	for range 2 {
+		_, _, args := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
+			faults.DropReplyNext(1, context.DeadlineExceeded)
+			if _, _, err := op.call(ctx, h, 0); err == nil {
+				t.Fatalf("%s succeeded despite the lost reply", op.name)
+			}
+			return false, nil, nil
+		})
+		copies = append(copies, args)
+	}
+	if got := sendCopy(t, rdb, copies[0]); got != p.abandoned {
+		t.Errorf("late retry of an abandoned %s replied %d, want %d", op.name, got, p.abandoned)
+	}
+	p.leftNothing(t, ctx, e, name, "after an abandoned call arrived late")
 }
 
 // Bad input is an error before any I/O: every call of an invalid handle,
 // and the operation with invalid arguments or owner tokens.
-func contractBadInput(t *testing.T, op *contractOp) {
-	eachMiniEnv(t, op, func(t *testing.T, e contractEnv) { badInput(t, op, e) })
-}
-
-func badInput(t *testing.T, op *contractOp, e contractEnv) {
+func contractBadInput(t *testing.T, op *contractOp, e contractEnv) {
 	p := op.p
 	counter := &redistest.Counter{}
 	rdbs := e.connect(t, counter)
@@ -756,13 +747,11 @@ func badInput(t *testing.T, op *contractOp, e contractEnv) {
 }
 
 // A handle of a closed Client (or Quorum) refuses the operation.
-func contractClosedClient(t *testing.T, op *contractOp) {
-	eachMiniEnv(t, op, func(t *testing.T, e contractEnv) {
-		c := e.client(t)
-		h := op.p.handle(c, "x")
-		c.(interface{ Close() error }).Close()
-		if _, _, err := op.call(context.Background(), h, 0); !errors.Is(err, dsync.ErrClosed) {
-			t.Fatalf("%s after Close = %v, want ErrClosed", op.name, err)
-		}
-	})
+func contractClosedClient(t *testing.T, op *contractOp, e contractEnv) {
+	c := e.client(t)
+	h := op.p.handle(c, "x")
+	c.(interface{ Close() error }).Close()
+	if _, _, err := op.call(context.Background(), h, 0); !errors.Is(err, dsync.ErrClosed) {
+		t.Fatalf("%s after Close = %v, want ErrClosed", op.name, err)
+	}
 }
