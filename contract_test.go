@@ -17,7 +17,7 @@ import (
 
 // The behaviours every primitive shares, written once: TestContract runs
 // each scenario below over each operation that takes a hold (a row), on
-// every backend.
+// every backend and, for Mutex and RWMutex, on a Quorum.
 
 // contractPrim is what the scenarios need of a primitive, whatever the
 // operation.
