@@ -453,6 +453,8 @@ type unlockGate struct {
 	mu   sync.Mutex
 	shut chan struct{} // nil while open
 	held atomic.Int64
+	// Scripts other than sha that the server answered (but NOSCRIPT).
+	others atomic.Int64
 }
 
 func (g *unlockGate) close() {
@@ -475,6 +477,13 @@ func (g *unlockGate) DialHook(next redis.DialHook) redis.DialHook { return next 
 func (g *unlockGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		args := cmd.Args()
+		if len(args) > 1 && cmd.Name() == "evalsha" && fmt.Sprint(args[1]) != g.sha {
+			err := next(ctx, cmd)
+			if err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+				g.others.Add(1)
+			}
+			return err
+		}
 		if len(args) > 1 && fmt.Sprint(args[1]) == g.sha {
 			g.mu.Lock()
 			shut := g.shut
@@ -590,6 +599,10 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 					}
 					return probed.Load() > 0
 				})
+				// A tries again once subscribed (it was not before its
+				// first attempt): that attempt must be refused, not race
+				// with the release below.
+				waitFor(t, 10*time.Second, "A's attempt after its subscription", func() bool { return gate.others.Load() >= 2 })
 				gate.close()
 				// The hold goes to A, which does not learn of it.
 				if err := firstUnlock(ctx); err != nil {

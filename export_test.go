@@ -71,14 +71,28 @@ func SetMessageHook(c *Client, f func(channel, payload string)) {
 // renewal succeeds first. l must be a lease on one deployment.
 func LeaseDeadline(l *Lease) time.Time { return l.h.(*renew.Hold).Deadline() }
 
-// WaitCleanups waits for the clean-ups that failed calls of c left to the
-// background (undoing an attempt), and for the releases and commands whose
-// callers' ctx ended first, without cancelling them as Close does.
-// No call of c may start meanwhile.
-func WaitCleanups(c *Client) {
-	<-c.bg.idle()
-	<-c.releases.idle()
-	<-c.calls.idle()
+// WaitCleanups waits for the clean-ups that failed calls of c (a *Client,
+// or a *Quorum: those of its members) left to the background (undoing an
+// attempt), and for the releases and commands whose callers' ctx ended
+// first, without cancelling them as Close does. No call of c may start
+// meanwhile.
+func WaitCleanups(c any) {
+	wait := func(c *Client) {
+		<-c.bg.idle()
+		<-c.releases.idle()
+		<-c.calls.idle()
+	}
+	switch c := c.(type) {
+	case *Client:
+		wait(c)
+	case *Quorum:
+		<-c.releases.idle()
+		for _, m := range c.members {
+			wait(m)
+		}
+	default:
+		panic(fmt.Sprintf("WaitCleanups: %T", c))
+	}
 }
 
 // SetReleaseWaitHook makes the lock calls of owners under client

@@ -652,7 +652,9 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 // cancellation cannot cut short, and returns its error, or ctx.Err() if
 // ctx ends first: the release then goes on in the background, owned by
 // the Client (b) and bounded by the Redis client's own timeouts, and
-// completes (its bookkeeping included) as if the caller had waited. With
+// completes (its bookkeeping included) as if the caller had waited
+// (unless it completes within cleanupGrace of ctx's end, whose outcome the
+// caller then gets). With
 // ctx already done it runs at once, detached, with a deadline of its own
 // (releaseTimeout). So a release is never lost to a cancellation, and the
 // caller still returns when its ctx ends. (f is a plain function and a its
@@ -673,7 +675,16 @@ func settle[A any](b *base, ctx context.Context, a A, f func(context.Context, A)
 	if awaitCall(ctx, r.done) {
 		return r.err
 	}
-	return ctx.Err()
+	// A release that ctx's end caught in flight usually has its reply in a
+	// moment: its outcome is worth cleanupGrace more.
+	t := getTimer(cleanupGrace)
+	defer putTimer(t)
+	select {
+	case <-r.done:
+		return r.err
+	case <-t.C:
+		return ctx.Err()
+	}
 }
 
 // A releaseCall is a release that runs in a goroutine of its own (see

@@ -10,17 +10,6 @@ import (
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
-// realOnly returns the real server backend or skips: these tests need TTLs
-// that run down by themselves (miniredis TTLs move only when told).
-func realOnly(t *testing.T) redistest.Backend {
-	t.Helper()
-	b, ok := redistest.Real(t)
-	if !ok {
-		t.Skip("needs redis-server")
-	}
-	return b
-}
-
 func waitDone(t *testing.T, l *dsync.Lease, within time.Duration) time.Time {
 	t.Helper()
 	select {

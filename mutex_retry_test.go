@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -133,119 +132,6 @@ func TestMutexReleaseRetriedLateAnswersAsBefore(t *testing.T) {
 			t.Fatal("the late retry released another holder's lock")
 		}
 		_ = other.Unlock(ctx)
-	})
-}
-
-func TestMutexAbandonedCallsStayAbandoned(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		name := redistest.Key(t)
-		ctx := ctxT(t)
-		rdb := b.NewClient(t)
-		rec := &redistest.Recorder{}
-		faults := &redistest.Faults{}
-		rdb.AddHook(rec)
-		rdb.AddHook(faults)
-		c := dsync.New(rdb)
-		defer c.Close()
-		m := c.Mutex(name)
-		if err := m.Lock(ctx); err != nil { // loads the scripts
-			t.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		// Two Lock calls whose replies are lost: each is abandoned and undone.
-		var locks [][]any
-		for i := 0; i < 2; i++ {
-			faults.DropReplyNext(1, context.DeadlineExceeded)
-			rec.Reset()
-			if err := m.Lock(ctx); err == nil {
-				t.Fatal("Lock succeeded despite the lost reply")
-			}
-			locks = append(locks, rec.All()[0])
-		}
-		// The first call's go-redis retry arrives after both were abandoned.
-		if v, err := rdb.Do(ctx, locks[0]...).Int64Slice(); err != nil || len(v) != 2 || v[0] != 0 {
-			t.Fatalf("late retry of an abandoned Lock = %v, %v; want no hold", v, err)
-		}
-		if ok, _ := newClient(t, b).Mutex(name).TryLock(ctx); !ok {
-			t.Fatal("an abandoned call took the lock when it arrived late")
-		}
-	})
-}
-
-func TestOnceAbandonedCallsStayAbandoned(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		name := redistest.Key(t)
-		ctx := ctxT(t)
-		rdb := b.NewClient(t)
-		rec := &redistest.Recorder{}
-		faults := &redistest.Faults{}
-		rdb.AddHook(rec)
-		rdb.AddHook(faults)
-		c := dsync.New(rdb)
-		defer c.Close()
-		// Load the scripts on the name's server, then start afresh.
-		o := c.Once(name)
-		if err := o.Do(ctx, func(context.Context) error { return nil }); err != nil {
-			t.Fatal(err)
-		}
-		if err := o.Reset(ctx); err != nil {
-			t.Fatal(err)
-		}
-		var calls [][]any
-		for i := 0; i < 2; i++ {
-			faults.DropReplyNext(1, context.DeadlineExceeded)
-			rec.Reset()
-			if err := o.Do(ctx, func(context.Context) error { return nil }); err == nil {
-				t.Fatal("Do succeeded despite the lost reply")
-			}
-			calls = append(calls, rec.All()[0])
-		}
-		// The first call's go-redis retry arrives after both were abandoned:
-		// it must not take the run lease.
-		if err := rdb.Do(ctx, calls[0]...).Err(); err != nil {
-			t.Fatalf("replay: %v", err)
-		}
-		done := make(chan error, 1)
-		go func() {
-			done <- newClient(t, b).Once(name).Do(ctx, func(context.Context) error { return nil })
-		}()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("an abandoned call holds the run lease after arriving late")
-		}
-	})
-}
-
-func TestMutexRefusedTryLockRetriedLateTakesNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		c, rdb, rec := recorded(t, b)
-		name := redistest.Key(t)
-		ctx := ctxT(t)
-		holder := newClient(t, b).Mutex(name)
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := c.Mutex(name).TryLock(ctx); ok || err != nil { // refused
-			t.Fatalf("TryLock while held = %v, %v; want false, nil", ok, err)
-		}
-		try := rec.Last()
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		// go-redis's copy of the refused try arrives after it returned
-		// false, and the lock is free now.
-		if v, err := rdb.Do(ctx, try...).Int64Slice(); err != nil || len(v) != 2 || v[0] != 0 {
-			t.Fatalf("replayed refused TryLock = %v, %v; want refused", v, err)
-		}
-		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); !ok || err != nil {
-			t.Fatalf("TryLock after the late copy = %v, %v; want true, nil (nobody would release its hold)", ok, err)
-		}
 	})
 }
 

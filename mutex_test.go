@@ -18,28 +18,6 @@ import (
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
-// eachBackend runs f on miniredis and, when available, a real redis-server
-// and a real 3-master Redis Cluster.
-func eachBackend(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
-	for _, b := range redistest.AllBackends(t) {
-		t.Run(b.Name, func(t *testing.T) { f(t, b) })
-	}
-}
-
-// newClient returns a dsync Client on a fresh connection to b, closed at cleanup.
-func newClient(t *testing.T, b redistest.Backend, opts ...dsync.Option) *dsync.Client {
-	t.Helper()
-	c := dsync.New(b.NewClient(t), opts...)
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func TestMutexExcludesAcrossClients(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
@@ -312,76 +290,6 @@ func TestMutexNoStarvation(t *testing.T) {
 	})
 }
 
-func TestMutexCancelLeavesNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		holder := newClient(t, b).Mutex(name)
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		c := newClient(t, b)
-		var wg sync.WaitGroup
-		for i := 0; i < 12; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				wctx, cancel := context.WithTimeout(ctx, time.Duration(1+rand.IntN(40))*time.Millisecond)
-				defer cancel()
-				if i%2 == 0 {
-					wctx = dsync.WithOwner(wctx)
-				}
-				m := c.Mutex(name)
-				err := m.Lock(wctx)
-				if err == nil {
-					// It won the race with its deadline: a hold like any other.
-					if err := m.Unlock(wctx); err != nil {
-						t.Errorf("Unlock: %v", err)
-					}
-					return
-				}
-				if !errors.Is(err, context.DeadlineExceeded) {
-					t.Errorf("Lock = %v, want DeadlineExceeded", err)
-				}
-			}()
-		}
-		// Release while some waiters are giving up: a hand-over may race
-		// with a cancellation.
-		time.Sleep(20 * time.Millisecond)
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		wg.Wait()
-		// A clean-up still running when its call returned finishes in the
-		// background (DESIGN: Deadlines); what must be left is nothing.
-		dsync.WaitCleanups(c)
-		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); !ok || err != nil {
-			t.Fatalf("TryLock after every waiter gave up = %v, %v; want true", ok, err)
-		}
-	})
-}
-
-func TestMutexLostReplyIsReleased(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		rdb := b.NewClient(t)
-		faults := &redistest.Faults{}
-		rdb.AddHook(faults)
-		c := dsync.New(rdb)
-		defer c.Close()
-		m := c.Mutex(name)
-		// The server runs the lock script, the reply is lost.
-		faults.DropReplyNext(1, context.DeadlineExceeded)
-		if err := m.Lock(ctx); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Lock = %v, want the injected error", err)
-		}
-		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); !ok || err != nil {
-			t.Fatalf("lock leaked after a lost reply: TryLock = %v, %v", ok, err)
-		}
-	})
-}
-
 func TestMutexUnlockWithDoneContext(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		name := redistest.Key(t)
@@ -398,54 +306,6 @@ func TestMutexUnlockWithDoneContext(t *testing.T) {
 			t.Fatal("lock still held")
 		}
 	})
-}
-
-func TestMutexBadInput(t *testing.T) {
-	b := redistest.Miniredis(t)
-	rdb := b.NewClient(t)
-	counter := &redistest.Counter{}
-	rdb.AddHook(counter)
-	ctx := context.Background()
-	c := dsync.New(rdb)
-	defer c.Close()
-	nilc, badc := dsync.New(nil), dsync.New(rdb, dsync.TTL(0))
-	defer nilc.Close()
-	defer badc.Close()
-	cases := map[string]*dsync.Mutex{
-		"empty name":        c.Mutex(""),
-		"zero TTL":          c.Mutex("x", dsync.TTL(0)),
-		"negative TTL":      c.Mutex("x", dsync.TTL(-time.Second)),
-		"nil client":        nilc.Mutex("x"),
-		"bad client option": badc.Mutex("x"),
-	}
-	for name, m := range cases {
-		if err := m.Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
-			t.Errorf("%s: Lock = %v, want ErrInvalid", name, err)
-		}
-		if _, err := m.TryLock(ctx); !errors.Is(err, dsync.ErrInvalid) {
-			t.Errorf("%s: TryLock = %v, want ErrInvalid", name, err)
-		}
-		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrInvalid) {
-			t.Errorf("%s: Unlock = %v, want ErrInvalid", name, err)
-		}
-	}
-	bad := dsync.WithOwnerToken(ctx, "")
-	if err := c.Mutex("x").Lock(bad); !errors.Is(err, dsync.ErrInvalid) {
-		t.Errorf("empty owner token: Lock = %v, want ErrInvalid", err)
-	}
-	if n := counter.RoundTrips(); n != 0 {
-		t.Errorf("bad input sent %d commands, want 0", n)
-	}
-}
-
-func TestMutexClosedClient(t *testing.T) {
-	b := redistest.Miniredis(t)
-	c := dsync.New(b.NewClient(t))
-	m := c.Mutex("x")
-	c.Close()
-	if err := m.Lock(context.Background()); !errors.Is(err, dsync.ErrClosed) {
-		t.Fatalf("Lock after Close = %v, want ErrClosed", err)
-	}
 }
 
 var _ redis.UniversalClient = (*redis.Client)(nil)

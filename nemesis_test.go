@@ -1092,20 +1092,7 @@ func (w *nemWorld) acquire(r *rand.Rand, hd nemHolder, n *nemName, what string, 
 	}
 	w.mu.Unlock()
 	if l := h.lease; l != nil {
-		w.watchers.Add(1)
-		go func() {
-			defer w.watchers.Done()
-			select {
-			case <-l.Done():
-				if errors.Is(l.Err(), dsync.ErrLeaseLost) {
-					now := time.Now()
-					w.mu.Lock()
-					h.lostAt = now
-					w.mu.Unlock()
-				}
-			case <-h.stop:
-			}
-		}()
+		w.watchLoss(h, l, h.stop)
 	}
 	if w.cl.stallAfter > 0 && (hd.p.net.psDelay.Load() > 0 || w.cl.psDelay[1] == 0) && r.Float64() < w.cl.stallAfter {
 		// The holder's renewals stall right after it acquired.
@@ -1119,8 +1106,9 @@ func (w *nemWorld) acquire(r *rand.Rand, hd nemHolder, n *nemName, what string, 
 
 // release records the start of a release, makes it, and records its result.
 // Mutex and RWMutex releases are retried after an error, as a user would
-// (Unlock is safe to retry); a Semaphore release is not (its outcome is
-// unknown after an error).
+// (Unlock is safe to retry after a lost reply), but not after their ctx
+// ended (the release then completes in the background, as Unlock says); a
+// Semaphore release is not (its outcome is unknown after an error).
 func (w *nemWorld) release(h *nemHold, ctx context.Context, retry bool, f func(ctx context.Context) error) error {
 	if h == nil {
 		return nil
@@ -1139,7 +1127,7 @@ func (w *nemWorld) release(h *nemHold, ctx context.Context, retry bool, f func(c
 		uctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(ctx), nemOpKey{}, "release"), 5*time.Second)
 		err = f(uctx)
 		cancel()
-		if err == nil || errors.Is(err, dsync.ErrLeaseLost) || errors.Is(err, dsync.ErrNotHeld) || !retry {
+		if err == nil || errors.Is(err, dsync.ErrLeaseLost) || errors.Is(err, dsync.ErrNotHeld) || errors.Is(err, context.DeadlineExceeded) || !retry {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -1154,22 +1142,27 @@ func (w *nemWorld) release(h *nemHold, ctx context.Context, retry bool, f func(c
 	if l := h.lease; l != nil && stillHeld(h) {
 		// The permits stay the handle's (see stillHeld): their loss, if
 		// it comes, is the handle's to learn.
-		w.watchers.Add(1)
-		go func() {
-			defer w.watchers.Done()
-			select {
-			case <-l.Done():
-				if errors.Is(l.Err(), dsync.ErrLeaseLost) {
-					now := time.Now()
-					w.mu.Lock()
-					h.lostAt = now
-					w.mu.Unlock()
-				}
-			case <-w.stop:
-			}
-		}()
+		w.watchLoss(h, l, w.stop)
 	}
 	return err
+}
+
+// watchLoss records when lease l of h is lost, until stop is closed.
+func (w *nemWorld) watchLoss(h *nemHold, l *dsync.Lease, stop <-chan struct{}) {
+	w.watchers.Add(1)
+	go func() {
+		defer w.watchers.Done()
+		select {
+		case <-l.Done():
+			if errors.Is(l.Err(), dsync.ErrLeaseLost) {
+				now := time.Now()
+				w.mu.Lock()
+				h.lostAt = now
+				w.mu.Unlock()
+			}
+		case <-stop:
+		}
+	}()
 }
 
 // stillHeld reports whether h's permits stay with its holder after its

@@ -60,6 +60,16 @@ func (g *gate) await(t *testing.T, n int) {
 	}
 }
 
+// run runs call with ctx in a goroutine and waits until n of its calls
+// have arrived at g; the channel returned gets call's error.
+func (g *gate) run(t *testing.T, n int, ctx context.Context, call func(context.Context) error) <-chan error {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() { errc <- call(ctx) }()
+	g.await(t, n)
+	return errc
+}
+
 func (g *gate) matches(cmd redis.Cmder) bool {
 	a := cmd.Args()
 	return len(a) > 1 && a[0] == "evalsha" && a[1] == g.sha
@@ -219,9 +229,7 @@ func TestClientReentrancyLockDuringLastUnlock(t *testing.T) {
 			t.Fatal(err)
 		}
 		g := newGate(t, p.unScript, false)
-		unlocked := make(chan error, 1)
-		go func() { unlocked <- p.unlock(g.on(own)) }()
-		g.await(t, 1)
+		unlocked := g.run(t, 1, g.on(own), p.unlock)
 
 		waiting := make(chan struct{}, 1)
 		dsync.SetReleaseWaitHook(e.shared, func() {
@@ -266,14 +274,10 @@ func TestClientReentrancyGrantOfHoldReleasedMeanwhile(t *testing.T) {
 	eachRe(t, func(t *testing.T, e reEnv, p rePrim) {
 		own := dsync.WithOwner(ctxT(t))
 		ga := newGate(t, p.lockScript, true)
-		aLocked := make(chan error, 1)
-		go func() { aLocked <- p.lock(ga.on(own)) }()
-		ga.await(t, e.members) // taken in Redis, not yet recorded
+		aLocked := ga.run(t, e.members, ga.on(own), p.lock) // taken in Redis, not yet recorded
 
 		gb := newGate(t, p.lockScript, true)
-		bLocked := make(chan error, 1)
-		go func() { bLocked <- p.lock(gb.on(own)) }()
-		gb.await(t, e.members) // a re-entry in Redis, not yet recorded
+		bLocked := gb.run(t, e.members, gb.on(own), p.lock) // a re-entry in Redis, not yet recorded
 
 		close(ga.open)
 		if err := <-aLocked; err != nil {
@@ -300,9 +304,7 @@ func TestClientReentrancyAbandonKeepsReentry(t *testing.T) {
 		g.fail = true
 		actx, cancel := context.WithCancel(g.on(own))
 		defer cancel()
-		aLocked := make(chan error, 1)
-		go func() { aLocked <- p.lock(actx) }()
-		g.await(t, e.members) // taken in Redis; the reply will be lost
+		aLocked := g.run(t, e.members, actx, p.lock) // taken in Redis; the reply will be lost
 
 		if err := p.lock(own); err != nil {
 			t.Fatalf("the second goroutine's lock = %v", err)

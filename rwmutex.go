@@ -299,100 +299,63 @@ type rwRelease struct {
 // releaseRW is unlock once an inner unlock under client reentrancy is
 // ruled out, on a ctx from settle.
 func releaseRW(ctx context.Context, a rwRelease) error {
-	rw, mode, otok, owned, h := a.rw, a.mode, a.otok, a.owned, a.h
-	if owned && rw.cfg.local {
+	rw, mode := a.rw, a.mode
+	run := func(ctx context.Context, tok, id string, h *hold) (int64, error) {
+		return rw.impl.unlock(ctx, mode, tok, id, h)
+	}
+	if !a.owned {
+		return rw.unlockHandle(ctx, mode, run)
+	}
+	if rw.cfg.local {
 		// Lock calls of the owner wait until the release is over.
-		defer rw.b.endRelease(h)
+		defer rw.b.endRelease(a.h)
 	}
-	var tok string
-	switch {
-	case owned && rw.cfg.local:
-		tok = rw.b.holderToken(&rw.cfg, otok)
-	case owned:
-		if h = rw.b.lockedHold(rw.holdKey(mode, otok)); h != nil {
-			defer h.relMu.Unlock()
-		}
-		tok = rw.b.holderToken(&rw.cfg, otok)
-	case mode == modeWrite:
-		if h = rw.slot.get(); h == nil {
-			return ErrNotHeld
-		}
-		tok = h.tok
-	default:
-		if h = rw.takeRead(); h == nil {
-			return ErrNotHeld
-		}
-		tok = h.tok
+	return rw.b.unlockOwner(ctx, rw.holdKey(mode, a.otok), rw.b.holderToken(&rw.cfg, a.otok), run, rw.cfg.local, a.h)
+}
+
+// unlockHandle releases the handle's write hold, or its most recent read
+// hold, on a ctx from settle. A handle's holds have a count of one and no
+// owner records them.
+func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) error {
+	var h *hold
+	if mode == modeWrite {
+		h = rw.slot.get()
+	} else {
+		h = rw.takeRead()
 	}
-	id := newCallID()
-	if h != nil {
-		id = h.unlockCall()
+	if h == nil {
+		return ErrNotHeld
 	}
+	// restore gives back a read hold whose unlock did not end it.
 	restore := func() {
-		if !owned && mode == modeRead {
+		if mode == modeRead {
 			rw.restoreRead(h)
 		}
 	}
-	forget := func() {
-		if owned {
-			rw.b.dropHold(rw.holdKey(mode, otok), h)
-		} else if mode == modeWrite && rw.slot.clear(h) {
-			rw.slot.leave()
-		}
-	}
-	rec := h
-	if !owned {
-		rec = nil // a handle's hold: no owner records it
-	}
-	rw.b.beginUnlock(rec)
-	local := owned && rw.cfg.local
-	r, err := rw.b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return rw.impl.unlock(ctx, mode, tok, id, h) })
-	rw.b.endUnlock(rec, err == nil && r == 1)
+	r, err := run(ctx, h.tok, h.unlockCall(), h)
 	if err != nil {
-		if local && h != nil && unknownOutcome(err) {
-			rw.b.unsettled(rw.holdKey(mode, otok), h)
-			return err
-		}
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		restore()
 		return err
 	}
-	if h != nil {
-		h.unlocked()
-	}
-	switch {
-	case r == 1 || (r == 0 && h != nil):
-		if h != nil {
-			forget()
-			if r == 0 {
-				h.lease.MarkLost()
-				return ErrLeaseLost
-			}
-			h.release()
+	h.unlocked()
+	switch r {
+	case 1, 0:
+		if mode == modeWrite && rw.slot.clear(h) {
+			rw.slot.leave()
 		}
+		if r == 0 {
+			h.lease.MarkLost()
+			return ErrLeaseLost
+		}
+		h.release()
 		return nil
-	case r == 2:
-		if !owned {
-			// A handle's holds have a count of one; still held.
-			restore()
-			return nil
-		}
-		if h != nil {
-			rw.b.mu.Lock()
-			h.count--
-			last := h.count <= 0
-			rw.b.mu.Unlock()
-			if last {
-				// Another process re-entered with this owner and renews
-				// the rest of the hold.
-				forget()
-				h.release()
-			}
-		}
+	case 2:
+		// Still held.
+		restore()
 		return nil
-	default:
-		return ErrNotHeld
 	}
+	return ErrNotHeld
 }
 
 // Lease returns the lease of the write hold of ctx's owner on rw or,

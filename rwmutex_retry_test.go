@@ -169,141 +169,77 @@ func (r *rwRetryRig) lockUnlock(t *testing.T, mode string, n int) {
 // 16 call ids a hold remembers.
 var rwRetryGaps = []int{0, 7}
 
+// An Unlock or RUnlock whose reply "timed out" is sent again after the
+// owner locked once more (and gap more lock/unlock pairs): it answers as
+// the first time and lowers no count.
 func TestRWMutexLateUnlockRetryAfterReentry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, gap := range rwRetryGaps {
-			r := newRWRetryRig(t, b)
-			for i := 0; i < 2; i++ {
-				if err := r.rw.Lock(r.ctx); err != nil {
-					t.Fatal(err)
+		for _, mode := range []string{"w", "r"} {
+			for _, gap := range rwRetryGaps {
+				r := newRWRetryRig(t, b)
+				lock, unlock := rwOps(r.rw, mode)
+				for i := 0; i < 2; i++ {
+					must(t, lock(r.ctx))
 				}
-			}
-			// The Unlock whose reply "timed out": its script is sent again
-			// after the owner locked once more.
-			args := r.record(t, lua.Script("rwmutex_unlock"), r.rw.Unlock)
-			if err := r.rw.Lock(r.ctx); err != nil {
-				t.Fatal(err)
-			}
-			r.lockUnlock(t, "w", gap)
-			if got := r.replay(t, args); got != 2 {
-				t.Errorf("gap %d: late repeat of Unlock replied %d, want 2 as the first time", gap, got)
-			}
-			if got := r.count(t, "w"); got != "2" {
-				t.Errorf("gap %d: write count after the repeat = %q, want 2", gap, got)
-			}
-			for i := 0; i < 2; i++ {
-				if r.otherGetsIn(t) {
-					t.Fatalf("gap %d: another owner took the write lock while the owner holds %d of 2 levels", gap, 2-i)
+				args := r.record(t, lua.Script("rwmutex_unlock"), unlock)
+				must(t, lock(r.ctx))
+				r.lockUnlock(t, mode, gap)
+				if got := r.replay(t, args); got != 2 {
+					t.Errorf("%s gap %d: late repeat of the unlock replied %d, want 2 as the first time", mode, gap, got)
 				}
-				if err := r.rw.Unlock(r.ctx); err != nil {
-					t.Fatal(err)
+				if got := r.count(t, mode); got != "2" {
+					t.Errorf("%s gap %d: count after the repeat = %q, want 2", mode, gap, got)
 				}
-			}
-			if !r.otherGetsIn(t) {
-				t.Fatalf("gap %d: write lock not free after the last Unlock", gap)
+				for i := 0; i < 2; i++ {
+					if r.otherGetsIn(t) {
+						t.Fatalf("%s gap %d: another owner took the write lock while the owner holds %d of 2 levels", mode, gap, 2-i)
+					}
+					must(t, unlock(r.ctx))
+				}
+				if !r.otherGetsIn(t) {
+					t.Fatalf("%s gap %d: write lock not free after the last unlock", mode, gap)
+				}
 			}
 		}
 	})
 }
 
+// A re-entering Lock or RLock whose reply "timed out" is sent again after
+// the owner unlocked once (and gap more lock/unlock pairs): it answers as
+// the first time (the fencing token, or the read hold's id) and raises no
+// count.
 func TestRWMutexLateLockRetryAfterUnlock(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, gap := range rwRetryGaps {
-			r := newRWRetryRig(t, b)
-			if err := r.rw.Lock(r.ctx); err != nil {
-				t.Fatal(err)
-			}
-			// The re-entering Lock whose reply "timed out", sent again after
-			// the owner unlocked once.
-			args := r.record(t, lua.Script("rwmutex_lock"), r.rw.Lock)
-			first, err := r.rw.Lease(r.ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := r.rw.Unlock(r.ctx); err != nil {
-				t.Fatal(err)
-			}
-			r.lockUnlock(t, "w", gap)
-			if got := r.replay(t, args); got != int64(first.Token()) {
-				t.Errorf("gap %d: late repeat of Lock replied %d, want the fencing token %d", gap, got, first.Token())
-			}
-			if got := r.count(t, "w"); got != "1" {
-				t.Errorf("gap %d: write count after the repeat = %q, want 1", gap, got)
-			}
-			if r.otherGetsIn(t) {
-				t.Fatalf("gap %d: another owner took the write lock while the owner holds it", gap)
-			}
-			if err := r.rw.Unlock(r.ctx); err != nil {
-				t.Fatal(err)
-			}
-			if !r.otherGetsIn(t) {
-				t.Fatalf("gap %d: write hold leaked: lock not free after the last Unlock", gap)
-			}
-		}
-	})
-}
-
-func TestRWMutexLateRUnlockRetryAfterReentry(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, gap := range rwRetryGaps {
-			r := newRWRetryRig(t, b)
-			for i := 0; i < 2; i++ {
-				if err := r.rw.RLock(r.ctx); err != nil {
-					t.Fatal(err)
+		for _, mode := range []string{"w", "r"} {
+			for _, gap := range rwRetryGaps {
+				r := newRWRetryRig(t, b)
+				lock, unlock := rwOps(r.rw, mode)
+				must(t, lock(r.ctx))
+				args := r.record(t, lua.Script("rwmutex_lock"), lock)
+				var want int64
+				if mode == "w" {
+					first, err := r.rw.Lease(r.ctx)
+					must(t, err)
+					want = int64(first.Token())
 				}
-			}
-			args := r.record(t, lua.Script("rwmutex_unlock"), r.rw.RUnlock)
-			if err := r.rw.RLock(r.ctx); err != nil {
-				t.Fatal(err)
-			}
-			r.lockUnlock(t, "r", gap)
-			if got := r.replay(t, args); got != 2 {
-				t.Errorf("gap %d: late repeat of RUnlock replied %d, want 2 as the first time", gap, got)
-			}
-			if got := r.count(t, "r"); got != "2" {
-				t.Errorf("gap %d: read count after the repeat = %q, want 2", gap, got)
-			}
-			for i := 0; i < 2; i++ {
+				must(t, unlock(r.ctx))
+				r.lockUnlock(t, mode, gap)
+				if mode == "r" {
+					want = r.readHoldID(t)
+				}
+				if got := r.replay(t, args); got != want || got <= 0 {
+					t.Errorf("%s gap %d: late repeat of the lock replied %d, want %d (the fencing token, or the read hold's id)", mode, gap, got, want)
+				}
+				if got := r.count(t, mode); got != "1" {
+					t.Errorf("%s gap %d: count after the repeat = %q, want 1", mode, gap, got)
+				}
 				if r.otherGetsIn(t) {
-					t.Fatalf("gap %d: another owner took the write lock while the owner reads at %d of 2 levels", gap, 2-i)
+					t.Fatalf("%s gap %d: another owner took the write lock while the owner holds it", mode, gap)
 				}
-				if err := r.rw.RUnlock(r.ctx); err != nil {
-					t.Fatal(err)
+				must(t, unlock(r.ctx))
+				if !r.otherGetsIn(t) {
+					t.Fatalf("%s gap %d: hold leaked: write lock not free after the last unlock", mode, gap)
 				}
-			}
-			if !r.otherGetsIn(t) {
-				t.Fatalf("gap %d: write lock not free after the last RUnlock", gap)
-			}
-		}
-	})
-}
-
-func TestRWMutexLateRLockRetryAfterRUnlock(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, gap := range rwRetryGaps {
-			r := newRWRetryRig(t, b)
-			if err := r.rw.RLock(r.ctx); err != nil {
-				t.Fatal(err)
-			}
-			args := r.record(t, lua.Script("rwmutex_lock"), r.rw.RLock)
-			if err := r.rw.RUnlock(r.ctx); err != nil {
-				t.Fatal(err)
-			}
-			r.lockUnlock(t, "r", gap)
-			if got, want := r.replay(t, args), r.readHoldID(t); got != want || got <= 0 {
-				t.Errorf("gap %d: late repeat of RLock replied %d, want the read hold's id %d", gap, got, want)
-			}
-			if got := r.count(t, "r"); got != "1" {
-				t.Errorf("gap %d: read count after the repeat = %q, want 1", gap, got)
-			}
-			if r.otherGetsIn(t) {
-				t.Fatalf("gap %d: another owner took the write lock while the owner reads", gap)
-			}
-			if err := r.rw.RUnlock(r.ctx); err != nil {
-				t.Fatal(err)
-			}
-			if !r.otherGetsIn(t) {
-				t.Fatalf("gap %d: read hold leaked: write lock not free after the last RUnlock", gap)
 			}
 		}
 	})

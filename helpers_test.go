@@ -1,0 +1,55 @@
+package dsync_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// Helpers every test file of the package uses.
+
+// eachBackend runs f on miniredis and, when available, a real redis-server
+// and a real 3-master Redis Cluster.
+func eachBackend(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
+	for _, b := range redistest.AllBackends(t) {
+		t.Run(b.Name, func(t *testing.T) { f(t, b) })
+	}
+}
+
+// newClient returns a dsync Client on a fresh connection to b, closed at cleanup.
+func newClient(t *testing.T, b redistest.Backend, opts ...dsync.Option) *dsync.Client {
+	t.Helper()
+	c := dsync.New(b.NewClient(t), opts...)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// ctxT returns a context that bounds a test's calls, cancelled at cleanup.
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// realOnly returns the real server backend or skips: its callers need TTLs
+// that run down by themselves (miniredis TTLs move only when told) or a
+// server that runs commands truly in parallel with the test.
+func realOnly(t *testing.T) redistest.Backend {
+	t.Helper()
+	b, ok := redistest.Real(t)
+	if !ok {
+		t.Skip("needs redis-server")
+	}
+	return b
+}
+
+// must stops the test on err.
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,212 @@
+package dsync_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// RWMutex leases: expiry, fixed leases, renewal while waiting, loss.
+
+func TestRWMutexReaderLeaseExpiresAlone(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		// A reader whose process dies: its Client stops renewing.
+		dead := dsync.New(b.NewClient(t))
+		dr := dead.RWMutex(name, dsync.TTL(300*time.Millisecond))
+		if err := dr.RLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Two live readers, renewed (their TTL outlasts the test anyway).
+		live1 := newClient(t, b).RWMutex(name)
+		live2 := newClient(t, b).RWMutex(name)
+		for _, r := range []*dsync.RWMutex{live1, live2} {
+			if err := r.RLock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dead.Close()
+		b.Advance(500 * time.Millisecond)
+
+		rdb := b.NewClient(t)
+		w := newClient(t, b).RWMutex(name)
+		// One reader's unlock leaves the other reader's share alone.
+		if err := live1.RUnlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := w.TryLock(ctx); ok || err != nil {
+			t.Fatalf("TryLock while a live reader holds = %v, %v; want false", ok, err)
+		}
+		if n, _ := rdb.ZCard(ctx, rwk(name).Readers).Result(); n != 1 {
+			t.Errorf("readers in Redis = %d, want 1 (the dead reader's share expired alone)", n)
+		}
+		if l, err := live2.RLease(ctx); err != nil || l.Err() != nil {
+			t.Fatalf("live reader's lease = %v, %v; want live", l, err)
+		}
+		if err := live2.RUnlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := w.TryLock(ctx); !ok || err != nil {
+			t.Fatalf("TryLock after the live readers left = %v, %v; want true", ok, err)
+		}
+		if err := w.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestRWMutexFixedLeaseRunsOut(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		c := newClient(t, b)
+		short := c.RWMutex(name, dsync.TTL(200*time.Millisecond), dsync.FixedLease())
+		long := c.RWMutex(name)
+		if err := short.RLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := long.RLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l, err := short.RLease(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Advance(250 * time.Millisecond)
+		select {
+		case <-l.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("fixed read lease did not end")
+		}
+		if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+			t.Errorf("Err = %v, want ErrLeaseLost", l.Err())
+		}
+		if err := short.RUnlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
+			t.Errorf("RUnlock after the lease ran out = %v, want ErrLeaseLost", err)
+		}
+		if l, err := long.RLease(ctx); err != nil || l.Err() != nil {
+			t.Fatalf("the other reader's lease = %v, %v; want live", l, err)
+		}
+		if err := long.RUnlock(ctx); err != nil {
+			t.Fatalf("the other reader's RUnlock = %v", err)
+		}
+	})
+}
+
+func TestRWMutexLongWaitKeepsLease(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		// Renewed every 200 ms: a renewal may come 400 ms late (a loaded
+		// machine) before a lease runs out.
+		const ttl = 600 * time.Millisecond
+		writer := newClient(t, b).RWMutex(name)
+		if err := writer.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Readers and a writer that wait much longer than their TTL.
+		reader := newClient(t, b).RWMutex(name, dsync.TTL(ttl))
+		w2 := newClient(t, b).RWMutex(name, dsync.TTL(ttl))
+		rgot := make(chan error, 1)
+		go func() { rgot <- reader.RLock(ctx) }()
+		time.Sleep(2 * ttl)
+		if err := writer.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-rgot; err != nil {
+			t.Fatal(err)
+		}
+		wgot := make(chan error, 1)
+		go func() { wgot <- w2.Lock(ctx) }()
+		time.Sleep(2 * ttl)
+		l, err := reader.RLease(ctx)
+		if err != nil || l.Err() != nil {
+			t.Fatalf("admitted reader's lease after %v = %v, %v; want live", 2*ttl, l, err)
+		}
+		if err := reader.RUnlock(ctx); err != nil {
+			t.Fatalf("RUnlock = %v", err)
+		}
+		if err := <-wgot; err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * ttl)
+		if l, err := w2.Lease(ctx); err != nil || l.Err() != nil {
+			t.Fatalf("writer's lease after a long wait = %v, %v; want live", l, err)
+		}
+		if err := w2.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock = %v", err)
+		}
+	})
+}
+
+// TestRWMutexClientReentrancyLeaseLoss loses a hold of three levels behind
+// its owner's back: in both reentrancy modes the first unlock reports the
+// loss and the others find nothing held.
+func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, mode := range reentrancyModes {
+			for _, lock := range []string{"read", "write"} {
+				t.Run(mode.name+"/"+lock, func(t *testing.T) {
+					ctx := dsync.WithOwner(ctxT(t))
+					name := redistest.Key(t)
+					const ttl = 600 * time.Millisecond
+					rw := newClient(t, b, append([]dsync.Option{dsync.TTL(ttl)}, mode.opts...)...).RWMutex(name)
+					acquire, release, lease := rw.Lock, rw.Unlock, rw.Lease
+					keys := []string{rwk(name).Writer}
+					if lock == "read" {
+						acquire, release, lease = rw.RLock, rw.RUnlock, rw.RLease
+						keys = []string{rwk(name).Readers, rwk(name).ReaderData}
+					}
+					for i := 0; i < 3; i++ {
+						if err := acquire(ctx); err != nil {
+							t.Fatal(err)
+						}
+					}
+					l, err := lease(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					// The hold vanishes behind the owner's back.
+					if err := b.NewClient(t).Del(ctx, keys...).Err(); err != nil {
+						t.Fatal(err)
+					}
+					waitDone(t, l, 3*ttl)
+					if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+						t.Errorf("Err = %v, want ErrLeaseLost", l.Err())
+					}
+					// Each of the three levels is gone: the first unlock says
+					// so, the others find nothing.
+					if err := release(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
+						t.Errorf("first unlock after the loss = %v, want ErrLeaseLost", err)
+					}
+					for i := 0; i < 2; i++ {
+						if err := release(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+							t.Errorf("unlock %d after the loss = %v, want ErrNotHeld", i+2, err)
+						}
+					}
+					if _, err := lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+						t.Errorf("lease after the loss = %v, want ErrNotHeld", err)
+					}
+					// A new lock is a fresh hold, released by one unlock.
+					if err := acquire(ctx); err != nil {
+						t.Fatal(err)
+					}
+					if l2, err := lease(ctx); err != nil || l2.Err() != nil {
+						t.Fatalf("lease of the new hold = %v, %v; want live", l2, err)
+					}
+					if err := release(ctx); err != nil {
+						t.Fatal(err)
+					}
+					if err := release(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+						t.Errorf("extra unlock = %v, want ErrNotHeld", err)
+					}
+					assertRWReleased(t, b, name)
+				})
+			}
+		}
+	})
+}

@@ -1,0 +1,371 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// RWMutex owners: re-entry, tokens across processes, downgrade and upgrade,
+// client reentrancy.
+
+func TestRWMutexReentrantOwner(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		rw := newClient(t, b).RWMutex(name)
+		other := newClient(t, b).RWMutex(name)
+		octx := dsync.WithOwner(context.Background())
+		rdb := b.NewClient(t)
+		tok := dsync.OwnerToken(ctx)
+
+		// Read, three levels.
+		for i := 0; i < 3; i++ {
+			if err := rw.RLock(ctx); err != nil {
+				t.Fatalf("RLock %d: %v", i, err)
+			}
+		}
+		if v, _ := rdb.HGet(ctx, rwk(name).ReaderData, tok).Result(); !strings.HasPrefix(v, "3 ") {
+			t.Errorf("read count in Redis = %q, want 3", v)
+		}
+		if err := other.RUnlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("RUnlock by another owner = %v, want ErrNotHeld", err)
+		}
+		for i := 0; i < 3; i++ {
+			if ok, _ := other.TryLock(octx); ok {
+				t.Fatalf("write lock free after %d of 3 RUnlocks", i)
+			}
+			if err := rw.RUnlock(ctx); err != nil {
+				t.Fatalf("RUnlock %d: %v", i, err)
+			}
+		}
+		if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("fourth RUnlock = %v, want ErrNotHeld", err)
+		}
+
+		// Write, three levels, with one fencing token.
+		var fence uint64
+		for i := 0; i < 3; i++ {
+			if err := rw.Lock(ctx); err != nil {
+				t.Fatalf("Lock %d: %v", i, err)
+			}
+			l, err := rw.Lease(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				fence = l.Token()
+			} else if l.Token() != fence {
+				t.Errorf("re-entry %d changed the fencing token: %d, want %d", i, l.Token(), fence)
+			}
+		}
+		if err := other.Unlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("Unlock by another owner = %v, want ErrNotHeld", err)
+		}
+		if err := rw.Unlock(context.Background()); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Fatalf("Unlock without owner = %v, want ErrNotHeld", err)
+		}
+		for i := 0; i < 3; i++ {
+			if ok, _ := other.TryRLock(octx); ok {
+				t.Fatalf("read lock free after %d of 3 Unlocks", i)
+			}
+			if err := rw.Unlock(ctx); err != nil {
+				t.Fatalf("Unlock %d: %v", i, err)
+			}
+		}
+		if ok, err := other.TryLock(octx); !ok || err != nil {
+			t.Fatalf("TryLock after the last Unlock = %v, %v", ok, err)
+		}
+		l, _ := other.Lease(octx)
+		if l.Token() <= fence {
+			t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
+		}
+		if err := other.Unlock(octx); err != nil {
+			t.Fatal(err)
+		}
+		assertRWReleased(t, b, name)
+	})
+}
+
+func TestRWMutexOwnerAcrossProcesses(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		name := redistest.Key(t)
+		a := newClient(t, b).RWMutex(name)
+		bm := newClient(t, b).RWMutex(name)
+		ctxA := dsync.WithOwner(ctxT(t))
+		ctxB := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctxA))
+		if err := a.RLock(ctxA); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := bm.TryRLock(ctxB); !ok || err != nil {
+			t.Fatalf("read re-entry from another process = %v, %v", ok, err)
+		}
+		if err := bm.RUnlock(ctxB); err != nil {
+			t.Fatal(err)
+		}
+		// The first process's share is still held and renewed.
+		if ok, _ := newClient(t, b).RWMutex(name).TryLock(context.Background()); ok {
+			t.Fatal("write lock free while the owner still reads")
+		}
+		if err := a.RUnlock(ctxA); err != nil {
+			t.Fatal(err)
+		}
+		assertRWReleased(t, b, name)
+	})
+}
+
+func TestRWMutexDowngrade(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		rw := newClient(t, b).RWMutex(name)
+		other := newClient(t, b).RWMutex(name)
+		if err := rw.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// A reader waits for the writer.
+		got := make(chan error, 1)
+		go func() { got <- other.RLock(ctxT(t)) }()
+		waitFor(t, 5*time.Second, "the reader to wait", func() bool {
+			n, _ := b.NewClient(t).Exists(context.Background(), rwk(name).WaitingReaders).Result()
+			return n == 1
+		})
+		if err := rw.RLock(ctx); err != nil {
+			t.Fatalf("RLock by the writer (downgrade) = %v", err)
+		}
+		if err := rw.Lock(ctx); err != nil {
+			t.Fatalf("Lock while writing and reading = %v, want a re-entry", err)
+		}
+		if err := rw.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			t.Fatalf("reader got in while the writer re-entered: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if err := rw.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// The writer still reads; the waiting reader shares with it.
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("waiting reader: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("waiting reader not admitted after the downgrade")
+		}
+		if _, err := rw.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Errorf("Lease after Unlock = %v, want ErrNotHeld", err)
+		}
+		if l, err := rw.RLease(ctx); err != nil || l.Err() != nil {
+			t.Fatalf("RLease after the downgrade = %v, %v; want live", l, err)
+		}
+		octx := dsync.WithOwner(context.Background())
+		w := newClient(t, b).RWMutex(name)
+		if ok, _ := w.TryLock(octx); ok {
+			t.Fatal("write lock free while the downgraded owner reads")
+		}
+		if err := other.RUnlock(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := rw.RUnlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := w.TryLock(octx); !ok || err != nil {
+			t.Fatalf("TryLock after the readers left = %v, %v", ok, err)
+		}
+		if err := w.Unlock(octx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestRWMutexUpgradeRefused(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		rw := newClient(t, b).RWMutex(name)
+		if err := rw.RLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
+			t.Fatalf("Lock while reading = %v, want ErrUpgrade", err)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("ErrUpgrade took %v, want at once", d)
+		}
+		if ok, err := rw.TryLock(ctx); ok || !errors.Is(err, dsync.ErrUpgrade) {
+			t.Fatalf("TryLock while reading = %v, %v; want false, ErrUpgrade", ok, err)
+		}
+		// Another owner reading does not make it an upgrade, and the refused
+		// Lock left no waiting place that would block readers.
+		if ok, err := newClient(t, b).RWMutex(name).TryRLock(context.Background()); !ok || err != nil {
+			t.Fatalf("TryRLock after the refused upgrade = %v, %v; want true", ok, err)
+		}
+		if err := rw.RUnlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Another process of the same owner reads: still an upgrade.
+		other := newClient(t, b).RWMutex(name)
+		if err := other.RLock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
+			t.Fatalf("Lock while the owner reads elsewhere = %v, want ErrUpgrade", err)
+		}
+		if err := other.RUnlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestRWMutexClientReentrancy runs one history of an owner in both
+// reentrancy modes (reentrancyModes, index 0 script, 1 client): the outcomes
+// are the same, and with client reentrancy a re-entry or an inner unlock of
+// either mode costs no round trip.
+func TestRWMutexClientReentrancy(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for mi, mode := range reentrancyModes {
+			t.Run(mode.name, func(t *testing.T) {
+				ctx := dsync.WithOwner(ctxT(t))
+				name := redistest.Key(t)
+				rdb := b.NewClient(t)
+				counter := &redistest.Counter{}
+				rdb.AddHook(counter)
+				c := dsync.New(rdb, mode.opts...)
+				defer c.Close()
+				rw := c.RWMutex(name)
+				other := newClient(t, b).RWMutex(name)
+				octx := dsync.WithOwner(context.Background())
+				check := b.NewClient(t)
+				tok := dsync.OwnerToken(ctx)
+				// Load the scripts where the name lives.
+				for _, f := range []func(context.Context) error{rw.RLock, rw.RUnlock, rw.Lock, rw.Unlock} {
+					if err := f(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+
+				// step runs one call of the owner and checks its error and
+				// its round trips: rt[0] with script reentrancy, rt[1] with
+				// client reentrancy.
+				step := func(what string, rt [2]int64, want error, call func() error) {
+					t.Helper()
+					counter.Reset()
+					if err := call(); !errors.Is(err, want) || (want == nil && err != nil) {
+						t.Fatalf("%s = %v, want %v", what, err, want)
+					}
+					if got := counter.RoundTrips(); got != rt[mi] {
+						t.Errorf("%s took %d round trips, want %d", what, got, rt[mi])
+					}
+				}
+				try := func(f func(context.Context) (bool, error), want bool) func() error {
+					return func() error {
+						ok, err := f(ctx)
+						if err == nil && ok != want {
+							return fmt.Errorf("got %v, want %v", ok, want)
+						}
+						return err
+					}
+				}
+				otherGetsIn := func() bool {
+					ok, err := other.TryLock(octx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ok {
+						if err := other.Unlock(octx); err != nil {
+							t.Fatal(err)
+						}
+					}
+					return ok
+				}
+				redisCount := func(key, field string) string {
+					n, _, _ := strings.Cut(holderField(t, check, key, field), " ")
+					return n
+				}
+				wantCount := []string{"3", "1"}[mi]
+
+				// Read: three levels, one of them by TryRLock.
+				step("first RLock", [2]int64{1, 1}, nil, func() error { return rw.RLock(ctx) })
+				step("RLock re-entry", [2]int64{1, 0}, nil, func() error { return rw.RLock(ctx) })
+				step("TryRLock re-entry", [2]int64{1, 0}, nil, try(rw.TryRLock, true))
+				if got := redisCount(rwk(name).ReaderData, tok); got != wantCount {
+					t.Errorf("read count in Redis = %q, want %s", got, wantCount)
+				}
+				for i := 0; i < 2; i++ {
+					step("inner RUnlock", [2]int64{1, 0}, nil, func() error { return rw.RUnlock(ctx) })
+					if otherGetsIn() {
+						t.Fatalf("write lock free after %d of 3 RUnlocks", i+1)
+					}
+				}
+				step("last RUnlock", [2]int64{1, 1}, nil, func() error { return rw.RUnlock(ctx) })
+				step("extra RUnlock", [2]int64{1, 1}, dsync.ErrNotHeld, func() error { return rw.RUnlock(ctx) })
+				if !otherGetsIn() {
+					t.Fatal("write lock not free after the last RUnlock")
+				}
+
+				// Write: three levels with one fencing token.
+				step("first Lock", [2]int64{1, 1}, nil, func() error { return rw.Lock(ctx) })
+				l, err := rw.Lease(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fence := l.Token()
+				step("Lock re-entry", [2]int64{1, 0}, nil, func() error { return rw.Lock(ctx) })
+				step("TryLock re-entry", [2]int64{1, 0}, nil, try(rw.TryLock, true))
+				if l, err := rw.Lease(ctx); err != nil || l.Token() != fence {
+					t.Fatalf("Lease after re-entries = %v, %v; want token %d", l, err, fence)
+				}
+				if got := redisCount(rwk(name).Writer, tok); got != wantCount {
+					t.Errorf("write count in Redis = %q, want %s", got, wantCount)
+				}
+				step("inner Unlock", [2]int64{1, 0}, nil, func() error { return rw.Unlock(ctx) })
+				step("inner Unlock", [2]int64{1, 0}, nil, func() error { return rw.Unlock(ctx) })
+				if ok, _ := other.TryRLock(octx); ok {
+					t.Fatal("read lock free while one write level is held")
+				}
+
+				// Downgrade: the writer reads, then lets go of the write lock.
+				step("RLock by the writer", [2]int64{1, 1}, nil, func() error { return rw.RLock(ctx) })
+				step("RLock re-entry by the writer", [2]int64{1, 0}, nil, func() error { return rw.RLock(ctx) })
+				step("last Unlock", [2]int64{1, 1}, nil, func() error { return rw.Unlock(ctx) })
+				if _, err := rw.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+					t.Errorf("Lease after the downgrade = %v, want ErrNotHeld", err)
+				}
+				if l, err := rw.RLease(ctx); err != nil || l.Err() != nil {
+					t.Fatalf("RLease after the downgrade = %v, %v; want live", l, err)
+				}
+				if otherGetsIn() {
+					t.Fatal("write lock free while the downgraded owner reads")
+				}
+
+				// Upgrade: refused at once, as with script reentrancy.
+				step("Lock while reading", [2]int64{1, 1}, dsync.ErrUpgrade, func() error { return rw.Lock(ctx) })
+				step("TryLock while reading", [2]int64{1, 1}, dsync.ErrUpgrade, try(rw.TryLock, false))
+				step("inner RUnlock", [2]int64{1, 0}, nil, func() error { return rw.RUnlock(ctx) })
+				step("last RUnlock", [2]int64{1, 1}, nil, func() error { return rw.RUnlock(ctx) })
+				ok, err := other.TryLock(octx)
+				if !ok || err != nil {
+					t.Fatalf("TryLock after the owner left = %v, %v", ok, err)
+				}
+				if l, _ := other.Lease(octx); l.Token() <= fence {
+					t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
+				}
+				if err := other.Unlock(octx); err != nil {
+					t.Fatal(err)
+				}
+				assertRWReleased(t, b, name)
+			})
+		}
+	})
+}
