@@ -119,14 +119,29 @@ type addressee struct {
 	id     string // the call id
 	secret string // given to the scripts; a hand-over proves it knew it
 	tok    string // the holder token, never sent on a channel
+	// The Client's inbox suffix (see notifier.inbox) at the end of
+	// secret, when hand-overs to the call go to the Client's own channel
+	// of the name; "" when they go to the name's channel.
+	inbox string
 }
 
 // newAddressee returns the addressee of a new call of holder tok with id.
-func newAddressee(tok, id string) addressee {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return addressee{id: id, secret: hex.EncodeToString(b[:]), tok: tok}
+// With inbox (a notifier's, see notifier.inbox), hand-overs to the call
+// are published on its Client's own channel of the name: inbox is for a
+// holder token that no call of another Client can hold (a call without an
+// owner), since a hand-over to the call also wakes the other waiting calls
+// of its holder, and only those of this Client receive it there.
+func newAddressee(tok, id, inbox string) addressee {
+	var b [16 + 64]byte
+	var r [16]byte
+	_, _ = rand.Read(r[:])
+	s := hex.AppendEncode(b[:0], r[:])
+	s = append(s, inbox...)
+	return addressee{id: id, secret: string(s), tok: tok, inbox: inbox}
 }
+
+// next returns the addressee of the call a, started again under id.
+func (a addressee) next(id string) addressee { return newAddressee(a.tok, id, a.inbox) }
 
 func digest(s string) string {
 	d := sha1.Sum([]byte(s))
@@ -148,7 +163,7 @@ func holderSum(tok string) sum {
 // to the call with secret carries: the digest of the secret, a space and f
 // in decimal (see lua/lib.lua).
 func proofSum(secret string, f uint64) sum {
-	var buf [128]byte // a secret is 32 bytes
+	var buf [128]byte // a secret is 32 bytes, 66 with an inbox
 	b := append(buf[:0], secret...)
 	b = append(b, ' ')
 	return sha1.Sum(strconv.AppendUint(b, f, 10))

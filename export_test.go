@@ -58,6 +58,10 @@ func SwapScript(name, src string) (restore func()) {
 // Only c is affected.
 func SetRenewStall(c *Client, f func()) { renewhook.SetStall(c.renew, f) }
 
+// Inbox returns the suffix of c's own channels: a name's channel plus it
+// is where hand-overs to c's calls without an owner are published.
+func Inbox(c *Client) string { return c.notify.inbox }
+
 // SetMessageHook makes c's notifier call f with each pub/sub message before
 // it delivers it, on the goroutine that receives them: f may hold messages
 // back. Only c is affected; set it before c's first call.

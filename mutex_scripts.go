@@ -38,7 +38,7 @@ func newMutexScripts(c *Client, cfg *config, k keys.Mutex, name string) *mutexSc
 // lock takes the hold through the engine (see mutexImpl).
 func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool) (bool, error) {
 	mc := &mutexCall{s: s, tok: c.tok}
-	mc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(c.tok, newCallID()), ttl: s.cfg.ttl}
+	mc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl}
 	g, start, err := s.c.take(ctx, &mc.acquisition, mc, wait)
 	if err == nil && g.kind == handed && s.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the hand-over reached replicas.
@@ -84,7 +84,7 @@ func (mc *mutexCall) attempt(ctx context.Context, queue bool) (grant, error) {
 func (mc *mutexCall) abandon(ctx context.Context) { mc.s.abandon(ctx, mc.tok, mc.to.id) }
 
 func (mc *mutexCall) restart() {
-	mc.to = newAddressee(mc.to.tok, newCallID())
+	mc.to = mc.to.next(newCallID())
 	mc.cmd = nil
 }
 

@@ -216,8 +216,16 @@ func isScript(cmd redis.Cmder) bool {
 }
 
 // isSecret reports whether s has the form of a waiting call's secret (16
-// random bytes in hex), which hand-overs prove they know.
+// random bytes in hex, possibly followed by '@' and its Client's inbox id,
+// 16 bytes in hex too), which hand-overs prove they know.
 func isSecret(s string) bool {
+	if s, inbox, ok := strings.Cut(s, "@"); ok {
+		return isHex32(s) && isHex32(inbox)
+	}
+	return isHex32(s)
+}
+
+func isHex32(s string) bool {
 	if len(s) != 32 {
 		return false
 	}
@@ -740,6 +748,10 @@ func forgeries(r *rand.Rand, groups [][]string, fences []string) []forgery {
 					add("plausible proof", cid+" "+hd+" "+f+" "+sha1hex(secret+" "+f2))
 				}
 				add("plausible proof", cid+" "+hd+" "+f+" "+sha1hex(secret+f))
+				if s, _, ok := strings.Cut(secret, "@"); ok {
+					// The secret without the Client's inbox id.
+					add("plausible proof", cid+" "+hd+" "+f+" "+sha1hex(s+" "+f))
+				}
 				for _, bad := range []string{"0", "9007199254740993", "18446744073709551615"} {
 					add("proof of a fence no script sends", cid+" "+hd+" "+bad+" "+sha1hex(secret+" "+bad))
 				}
@@ -886,17 +898,26 @@ func TestNemesisForgeriesNeverGrant(t *testing.T) {
 		secret = "c7d5c9f741f7f4d61d21cb0f3b45dea8"
 		other  = "0bc9fc1529617e24753519c70f39b6dc"
 		fence  = "1795422193779448"
+		// A call without an owner: its secret names its Client's inbox.
+		tok2    = "5f0c1d2e-3a4b-4c5d-8e6f-7a8b9c0d1e2f"
+		cid2    = "3f8p08rrp2766"
+		secret2 = "a1b2c3d4e5f60718293a4b5c6d7e8f90@9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b"
 	)
 	groups := [][]string{
 		{tok, "1795422195000", "1626", cid, secret},      // Mutex: token -> "<deadline> <ttl> <cid> <secret>"
 		{cid, "1795422195000", "1626", "2", secret, tok}, // Semaphore: cid -> "<deadline> <ttl> <n> <secret> <token>"
 		{tok + "@x1", "1626", "php5wkirn3k4", other},     // RWMutex writer: token -> "<ttl> <cid> <secret>"
 		{tok, "1"}, // a holder's count
+		{tok2, "1795422195000", "1626", cid2, secret2},
 	}
 	secretsOf := callSecrets(groups)
 	real := cid + " " + sha1hex(tok) + " " + fence + " " + sha1hex(secret+" "+fence)
 	if !grants(real, secretsOf) {
 		t.Fatalf("grants(%q) = false for the hand-over a script would publish", real)
+	}
+	real2 := cid2 + " " + sha1hex(tok2) + " " + fence + " " + sha1hex(secret2+" "+fence)
+	if !grants(real2, secretsOf) {
+		t.Fatalf("grants(%q) = false for the hand-over a script would publish", real2)
 	}
 	kinds := map[string]int{}
 	r := rand.New(rand.NewPCG(1, 2))

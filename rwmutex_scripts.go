@@ -53,7 +53,7 @@ func modeArg(mode string) any {
 // lock takes the hold through the engine (see rwImpl).
 func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCall, wait bool) (bool, error) {
 	rc := &rwCall{s: s, mode: mode, tok: c.tok}
-	rc.acquisition = acquisition{ch: s.ch, to: newAddressee(c.tok, newCallID()), ttl: s.cfg.ttl}
+	rc.acquisition = acquisition{ch: s.ch, to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl}
 	g, start, err := s.c.take(ctx, &rc.acquisition, rc, wait)
 	if err == nil && g.kind == final {
 		err = g.err
@@ -103,7 +103,7 @@ func (rc *rwCall) attempt(ctx context.Context, queue bool) (grant, error) {
 func (rc *rwCall) abandon(ctx context.Context) { rc.s.abandon(ctx, rc.mode, rc.tok, rc.to.id) }
 
 func (rc *rwCall) restart() {
-	rc.to = newAddressee(rc.to.tok, newCallID())
+	rc.to = rc.to.next(newCallID())
 	rc.cmd = nil
 }
 

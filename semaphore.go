@@ -161,7 +161,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	// Hand-overs name the call, not the holder: one holder may have several
 	// calls waiting.
 	sc := &semCall{s: s, tok: tokArg, owned: owned, n: n}
-	sc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(tok, newCallID()), ttl: s.cfg.ttl}
+	sc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(tok, newCallID(), s.c.notify.inboxFor(owned)), ttl: s.cfg.ttl}
 	g, start, err := s.c.take(ctx, &sc.acquisition, sc, wait)
 	if err == nil && g.kind == final {
 		err = g.err
@@ -234,7 +234,7 @@ func (sc *semCall) abandon(ctx context.Context) {
 	}
 }
 
-func (sc *semCall) restart() { sc.to, sc.cmd = newAddressee(sc.to.tok, newCallID()), nil }
+func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
 
 // held records n permits taken in holding id.
 func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {

@@ -2,6 +2,8 @@ package dsync
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"net"
 	"strconv"
@@ -34,6 +36,15 @@ import (
 // 0.06 ms and none; a whole wake-up (release, notification, acquire) takes
 // about 0.6 ms either way, and a release publishes only when someone waits.
 // The broadcast matters on large clusters with many contended names.
+//
+// A hand-over concerns the Client of the call it goes to, and through the
+// holder digest it carries, the other waiting calls of that holder. A call
+// without an owner has a holder token that no call of another Client
+// holds, so the hand-over to it is published on its Client's own channel
+// of the name, the name's channel plus the Client's inbox suffix (see
+// lua/lib.lua's publish_handover): the other Clients waiting on the name
+// neither receive nor parse it. A Client subscribes both channels of a
+// name together, and a channel counts as subscribed once both are.
 
 const (
 	// subscribeWait bounds how long a waiter waits for its channel's
@@ -46,6 +57,9 @@ const (
 
 type notifier struct {
 	rdb redis.UniversalClient
+	// inbox is "@" and a random id of this notifier: a name's channel
+	// plus inbox is the Client's own channel of the name.
+	inbox string
 
 	mu      sync.Mutex
 	ps      *redis.PubSub
@@ -61,10 +75,11 @@ type notifier struct {
 }
 
 type channel struct {
-	watchers  map[*watcher]struct{}
-	ready     chan struct{} // closed once the subscription is confirmed
-	confirmed bool
-	idle      time.Time // when the last watcher left
+	watchers    map[*watcher]struct{}
+	ready       chan struct{} // closed once the subscription is confirmed
+	confirmed   bool
+	unconfirmed int       // subscriptions (the name's, the inbox) not yet confirmed
+	idle        time.Time // when the last watcher left
 
 	// What was delivered, so that a waiter that registers after an attempt
 	// can tell whether it missed something since it sent the attempt (see
@@ -106,12 +121,26 @@ type watcher struct {
 }
 
 func newNotifier(rdb redis.UniversalClient) *notifier {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
 	return &notifier{
 		rdb:     rdb,
+		inbox:   "@" + hex.EncodeToString(b[:]),
 		chans:   make(map[string]*channel),
 		pending: make(map[string]int),
 		stop:    make(chan struct{}),
 	}
+}
+
+// inboxFor returns the inbox suffix that a call's secret carries (see
+// newAddressee): n's for a call without an owner, whose holder token no
+// other Client's calls hold, "" for a call with one (owned), whose holder
+// may have calls waiting in other Clients.
+func (n *notifier) inboxFor(owned bool) string {
+	if n == nil || owned {
+		return ""
+	}
+	return n.inbox
 }
 
 // mark notes what channel name has delivered so far, if it is subscribed.
@@ -154,14 +183,19 @@ func (n *notifier) watchSince(name string, to addressee, mk mark) (*watcher, boo
 	}
 	ch := n.chans[name]
 	if ch == nil {
-		ch = &channel{watchers: make(map[*watcher]struct{}), ready: make(chan struct{})}
-		n.chans[name] = ch
+		// The name's channel and the Client's own channel of the name map
+		// to the same channel: they are subscribed, delivered and swept
+		// together.
+		own := name + n.inbox
+		ch = &channel{watchers: make(map[*watcher]struct{}), ready: make(chan struct{}), unconfirmed: 2}
+		n.chans[name], n.chans[own] = ch, ch
 		ctx, cancel := context.WithTimeout(context.Background(), subscribeWait)
-		// go-redis keeps the channel even if sending SUBSCRIBE failed and
-		// subscribes it again when it reconnects: a confirmation follows
+		// go-redis keeps the channels even if sending SUBSCRIBE failed and
+		// subscribes them again when it reconnects: confirmations follow
 		// either way.
-		_ = n.ps.Subscribe(ctx, name)
+		_ = n.ps.Subscribe(ctx, name, own)
 		n.pending[name]++
+		n.pending[own]++
 		cancel()
 	}
 	ch.watchers[w] = struct{}{}
@@ -301,8 +335,11 @@ func (n *notifier) deliver(m any) {
 			if p == 1 {
 				delete(n.pending, m.Channel)
 				if ch != nil && !ch.confirmed {
-					ch.confirmed = true
-					close(ch.ready)
+					ch.unconfirmed--
+					if ch.unconfirmed <= 0 {
+						ch.confirmed = true
+						close(ch.ready)
+					}
 				}
 			} else {
 				n.pending[m.Channel] = p - 1

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +35,9 @@ func TestWatchSinceMark(t *testing.T) {
 	n.unwatch(first)
 
 	msg := func(payload string) { n.deliver(&redis.Message{Channel: name, Payload: payload}) }
-	me := newAddressee("holder", "me")
+	// The Client's own channel of the name (see notifier.inbox).
+	own := func(payload string) { n.deliver(&redis.Message{Channel: name + n.inbox, Payload: payload}) }
+	me := newAddressee("holder", "me", n.inbox)
 	// handover is what a script publishes when it hands the lock to call id
 	// of holder tok, whose secret is secret (see lua/lib.lua).
 	handover := func(id, tok, secret string, f uint64) string {
@@ -56,6 +59,14 @@ func TestWatchSinceMark(t *testing.T) {
 			msg(handover("me", "holder", me.secret, 9))
 			msg(handover("x", "someone", "s", 11))
 		}, false, 9},
+		{"hand-over to the waiter on the Client's own channel", func() mark { return n.mark(name) }, func() {
+			own(handover("other", "someone", "s", 7))
+			own(handover("me", "holder", me.secret, 9))
+		}, false, 9},
+		{"hand-over proved without the inbox", func() mark { return n.mark(name) }, func() {
+			own(handover("me", "holder", strings.TrimSuffix(me.secret, n.inbox), 9))
+		}, true, 0},
+		{"plain release on the Client's own channel", func() mark { return n.mark(name) }, func() { own("") }, true, 0},
 		{"forged hand-over to the waiter", func() mark { return n.mark(name) }, func() {
 			msg(handover("me", "holder", "guessed", 424242))
 			msg("me " + digest("holder") + " 9223372036854775808 x")
@@ -71,6 +82,9 @@ func TestWatchSinceMark(t *testing.T) {
 		}, true, 0},
 		{"resubscription", func() mark { return n.mark(name) }, func() {
 			n.deliver(&redis.Subscription{Kind: "subscribe", Channel: name, Count: 1})
+		}, true, 0},
+		{"resubscription of the Client's own channel", func() mark { return n.mark(name) }, func() {
+			n.deliver(&redis.Subscription{Kind: "subscribe", Channel: name + n.inbox, Count: 2})
 		}, true, 0},
 		{"not subscribed at the mark", func() mark { return n.mark("elsewhere") }, func() {}, true, 0},
 	}

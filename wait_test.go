@@ -3,7 +3,10 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -268,4 +271,88 @@ func TestNotificationFloodBoundsAttempts(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestHandOverGoesToTheWaitersClient: a hand-over to a call without an
+// owner is published on its Client's own channel of the name, so that
+// another Client waiting on the name does not receive it; one to a call
+// with an owner, whose holder may have calls waiting in other Clients too,
+// goes on the name's channel, where they hear it.
+func TestHandOverGoesToTheWaitersClient(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, owned := range []bool{false, true} {
+			t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
+				ctx := ctxT(t)
+				name := redistest.Key(t)
+				k := mutexKeys(name)
+				rdb := b.NewClient(t)
+				holder := newClient(t, b).Mutex(name)
+				if err := holder.Lock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				var handovers [2]atomic.Int64
+				var probed [2]sync.Map // channels a probe was heard on
+				errs := make(chan error, 2)
+				for i := range 2 {
+					c := newClient(t, b)
+					dsync.SetMessageHook(c, func(ch, payload string) {
+						switch {
+						case payload == "probe":
+							probed[i].Store(ch, true)
+						case strings.Count(payload, " ") == 3:
+							handovers[i].Add(1)
+						}
+					})
+					m := c.Mutex(name)
+					lctx := ctx
+					if owned {
+						lctx = dsync.WithOwner(ctx)
+					}
+					go func() {
+						err := m.Lock(lctx)
+						if err == nil {
+							err = m.Unlock(lctx)
+						}
+						errs <- err
+					}()
+					// Waiter i is queued i-th, and both its channels are
+					// subscribed.
+					waitFor(t, 10*time.Second, "the waiter's queue place", func() bool {
+						n, err := rdb.ZCard(ctx, k.Queue).Result()
+						return err == nil && n == int64(i+1)
+					})
+					chans := []string{k.Channel(), k.Channel() + dsync.Inbox(c)}
+					waitFor(t, 10*time.Second, "the waiter's subscriptions", func() bool {
+						heard := 0
+						for _, ch := range chans {
+							if _, ok := probed[i].Load(ch); ok {
+								heard++
+							} else {
+								rdb.Publish(ctx, ch, "probe")
+							}
+						}
+						return heard == len(chans)
+					})
+				}
+				// The hold goes to waiter 0, then to waiter 1.
+				if err := holder.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				for range 2 {
+					if err := <-errs; err != nil {
+						t.Fatal(err)
+					}
+				}
+				want := int64(1) // its own only
+				if owned {
+					want = 2 // both, on the name's channel
+				}
+				for i := range handovers {
+					if got := handovers[i].Load(); got != want {
+						t.Errorf("Client %d received %d hand-overs, want %d", i, got, want)
+					}
+				}
+			})
+		}
+	})
 }

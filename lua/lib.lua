@@ -12,7 +12,18 @@
 -- wake a waiter but never grant it a hold; the holder digest lets the
 -- holder's other waiting calls (one owner in several goroutines) wake and
 -- re-enter, without putting the owner token itself on the channel.
+--
+-- A secret may end in '@' and the id of the waiter's Client (see wait.go):
+-- the waiter's holder token is then one that no other Client's calls hold,
+-- and the message goes to that Client's own channel of the name, ch ..
+-- '@' .. id, instead of ch, so that the other Clients waiting on the name
+-- do not receive (and parse) a message that concerns none of their calls.
+-- The proof covers the whole secret, '@' and id included.
 local function publish_handover(ch, cid, tok, f, secret)
+  local at = string.find(secret, '@', 1, true)
+  if at then
+    ch = ch .. string.sub(secret, at)
+  end
   redis.call('PUBLISH', ch, cid .. ' ' .. redis.sha1hex(tok) .. ' ' .. f .. ' ' .. redis.sha1hex(secret .. ' ' .. f))
 end
 
