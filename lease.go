@@ -79,6 +79,15 @@ type holdID struct {
 	fenceArg any // fence as an integer
 }
 
+// arg returns the fence of id as the scripts take it (renewals name the
+// hold they extend by it).
+func (id holdID) arg() any {
+	if id.fenceArg != nil {
+		return id.fenceArg
+	}
+	return id.fence
+}
+
 // hold is this process's view of one hold.
 type hold struct {
 	holdID

@@ -42,7 +42,7 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 	g, start, err := s.c.take(ctx, &mc.acquisition, mc, wait)
 	if err == nil && g.kind == handed && s.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the hand-over reached replicas.
-		if err = s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], mc.tok, s.ttlArg); err != nil {
+		if err = s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], mc.tok, s.ttlArg, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg()); err != nil {
 			s.c.cleanup(ctx, mc)
 		}
 	}
@@ -54,7 +54,7 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 	}
 	if err := m.held(c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: mc.tok, fence: g.fence, fenceArg: g.fenceArg}
-		return s.c.startHold(s.cfg, s.renewSpec(mc.tok), id, start)
+		return s.c.startHold(s.cfg, s.renewSpec(mc.tok, id.arg()), id, start)
 	}); err != nil {
 		// errRegrant: the hold may be one a release in this process is
 		// ending. Undo the call; the caller takes the hold again.
@@ -130,7 +130,7 @@ func (s *mutexScripts) unlockFloor(ctx context.Context, tok any, id string, floo
 	return s.c.eval(ctx, mutexUnlock, s.kargs, tok, id, s.chanArg, fenceIdleArg, argNone, floor, fence).Int64()
 }
 
-// renewSpec describes the renewal of tok's hold.
-func (s *mutexScripts) renewSpec(tok any) renew.Spec {
-	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, s.ttlArg}}
+// renewSpec describes the renewal of tok's hold with fencing token fence.
+func (s *mutexScripts) renewSpec(tok, fence any) renew.Spec {
+	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, s.ttlArg, fence}}
 }

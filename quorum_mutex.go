@@ -42,7 +42,7 @@ func (qm *quorumMutex) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 			return m.held(c, fence, func() *hold {
 				return qm.q.hold(tok, fence, a, func(i int) *hold {
 					sub := qm.subs[i]
-					return sub.c.startHold(sub.cfg, sub.renewSpec(tok), holdID{tok: tok, fence: uint64(a.v[i])}, start)
+					return sub.c.startHold(sub.cfg, sub.renewSpec(tok, uint64(a.v[i])), holdID{tok: tok, fence: uint64(a.v[i])}, start)
 				})
 			})
 		},

@@ -63,7 +63,7 @@ func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c l
 				return qr.q.hold(tok, fence, a, func(i int) *hold {
 					sub := qr.subs[i]
 					// This master's fencing token, or its id of the read hold.
-					return sub.c.startHold(sub.cfg, sub.renewSpec(mode, tok), holdID{tok: tok, fence: uint64(a.v[i])}, start)
+					return sub.c.startHold(sub.cfg, sub.renewSpec(mode, tok, uint64(a.v[i])), holdID{tok: tok, fence: uint64(a.v[i])}, start)
 				})
 			})
 		},

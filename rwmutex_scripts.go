@@ -62,7 +62,7 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 		return false, err
 	}
 	if s.cfg.replicas > 0 {
-		spec := s.renewSpec(mode, rc.tok)
+		spec := s.renewSpec(mode, rc.tok, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg())
 		if err := s.c.replicated(ctx, s.cfg, spec.Script, spec.Keys, spec.Args...); err != nil {
 			s.c.cleanup(ctx, rc)
 			return false, err
@@ -71,7 +71,7 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 	// For a read hold, g.fence is its hold id (see s.attempt).
 	if err := rw.held(mode, c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: rc.tok, fence: g.fence, fenceArg: g.fenceArg}
-		return s.c.startHold(s.cfg, s.renewSpec(mode, rc.tok), id, start)
+		return s.c.startHold(s.cfg, s.renewSpec(mode, rc.tok, id.arg()), id, start)
 	}); err != nil {
 		// errRegrant, as for Mutex (mutexScripts.lock).
 		s.c.cleanup(ctx, rc)
@@ -161,10 +161,11 @@ func (s *rwScripts) unlockFloor(ctx context.Context, mode string, tok any, id st
 	return s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, id, s.chArg, name, argNone, floor, fenceIdleArg).Int64()
 }
 
-// renewSpec describes the renewal of tok's hold in mode.
-func (s *rwScripts) renewSpec(mode string, tok any) renew.Spec {
+// renewSpec describes the renewal of tok's hold in mode, named by fence
+// (its fencing token, or a read hold's id).
+func (s *rwScripts) renewSpec(mode string, tok, fence any) renew.Spec {
 	if mode == modeRead {
-		return renew.Spec{Batch: rwRRenew, Keys: s.keys[2:4], Args: []any{tok, s.ttlArg}}
+		return renew.Spec{Batch: rwRRenew, Keys: s.keys[2:4], Args: []any{tok, s.ttlArg, fence}}
 	}
-	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, s.ttlArg}}
+	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, s.ttlArg, fence}}
 }

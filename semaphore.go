@@ -171,7 +171,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	}
 	if s.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the permits reached the replicas.
-		if err := s.c.replicated(ctx, &s.cfg, semRenew, s.rkeys, tokArg, s.ttlArg); err != nil {
+		if err := s.c.replicated(ctx, &s.cfg, semRenew, s.rkeys, tokArg, s.ttlArg, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg()); err != nil {
 			s.c.cleanup(ctx, sc)
 			return false, err
 		}
@@ -243,7 +243,7 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
 		return s.c.startHold(&s.cfg, renew.Spec{
 			Batch: semRenew,
 			Keys:  s.rkeys,
-			Args:  []any{id.tokArg, s.ttlArg},
+			Args:  []any{id.tokArg, s.ttlArg, id.arg()},
 		}, id, start)
 	}
 	if owned {

@@ -125,6 +125,16 @@ if cur[3] then
   end
   if ARGV[4] == '1' then
     enqueue()
+    -- The release hands the lock to the queue's head for that waiter's
+    -- TTL, which may end long before this hold would: a head that died
+    -- (nobody refreshes its place) would then keep the others asleep for
+    -- this hold's TTL after its own hold ended. Come back by the time the
+    -- head's place lapses, so that a dead waiter delays the others by its
+    -- own TTL at most.
+    local h, dl = head()
+    if h and h ~= tok then
+      p = math.min(p, dl - now_ms)
+    end
   end
   return refused(p)
 end

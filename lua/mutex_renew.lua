@@ -4,16 +4,22 @@
 -- through a re-entry from another process, renewed at that process's
 -- shorter TTL.
 --
+-- A hold is named by its owner and its fencing token: a hold that was lost
+-- is not renewed in place of a later hold of the same owner (taken afresh,
+-- maybe in another process, after someone else held the name in between).
+--
 -- KEYS[i] lock hash (or RWMutex writer hash) of hold i
--- ARGV[2i-1] owner token of hold i
--- ARGV[2i]   lease TTL of hold i (ms)
+-- ARGV[3i-2] owner token of hold i
+-- ARGV[3i-1] lease TTL of hold i (ms)
+-- ARGV[3i]   fencing token of hold i
 -- Reply: an array with, for each hold in order, 1 extended or 0 the owner
 --        no longer holds it.
 
 local out = {}
 for i = 1, #KEYS do
-  if redis.call('HEXISTS', KEYS[i], ARGV[2 * i - 1]) == 1 then
-    extend_key(KEYS[i], ARGV[2 * i])
+  local cur = redis.call('HMGET', KEYS[i], ARGV[3 * i - 2], ':f')
+  if cur[1] and cur[2] == ARGV[3 * i] then
+    extend_key(KEYS[i], ARGV[3 * i - 1])
     out[i] = 1
   else
     out[i] = 0

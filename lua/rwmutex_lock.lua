@@ -55,6 +55,18 @@ local counted = ARGV[7] ~= '1' -- re-entries are counted here
 local function refused(deadline)
   if not wait then
     noted(id, 2)
+  else
+    -- A release may hand the lock to a waiting writer for that writer's
+    -- TTL, which may end long before deadline: a writer that died (nobody
+    -- refreshes its place) would then keep the others asleep after its
+    -- own hold ended. Come back by the time the earliest writer's place
+    -- lapses, so that a dead waiter delays the others by its own TTL at
+    -- most.
+    prune_writers()
+    local first = tonumber(redis.call('ZRANGE', WW, 0, 0, 'WITHSCORES')[2])
+    if first and first < deadline then
+      deadline = first
+    end
   end
   return out({ 0, math.max(math.min(deadline - now, ttl), 1) })
 end

@@ -3,8 +3,10 @@
 --
 -- KEYS[2i-1] readers zset of hold i: reader token -> lease deadline (server
 --            ms); KEYS[2i] its readers hash (see rwmutex_lock.lua)
--- ARGV[2i-1] owner token of hold i
--- ARGV[2i]   lease TTL of hold i (ms)
+-- ARGV[3i-2] owner token of hold i
+-- ARGV[3i-1] lease TTL of hold i (ms)
+-- ARGV[3i]   hold id of hold i: a read hold that ended is not renewed in
+--            place of a later one of the same owner
 -- Reply: an array with, for each hold in order, 1 extended or 0 gone
 --        (released, or its lease ran out).
 
@@ -12,7 +14,7 @@ clock()
 local out = {}
 for i = 1, #KEYS / 2 do
   local z, h = KEYS[2 * i - 1], KEYS[2 * i]
-  local tok, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local tok, ttl = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1])
   local s = redis.call('ZSCORE', z, tok)
   if not s or tonumber(s) <= now_ms then
     if s then
@@ -20,6 +22,10 @@ for i = 1, #KEYS / 2 do
       redis.call('ZREM', z, tok)
       redis.call('HDEL', h, tok)
     end
+    out[i] = 0
+  elseif string.match(redis.call('HGET', h, tok) or '', '^%S+ (%S+)') ~= ARGV[3 * i] then
+    -- The owner reads through a later hold (record "<count> <hold id>
+    -- <call ids>"): this one ended.
     out[i] = 0
   else
     if now_ms + ttl > tonumber(s) then

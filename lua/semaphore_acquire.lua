@@ -65,10 +65,29 @@ end
 -- them back, and every waiter would keep the state hash alive. Forget
 -- them, as if their leases had ended. (Read only when the call does not
 -- fit: off the uncontended path.)
-if used > 0 and used + n > size and redis.call('EXISTS', KEYS[3]) == 0 then
+-- The holders zset also expires with the last lease, before the state hash
+-- when a waiter's place keeps that alive longer: the permits of holders
+-- whose leases all ended are then counted still. The waiters first in line
+-- are served again once they are forgotten, or they (this call among them)
+-- would be refused with nothing held, and sleep for a whole TTL.
+if used > 0 and (head or used + n > size) and redis.call('EXISTS', KEYS[3]) == 0 then
   redis.call('DEL', KEYS[1])
   known[KEYS[1]] = -2
-  used, held, in_force, hashed = 0, {}, nil, nil
+  used, held, hashed = 0, {}, nil
+  if in_force then
+    -- The size in force stays (the queue was made under it).
+    redis.call('HSET', KEYS[1], ':size', fmt(in_force))
+    extend(KEYS[1], ttl)
+    hashed = true
+  end
+  if head then
+    served, head, hd = grant(ch, idle, id)
+    if served then
+      return out({ 1, tonumber(served) })
+    elseif served == false then
+      return out({ 3, 0 })
+    end
+  end
 end
 
 -- Fits and nobody waits: take the permits. (If anyone waits, the head did

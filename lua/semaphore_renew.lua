@@ -3,8 +3,10 @@
 --
 -- KEYS[2i-1] state hash of holding i, KEYS[2i] its holders zset (see
 --            semaphore_lib.lua)
--- ARGV[2i-1] holder token of holding i
--- ARGV[2i]   lease TTL of holding i (ms)
+-- ARGV[3i-2] holder token of holding i
+-- ARGV[3i-1] lease TTL of holding i (ms)
+-- ARGV[3i]   fencing token of holding i: a holding that ended is not
+--            renewed in place of a later one of the same holder
 -- Reply: an array with, for each holding in order, 1 extended or 0 gone
 --        (its lease ran out, or its keys are gone).
 
@@ -12,9 +14,9 @@ clock()
 local out = {}
 for i = 1, #KEYS / 2 do
   local st, hz = KEYS[2 * i - 1], KEYS[2 * i]
-  local tok, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local tok, ttl = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1])
   local cur = redis.call('ZSCORE', hz, tok)
-  if not cur or tonumber(cur) <= now_ms or redis.call('HEXISTS', st, tok) == 0 then
+  if not cur or tonumber(cur) <= now_ms or redis.call('HGET', st, ':f:' .. tok) ~= ARGV[3 * i] then
     out[i] = 0
   else
     local d = now_ms + ttl
