@@ -197,6 +197,12 @@ type nemClass struct {
 	psDelay    nemSpan // notifications of every other process arrive this late
 	stallAfter float64 // a holder's renewals stall right after it acquired, for 1.3×TTL
 	probe      time.Duration
+	// With this probability a hold through a shared handle is kept, after
+	// its hold time, until its Lease reports the loss (a TTL at most), and
+	// then lossHold longer: Lock and TryLock through the handle meanwhile
+	// must wait and fail, since the handle is locked until its Unlock.
+	pLossHold float64
+	lossHold  nemSpan
 
 	// Non-vacuity: what a run must count at least, on every backend (a run
 	// that injected too few faults, or whose operations mostly failed,
@@ -271,15 +277,17 @@ var nemClasses = []*nemClass{
 			"owner operations while another goroutine uses the owner": {n: 3, perSec: 2},
 		}},
 	// Handles without owner shared by goroutines while keys are deleted
-	// behind their holds.
+	// behind their holds; half the holders keep the handle locked a while
+	// after their Lease reported the loss, while others Lock through it.
 	{name: "shared-handle-lease-loss", on: map[string]time.Duration{"redis": 2500 * time.Millisecond},
 		clients: 3, workers: 10, modes: []bool{false}, kinds: []nemKind{kMutex, kRW, kSem}, names: 1, owners: 1, shared: 1,
 		pOwner: 0.05, pShared: 0.85, pTry: 0.1, pWrite: 0.8, pReenter: 0.2,
 		ttl: secs(2, 5), hold: secs(0.1, 0.6), deadline: secs(0.5, 2), semSize: [2]int64{2, 4},
-		del: 150 * time.Millisecond,
+		del: 150 * time.Millisecond, pLossHold: 0.5, lossHold: secs(0.3, 0.8),
 		need: map[string]nemNeed{
 			"deletions": {n: 3, perSec: 1},
 			"holds through a shared handle whose loss the holder learned": {n: 2, perSec: 1},
+			"holds through a shared handle kept after their loss":         {n: 1, perSec: 0.3},
 			"operations through a shared handle in use":                   {n: 3, perSec: 3},
 			"holds live until their release":                              {n: 2},
 			"releases that returned nil":                                  {n: 2},
@@ -1030,6 +1038,28 @@ func (w *nemWorld) holdFor(r *rand.Rand, hs ...*nemHold) {
 		}
 	}
 	w.sleep(d)
+	if h := hs[0]; len(hs) == 1 && h != nil && h.handle != 0 && h.lease != nil && w.cl.pLossHold > 0 && r.Float64() < w.cl.pLossHold {
+		w.holdPastLoss(r, h)
+	}
+}
+
+// holdPastLoss keeps the shared handle of h locked until h's Lease reports
+// the loss (a TTL at most), and then lossHold longer.
+func (w *nemWorld) holdPastLoss(r *rand.Rand, h *nemHold) {
+	t := time.NewTimer(h.ttl)
+	defer t.Stop()
+	select {
+	case <-h.lease.Done():
+	case <-t.C:
+		return
+	case <-w.ctx.Done():
+		return
+	}
+	if !errors.Is(h.lease.Err(), dsync.ErrLeaseLost) {
+		return
+	}
+	w.count("holds through a shared handle kept after their loss")
+	w.sleep(w.cl.lossHold.pick(r))
 }
 
 // acquire makes one acquire call with a random deadline and records it;
