@@ -46,6 +46,9 @@ package dsync_test
 //     deadline, nor with an error it may not return;
 //   - ghost hold: with late duplicates, a name that nobody holds or waits
 //     for can be taken at once: no duplicate took a hold nobody releases;
+//     and, where the server is always reachable, a copy of an acquire
+//     attempt delivered after its call returned never replies that it
+//     took a hold;
 //   - expiry: no dsync key is left without an expiry;
 //   - vacuous: the run did what its class is about. Each run counts, from
 //     what Redis answered, the faults that took effect (keys a DEL removed,
@@ -1776,10 +1779,12 @@ func (w *nemWorld) deliverLate(r *rand.Rand) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	for _, args := range cmds {
-		if err := w.plain.Do(ctx, args...).Err(); err != nil && !errors.Is(err, redis.Nil) {
+	for _, s := range cmds {
+		res, err := w.plain.Do(ctx, s.args...).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
 			continue // not run: it proves nothing
 		}
+		w.checkLateAttempt(s, res)
 		w.mu.Lock()
 		w.counts["late duplicates"]++
 		if op != "" {
@@ -1790,6 +1795,46 @@ func (w *nemWorld) deliverLate(r *rand.Rand) {
 		}
 		w.mu.Unlock()
 	}
+}
+
+// acquireScripts are the SHA-1 digests of the scripts of acquire attempts,
+// whose reply {1, ...} says the same in each: the attempt took the hold
+// (or the Once's run) now.
+var acquireScripts = func() map[string]bool {
+	m := map[string]bool{}
+	for _, n := range []string{"mutex_lock", "rwmutex_lock", "semaphore_acquire", "once_do"} {
+		src, err := dsync.ScriptSource(n)
+		if err != nil {
+			panic(err)
+		}
+		m[redis.NewScript(src).Hash()] = true
+	}
+	return m
+}()
+
+// checkLateAttempt judges res, the reply to s delivered again late: a copy
+// of an acquire attempt whose call has returned changes nothing, so it
+// never takes a hold. The call returned by its deadline plus nemOverrun
+// (the deadline check sees to that) and its clean-up had a second more to
+// reach the server; only classes whose server is always reachable judge.
+func (w *nemWorld) checkLateAttempt(s sentScript, res any) {
+	age := time.Since(s.at)
+	if s.op != "acquire" && s.op != "try" || !w.cl.strict() || age < w.cl.deadline[1]+nemOverrun+time.Second ||
+		len(s.args) < 4 || !acquireScripts[fmt.Sprint(s.args[1])] {
+		return
+	}
+	w.count("late copies of attempts of calls that returned")
+	r, ok := res.([]any)
+	if !ok || len(r) != 2 || r[0] != int64(1) || w.kindOf(s.args) < 0 {
+		return
+	}
+	key := fmt.Sprint(s.args[3])
+	name := key
+	if _, rest, ok := strings.Cut(key, "{"); ok {
+		name, _, _ = strings.Cut(rest, "}")
+	}
+	w.reportOn("ghost hold", name, s.at, time.Now(), "%s %s: a copy of an attempt sent at %s, delivered %v later when its call had returned, took a hold (reply %v) that nobody renews or releases",
+		w.kindOf(s.args), name, w.at(s.at), age.Round(time.Millisecond), r)
 }
 
 // kindOf returns the kind of the primitive whose keys a script's arguments
