@@ -248,6 +248,91 @@ func TestSemaphoreLateReleaseCopyAfter40Acquires(t *testing.T) {
 	})
 }
 
+// A late copy of a Mutex lock call that completed (a Lock, also a
+// re-entry, or a TryLock that was refused) arrives after the hold ended, or
+// after the name became free: it takes no hold, which no one would renew
+// or release, and no queue place.
+func TestMutexLateLockCopyTakesNoGhostHold(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		r := newReplayRig(t, b)
+		m := r.c.Mutex(r.name)
+		script := lua.Script("mutex_lock")
+		fresh := r.record(t, script, m.Lock)
+		reentry := r.record(t, script, m.Lock)
+		must(t, m.Unlock(r.ctx))
+		must(t, m.Unlock(r.ctx))
+		for _, args := range [][]any{fresh, reentry} {
+			if got := code(r.send(t, args)); got == 1 || got == 2 {
+				t.Errorf("late copy of a completed Lock replied %d, want refused", got)
+			}
+		}
+		if n := reentryCount(t, b, r.name, dsync.OwnerToken(r.ctx)); n != 0 {
+			t.Errorf("count after the late copies = %d, want 0", n)
+		}
+		o := r.other.Mutex(r.name)
+		ok, err := o.TryLock(r.octx)
+		if err != nil || !ok {
+			t.Fatalf("another owner's TryLock after the late copies = %v, %v: a late copy took a hold nobody releases", ok, err)
+		}
+		// A TryLock refused while another owner holds; its late copy
+		// arrives once the name is free.
+		refused := r.record(t, script, func(ctx context.Context) error {
+			if ok, err := m.TryLock(ctx); err != nil || ok {
+				t.Fatalf("TryLock while another owner holds = %v, %v; want false", ok, err)
+			}
+			return nil
+		})
+		must(t, o.Unlock(r.octx))
+		if got := code(r.send(t, refused)); got == 1 || got == 2 {
+			t.Errorf("late copy of a refused TryLock replied %d, want refused", got)
+		}
+		if ok, err := o.TryLock(r.octx); err != nil || !ok {
+			t.Fatalf("another owner's TryLock after the late copy = %v, %v: it took a hold nobody releases", ok, err)
+		}
+		must(t, o.Unlock(r.octx))
+	})
+}
+
+// A late copy of a Semaphore Acquire that completed (or of a TryAcquire that
+// was refused) arrives after the permits came back: it takes none.
+func TestSemaphoreLateAcquireCopyTakesNoGhostHold(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		r := newReplayRig(t, b)
+		const size = 3
+		s := r.c.Semaphore(r.name, size)
+		script := lua.Script("semaphore_acquire")
+		fresh := r.record(t, script, func(ctx context.Context) error { return s.Acquire(ctx, 2) })
+		added := r.record(t, script, func(ctx context.Context) error { return s.Acquire(ctx, 1) })
+		must(t, s.Release(r.ctx, 3))
+		for _, args := range [][]any{fresh, added} {
+			if got := code(r.send(t, args)); got == 1 || got == 2 {
+				t.Errorf("late copy of a completed Acquire replied %d, want refused", got)
+			}
+		}
+		o := r.other.Semaphore(r.name, size)
+		if ok, err := o.TryAcquire(r.octx, size); err != nil || !ok {
+			t.Fatalf("TryAcquire(%d) after the late copies = %v, %v; want true: a copy took permits nobody releases", size, ok, err)
+		}
+		// A TryAcquire refused while the other holds everything; its late
+		// copy arrives once the permits are back.
+		refused := r.record(t, script, func(ctx context.Context) error {
+			if ok, err := s.TryAcquire(ctx, 1); err != nil || ok {
+				t.Fatalf("TryAcquire while all permits are held = %v, %v; want false", ok, err)
+			}
+			return nil
+		})
+		must(t, o.Release(r.octx, size))
+		if got := code(r.send(t, refused)); got == 1 || got == 2 {
+			t.Errorf("late copy of a refused TryAcquire replied %d, want refused", got)
+		}
+		if ok, err := o.TryAcquire(r.octx, size); err != nil || !ok {
+			t.Fatalf("TryAcquire(%d) after the late copy = %v, %v; want true", size, ok, err)
+		}
+		must(t, o.Release(r.octx, size))
+		assertNoSemKeys(t, b, r.name)
+	})
+}
+
 // A copy of an RWMutex call that arrives 11 s late changes nothing (the old
 // memory of finished calls lasted 10 s). On miniredis the clock moves; on a
 // real server the copy is sent at once, and the copy of an unlock is also

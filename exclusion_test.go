@@ -169,6 +169,59 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 	})
 }
 
+// A handle without an owner stays locked after its Lease reported the
+// loss, until its Unlock: Lock and TryLock through it wait and fail, also
+// once the holder knows the hold is gone (Mutex and RWMutex write).
+func TestHandleStaysLockedAfterLossReported(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		c := newClient(t, b, dsync.TTL(time.Second))
+		rdb := b.NewClient(t)
+		m := c.Mutex(name + "-m")
+		rw := c.RWMutex(name + "-rw")
+		cases := []struct {
+			what   string
+			lock   func(context.Context) error
+			try    func(context.Context) (bool, error)
+			lease  func(context.Context) (*dsync.Lease, error)
+			key    string
+			unlock func(context.Context) error
+		}{
+			{"Mutex", m.Lock, m.TryLock, m.Lease, mutexKeys(name + "-m").Lock, m.Unlock},
+			{"RWMutex", rw.Lock, rw.TryLock, rw.Lease, rwk(name + "-rw").Writer, rw.Unlock},
+		}
+		for _, tc := range cases {
+			must(t, tc.lock(ctx))
+			l, err := tc.lease(ctx)
+			must(t, err)
+			must(t, rdb.Del(ctx, tc.key).Err())
+			select {
+			case <-l.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s: the loss was not reported within 10s", tc.what)
+			}
+			if err := l.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
+				t.Fatalf("%s: Lease Err = %v, want ErrLeaseLost", tc.what, err)
+			}
+			if ok, err := tc.try(ctx); ok || err != nil {
+				t.Fatalf("%s: TryLock through the handle after the reported loss = %v, %v; want false", tc.what, ok, err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+			err = tc.lock(wctx)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("%s: Lock through the handle after the reported loss = %v, want DeadlineExceeded", tc.what, err)
+			}
+			if err := tc.unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
+				t.Fatalf("%s: Unlock of the lost hold = %v, want ErrLeaseLost", tc.what, err)
+			}
+			must(t, tc.lock(ctx))
+			must(t, tc.unlock(ctx))
+		}
+	})
+}
+
 // An owner whose hold was lost (its keys deleted) and who then takes the
 // name afresh (a new fencing token) is told of the loss: the first hold's
 // Lease reports ErrLeaseLost, not a release, since nobody released it. A

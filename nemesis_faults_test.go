@@ -530,7 +530,7 @@ func (l *scriptLog) add(ctx context.Context, cmd redis.Cmder) {
 
 // pick returns up to k scripts sent between minAge and maxAge ago by calls
 // of a kind op accepts, and accepted by ok if not nil, at random.
-func (l *scriptLog) pick(r *rand.Rand, k int, minAge, maxAge time.Duration, op func(string) bool, ok func(args []any) bool) [][]any {
+func (l *scriptLog) pick(r *rand.Rand, k int, minAge, maxAge time.Duration, op func(string) bool, ok func(args []any) bool) []sentScript {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
@@ -541,10 +541,10 @@ func (l *scriptLog) pick(r *rand.Rand, k int, minAge, maxAge time.Duration, op f
 			idx = append(idx, i)
 		}
 	}
-	var out [][]any
+	var out []sentScript
 	for j := 0; j < k && len(idx) > 0; j++ {
 		p := r.IntN(len(idx))
-		out = append(out, l.ring[idx[p]].args)
+		out = append(out, l.ring[idx[p]])
 		idx[p] = idx[len(idx)-1]
 		idx = idx[:len(idx)-1]
 	}

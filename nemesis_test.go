@@ -46,6 +46,9 @@ package dsync_test
 //     deadline, nor with an error it may not return;
 //   - ghost hold: with late duplicates, a name that nobody holds or waits
 //     for can be taken at once: no duplicate took a hold nobody releases;
+//     and, where the server is always reachable, a copy of an acquire
+//     attempt delivered after its call returned never replies that it
+//     took a hold;
 //   - expiry: no dsync key is left without an expiry;
 //   - vacuous: the run did what its class is about. Each run counts, from
 //     what Redis answered, the faults that took effect (keys a DEL removed,
@@ -197,6 +200,12 @@ type nemClass struct {
 	psDelay    nemSpan // notifications of every other process arrive this late
 	stallAfter float64 // a holder's renewals stall right after it acquired, for 1.3×TTL
 	probe      time.Duration
+	// With this probability a hold through a shared handle is kept, after
+	// its hold time, until its Lease reports the loss (a TTL at most), and
+	// then lossHold longer: Lock and TryLock through the handle meanwhile
+	// must wait and fail, since the handle is locked until its Unlock.
+	pLossHold float64
+	lossHold  nemSpan
 
 	// Non-vacuity: what a run must count at least, on every backend (a run
 	// that injected too few faults, or whose operations mostly failed,
@@ -271,15 +280,17 @@ var nemClasses = []*nemClass{
 			"owner operations while another goroutine uses the owner": {n: 3, perSec: 2},
 		}},
 	// Handles without owner shared by goroutines while keys are deleted
-	// behind their holds.
+	// behind their holds; half the holders keep the handle locked a while
+	// after their Lease reported the loss, while others Lock through it.
 	{name: "shared-handle-lease-loss", on: map[string]time.Duration{"redis": 2500 * time.Millisecond},
 		clients: 3, workers: 10, modes: []bool{false}, kinds: []nemKind{kMutex, kRW, kSem}, names: 1, owners: 1, shared: 1,
 		pOwner: 0.05, pShared: 0.85, pTry: 0.1, pWrite: 0.8, pReenter: 0.2,
 		ttl: secs(2, 5), hold: secs(0.1, 0.6), deadline: secs(0.5, 2), semSize: [2]int64{2, 4},
-		del: 150 * time.Millisecond,
+		del: 150 * time.Millisecond, pLossHold: 0.5, lossHold: secs(0.3, 0.8),
 		need: map[string]nemNeed{
 			"deletions": {n: 3, perSec: 1},
 			"holds through a shared handle whose loss the holder learned": {n: 2, perSec: 1},
+			"holds through a shared handle kept after their loss":         {n: 1, perSec: 0.3},
 			"operations through a shared handle in use":                   {n: 3, perSec: 3},
 			"holds live until their release":                              {n: 2},
 			"releases that returned nil":                                  {n: 2},
@@ -1030,6 +1041,28 @@ func (w *nemWorld) holdFor(r *rand.Rand, hs ...*nemHold) {
 		}
 	}
 	w.sleep(d)
+	if h := hs[0]; len(hs) == 1 && h != nil && h.handle != 0 && h.lease != nil && w.cl.pLossHold > 0 && r.Float64() < w.cl.pLossHold {
+		w.holdPastLoss(r, h)
+	}
+}
+
+// holdPastLoss keeps the shared handle of h locked until h's Lease reports
+// the loss (a TTL at most), and then lossHold longer.
+func (w *nemWorld) holdPastLoss(r *rand.Rand, h *nemHold) {
+	t := time.NewTimer(h.ttl)
+	defer t.Stop()
+	select {
+	case <-h.lease.Done():
+	case <-t.C:
+		return
+	case <-w.ctx.Done():
+		return
+	}
+	if !errors.Is(h.lease.Err(), dsync.ErrLeaseLost) {
+		return
+	}
+	w.count("holds through a shared handle kept after their loss")
+	w.sleep(w.cl.lossHold.pick(r))
 }
 
 // acquire makes one acquire call with a random deadline and records it;
@@ -1739,10 +1772,12 @@ func (w *nemWorld) deliverLate(r *rand.Rand) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	for _, args := range cmds {
-		if err := w.plain.Do(ctx, args...).Err(); err != nil && !errors.Is(err, redis.Nil) {
+	for _, s := range cmds {
+		res, err := w.plain.Do(ctx, s.args...).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
 			continue // not run: it proves nothing
 		}
+		w.checkLateAttempt(s, res)
 		w.mu.Lock()
 		w.counts["late duplicates"]++
 		if op != "" {
@@ -1753,6 +1788,46 @@ func (w *nemWorld) deliverLate(r *rand.Rand) {
 		}
 		w.mu.Unlock()
 	}
+}
+
+// acquireScripts are the SHA-1 digests of the scripts of acquire attempts,
+// whose reply {1, ...} says the same in each: the attempt took the hold
+// (or the Once's run) now.
+var acquireScripts = func() map[string]bool {
+	m := map[string]bool{}
+	for _, n := range []string{"mutex_lock", "rwmutex_lock", "semaphore_acquire", "once_do"} {
+		src, err := dsync.ScriptSource(n)
+		if err != nil {
+			panic(err)
+		}
+		m[redis.NewScript(src).Hash()] = true
+	}
+	return m
+}()
+
+// checkLateAttempt judges res, the reply to s delivered again late: a copy
+// of an acquire attempt whose call has returned changes nothing, so it
+// never takes a hold. The call returned by its deadline plus nemOverrun
+// (the deadline check sees to that) and its clean-up had a second more to
+// reach the server; only classes whose server is always reachable judge.
+func (w *nemWorld) checkLateAttempt(s sentScript, res any) {
+	age := time.Since(s.at)
+	if s.op != "acquire" && s.op != "try" || !w.cl.strict() || age < w.cl.deadline[1]+nemOverrun+time.Second ||
+		len(s.args) < 4 || !acquireScripts[fmt.Sprint(s.args[1])] {
+		return
+	}
+	w.count("late copies of attempts of calls that returned")
+	r, ok := res.([]any)
+	if !ok || len(r) != 2 || r[0] != int64(1) || w.kindOf(s.args) < 0 {
+		return
+	}
+	key := fmt.Sprint(s.args[3])
+	name := key
+	if _, rest, ok := strings.Cut(key, "{"); ok {
+		name, _, _ = strings.Cut(rest, "}")
+	}
+	w.reportOn("ghost hold", name, s.at, time.Now(), "%s %s: a copy of an attempt sent at %s, delivered %v later when its call had returned, took a hold (reply %v) that nobody renews or releases",
+		w.kindOf(s.args), name, w.at(s.at), age.Round(time.Millisecond), r)
 }
 
 // kindOf returns the kind of the primitive whose keys a script's arguments

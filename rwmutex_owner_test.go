@@ -369,3 +369,43 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 		}
 	})
 }
+
+// With client reentrancy an owner token carried to another process does
+// not re-enter there, for writes nor reads: a write waits like any other
+// owner's, and a read through it is a hold of its own, so that the first
+// process's RUnlock leaves it in place and a writer stays out.
+func TestRWMutexClientReentrancyCarriedToken(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		one := dsync.New(b.NewClient(t), dsync.ClientReentrancy())
+		defer one.Close()
+		two := dsync.New(b.NewClient(t), dsync.ClientReentrancy())
+		defer two.Close()
+		octx := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctx))
+		rw1, rw2 := one.RWMutex(name), two.RWMutex(name)
+
+		must(t, rw1.Lock(ctx))
+		if ok, err := rw2.TryLock(octx); ok || err != nil {
+			t.Fatalf("TryLock with the token carried to another process = %v, %v; want false", ok, err)
+		}
+		if ok, err := rw2.TryRLock(octx); ok || err != nil {
+			t.Fatalf("TryRLock with the token carried to another process while the first writes = %v, %v; want false", ok, err)
+		}
+		must(t, rw1.Unlock(ctx))
+
+		must(t, rw1.RLock(ctx))
+		must(t, rw2.RLock(octx))
+		must(t, rw1.RUnlock(ctx))
+		w := newClient(t, b).RWMutex(name)
+		wctx := dsync.WithOwner(ctxT(t))
+		if ok, err := w.TryLock(wctx); ok || err != nil {
+			t.Fatalf("another owner's TryLock while the carried token reads = %v, %v; want false", ok, err)
+		}
+		must(t, rw2.RUnlock(octx))
+		if ok, err := w.TryLock(wctx); !ok || err != nil {
+			t.Fatalf("another owner's TryLock once both read holds ended = %v, %v; want true", ok, err)
+		}
+		must(t, w.Unlock(wctx))
+	})
+}
