@@ -377,3 +377,58 @@ func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
 		}
 	}
 }
+
+// A Once.Do whose ctx ends after f returned, while the server holds the
+// command that marks the Once done, returns at the cancel with ctx's
+// error; the mark completes in the background, so f never runs again.
+func TestOnceDoCancelledWhileMarkingDone(t *testing.T) {
+	const cancelAfter = 300 * time.Millisecond
+	const slack = 400 * time.Millisecond // a loaded machine under -race
+	const pause = 2 * time.Second
+	s := redistest.StartStandalone(t)
+	admin := s.Client(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr()}) // go-redis defaults
+	t.Cleanup(func() { rdb.Close() })
+	c := dsync.New(rdb)
+	defer c.Close()
+	name := redistest.Key(t)
+	// Warm up: a connection in the pool, the scripts loaded.
+	if err := c.Once(name+"-warm").Do(context.Background(), func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var paused, start time.Time
+	err := c.Once(name).Do(ctx, func(context.Context) error {
+		if err := admin.Do(context.Background(), "client", "pause", pause.Milliseconds(), "write").Err(); err != nil {
+			return err
+		}
+		paused = time.Now()
+		time.AfterFunc(cancelAfter, cancel)
+		start = time.Now()
+		return nil
+	})
+	took := time.Since(start)
+	if paused.IsZero() {
+		t.Fatalf("Do = %v before f paused the server", err)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Do cancelled while its done mark was held = %v, want context.Canceled", err)
+	}
+	if took > cancelAfter+slack {
+		t.Errorf("Do cancelled %v after f returned came back after %v", cancelAfter, took.Round(time.Millisecond))
+	}
+	time.Sleep(time.Until(paused.Add(pause)))
+	dsync.WaitCleanups(c)
+	ran := false
+	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer dcancel()
+	other := dsync.New(s.Client(t))
+	defer other.Close()
+	if err := other.Once(name).Do(dctx, func(context.Context) error { ran = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if ran {
+		t.Error("f ran again: the done mark of the cancelled call was lost")
+	}
+}

@@ -107,7 +107,11 @@ func (o *Once) check() error {
 // call took over); so does the error of a call, rare, whose run lease was
 // lost before f could start (f is then not called). If ctx ends while waiting, Do returns an error for which
 // errors.Is(err, ctx.Err()) holds and leaves nothing behind, also when the
-// server gave this call the run lease but the reply was lost.
+// server gave this call the run lease but the reply was lost. If ctx ends
+// after f returned, while the run is being ended (a server slow to
+// answer), Do returns then, with f's error or, if f succeeded, ctx's
+// error: the Once is marked done in the background, and a later call
+// learns the outcome.
 //
 // The ctx passed to f is cancelled when ctx is done, when the run lease is
 // lost (its cause, [context.Cause], is then [ErrLeaseLost]) and when the
@@ -359,35 +363,64 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 		h.release()
 		return nil, errors.Join(ErrClosed, err)
 	}
+	fin := onceFinish{o: o, tok: tok, h: h, val: val, ferr: err, out: new([]byte)}
+	if serr := settle(&o.c.base, ctx, fin, finishOnce); serr != nil || err != nil {
+		if err != nil && errors.Is(serr, ctx.Err()) && ctx.Err() != nil && !errors.Is(serr, err) {
+			// ctx ended while the failed run was being ended: f's error
+			// is the call's (the run ends in the background).
+			return nil, err
+		}
+		return nil, serr
+	}
+	return *fin.out, nil
+}
+
+// onceFinish is what ends a run of f that returned (val, ferr): the call's
+// run lease tok, held as h; out receives the value to return.
+type onceFinish struct {
+	o    *Once
+	tok  string
+	h    *hold
+	val  []byte
+	ferr error
+	out  *[]byte
+}
+
+// finishOnce ends a run of f, on a ctx from settle: it marks the Once done
+// (or the run failed) and returns Do's result, its value in a.out. If ctx
+// ends first, Do returns ctx's error (or f's) and the run ends in the
+// background: a done mark not yet confirmed is no success to report.
+func finishOnce(ctx context.Context, a onceFinish) error {
+	o, tok, h, val, err := a.o, a.tok, a.h, a.val, a.ferr
 	if err != nil {
 		_, rerr := o.release(ctx, tok, "fail", nil)
 		lost := h.lost()
 		h.release()
 		if lost {
-			return nil, fmt.Errorf("%w: %w", ErrLeaseLost, err)
+			return fmt.Errorf("%w: %w", ErrLeaseLost, err)
 		}
 		if rerr != nil {
 			// The lease expires at its TTL.
-			return nil, errors.Join(err, rerr)
+			return errors.Join(err, rerr)
 		}
-		return nil, err
+		return err
 	}
 	r, rerr := o.release(ctx, tok, "done", val)
 	if rerr != nil {
 		// Still unknown after every try: the done mark may be set, or the
 		// lease runs out at its TTL and another call runs f.
 		h.release()
-		return nil, rerr
+		return rerr
 	}
 	if r == 0 {
 		h.lease.MarkLost()
-		return nil, fmt.Errorf("%w: another call took over the run", ErrLeaseLost)
+		return fmt.Errorf("%w: another call took over the run", ErrLeaseLost)
 	}
 	h.release()
-	if len(val) == 0 {
-		val = nil
+	if len(val) > 0 {
+		*a.out = val
 	}
-	return val, nil
+	return nil
 }
 
 func (o *Once) closed() bool {
