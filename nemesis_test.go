@@ -43,7 +43,9 @@ package dsync_test
 //     and a successful acquire has a Lease;
 //   - reentry: an owner that holds re-enters at once;
 //   - deadline, error: no call returns later than nemOverrun after its
-//     deadline, nor with an error it may not return;
+//     deadline, nor with an error it may not return; time in which the
+//     test process itself was measured stalled (nemLag: every goroutine
+//     runs late at once on a loaded machine) does not count;
 //   - ghost hold: with late duplicates, a name that nobody holds or waits
 //     for can be taken at once: no duplicate took a hold nobody releases;
 //     and, where the server is always reachable, a copy of an acquire
@@ -646,6 +648,7 @@ type nemWorld struct {
 	watchers sync.WaitGroup
 
 	trace     *nemTrace
+	lag       *nemLag         // stalls of the test process
 	published sync.Map        // payloads the test published itself (forged)
 	heardOnce map[string]bool // hand-overs heard
 	traced    int             // reports that printed a trace
@@ -681,6 +684,7 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	defer w.cancel()
 	w.setup(seed)
+	w.lag = startLag()
 	w.start = time.Now()
 	w.until = w.start.Add(d)
 	// At the end, calls in flight return at once and holders release.
@@ -706,6 +710,7 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 	wg.Wait()
 	close(w.stop)
 	fw.Wait()
+	w.lag.close()
 
 	w.mu.Lock()
 	for _, h := range w.holds {
@@ -719,7 +724,7 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 	w.judge()
 	w.checkExpiries()
 	w.mu.Lock()
-	t.Logf("%s/%s: %v", cl.name, b.Name, w.counts)
+	t.Logf("%s/%s: %v; longest stall of the test process: %v", cl.name, b.Name, w.counts, w.lag.longest().Round(time.Millisecond))
 	w.mu.Unlock()
 	w.checkNeeds()
 	if len(w.reports) > 0 {
@@ -2501,22 +2506,34 @@ func (w *nemWorld) checkCalls() {
 		if c.ranF {
 			continue // Do returns after f, which may outlive ctx
 		}
-		eff := c.deadline
-		if !w.cancelAt.IsZero() && w.cancelAt.Before(eff) {
-			eff = w.cancelAt
-		}
 		if w.faultDuring(c.proc, c.start, c.end) {
 			w.counts["calls that met a stall, outage or pause"]++
 		}
-		if late := c.end.Sub(eff); late > nemOverrun {
-			w.reportProc("deadline", c.name, c.proc, c.start, c.end, "%s %s on p%d: returned %v after its deadline (called %s, deadline %s, returned %s: %v; faults meanwhile: %s)",
-				c.what, c.name, c.proc, late.Round(time.Millisecond), w.at(c.start), w.at(c.deadline), w.at(c.end), c.err, w.faultsDuring(c.proc, c.start, c.end))
+		if late, stalled := w.overrun(c); late-stalled > nemOverrun {
+			w.reportProc("deadline", c.name, c.proc, c.start, c.end, "%s %s on p%d: returned %v after its deadline, %v of it while the test process was measured stalled (called %s, deadline %s, returned %s: %v; faults meanwhile: %s)",
+				c.what, c.name, c.proc, late.Round(time.Millisecond), stalled.Round(time.Millisecond), w.at(c.start), w.at(c.deadline), w.at(c.end), c.err, w.faultsDuring(c.proc, c.start, c.end))
 		}
 		if c.err == nil || w.expectedErr(c) {
 			continue
 		}
 		w.report("error", "%s %s on p%d: unexpected error %v (called %s, returned %s)", c.what, c.name, c.proc, c.err, w.at(c.start), w.at(c.end))
 	}
+}
+
+// overrun returns how late after its deadline (or the end of the run) c
+// returned, and how much of that time the test process was measured
+// stalled (see nemLag): time in which a goroutine of the process that was
+// due to run waited to be run, as the one returning c would have.
+func (w *nemWorld) overrun(c *nemCall) (late, stalled time.Duration) {
+	eff := c.deadline
+	if !w.cancelAt.IsZero() && w.cancelAt.Before(eff) {
+		eff = w.cancelAt
+	}
+	late = c.end.Sub(eff)
+	if late <= 0 {
+		return late, 0
+	}
+	return late, w.lag.during(eff, c.end)
 }
 
 func (w *nemWorld) expectedErr(c *nemCall) bool {
