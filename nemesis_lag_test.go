@@ -43,22 +43,30 @@ func (l *nemLag) run() {
 	for {
 		select {
 		case <-l.stop:
+			// A stall that is still to be measured ends here.
+			l.note(last, time.Now())
 			return
 		case <-t.C:
 		}
 		now := time.Now()
-		// The ticker drops ticks it could not deliver: the wake-up was due
-		// one tick after the last one this goroutine ran.
-		if due := last.Add(nemLagTick); now.Sub(due) >= nemLagMin {
-			l.mu.Lock()
-			l.ws = append(l.ws, nemWindow{what: "process stall", proc: -1, start: due, end: now})
-			l.max = max(l.max, now.Sub(due))
-			l.mu.Unlock()
-		}
+		l.note(last, now)
 		last = now
 	}
 }
 
+// note records a stall if the goroutine, last run at last, ran again only
+// at now. The ticker drops ticks it could not deliver: the wake-up was due
+// one tick after last.
+func (l *nemLag) note(last, now time.Time) {
+	if due := last.Add(nemLagTick); now.Sub(due) >= nemLagMin {
+		l.mu.Lock()
+		l.ws = append(l.ws, nemWindow{what: "process stall", proc: -1, start: due, end: now})
+		l.max = max(l.max, now.Sub(due))
+		l.mu.Unlock()
+	}
+}
+
+// close stops measuring; the stalls measured until then are all recorded.
 func (l *nemLag) close() {
 	close(l.stop)
 	<-l.done

@@ -20,12 +20,7 @@ func TestNemesisDeadlineExcusesOnlyProcessStalls(t *testing.T) {
 	if _, err := exec.LookPath("sh"); err != nil {
 		t.Skip("no sh")
 	}
-	w := &nemWorld{t: t, cl: &nemClass{}, lag: startLag()}
-	defer func() {
-		if w.lag != nil {
-			w.lag.close()
-		}
-	}()
+	w := &nemWorld{t: t, cl: &nemClass{}}
 	pid := os.Getpid()
 
 	// The child stops this process shortly after the call starts, before
@@ -33,17 +28,21 @@ func TestNemesisDeadlineExcusesOnlyProcessStalls(t *testing.T) {
 	// than the deadline stops the process too late: try again.
 	var stalled *nemCall
 	for i := 0; i < 3 && stalled == nil; i++ {
+		w.lag = startLag()
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		cmd := exec.Command("sh", "-c", fmt.Sprintf("sleep 0.2; kill -STOP %d; sleep 1.5; kill -CONT %d", pid, pid))
 		if err := cmd.Start(); err != nil {
 			cancel()
+			w.lag.close()
 			t.Fatal(err)
 		}
 		<-ctx.Done()
 		c := &nemCall{what: "call", start: start, deadline: start.Add(time.Second), end: time.Now()}
 		cancel()
-		if err := cmd.Wait(); err != nil {
+		err := cmd.Wait()
+		w.lag.close()
+		if err != nil {
 			t.Fatal(err)
 		}
 		if late, _ := w.overrun(c); late > nemOverrun+200*time.Millisecond {
@@ -60,13 +59,13 @@ func TestNemesisDeadlineExcusesOnlyProcessStalls(t *testing.T) {
 	}
 
 	// A call that returns a second late while the process runs.
+	w.lag = startLag()
 	start := time.Now()
 	time.Sleep(1200 * time.Millisecond)
 	c := &nemCall{what: "call", start: start, deadline: start.Add(200 * time.Millisecond), end: time.Now()}
+	w.lag.close()
 	if late, by := w.overrun(c); late-by <= nemOverrun {
 		t.Errorf("a call that returned %v late while the process ran (%v measured stalled): judged in time, want reported",
 			late.Round(time.Millisecond), by.Round(time.Millisecond))
 	}
-	w.lag.close()
-	w.lag = nil
 }
