@@ -59,7 +59,10 @@ package dsync_test
 //     outage) and the operations that succeeded (holds of each kind, holds
 //     judged live until their release, releases that returned nil, runs of
 //     f), and fails when a count is below its class's need: a run whose
-//     faults missed or whose operations all failed proves nothing.
+//     faults missed or whose operations all failed proves nothing. The
+//     needs are those of the planned length; a run that has not met them
+//     by then (a loaded machine runs fewer operations, faults strike at
+//     random times) goes on until it has, up to nemStretch times as long.
 //
 // The first failures of a run print a trace of what the processes sent
 // about the name and got back, and the notifications published on it.
@@ -124,6 +127,10 @@ const (
 	nemMaxOps = 100000
 	// nemReports bounds the failures printed per check.
 	nemReports = 4
+	// nemStretch bounds how much longer than planned a run that proves too
+	// little goes on (see runNemesis), nemRecheck how often it checks.
+	nemStretch = 3
+	nemRecheck = 200 * time.Millisecond
 )
 
 const (
@@ -208,6 +215,9 @@ type nemClass struct {
 	// must wait and fail, since the handle is locked until its Unlock.
 	pLossHold float64
 	lossHold  nemSpan
+	// The workers wait this long before they start, as on a machine too
+	// busy to run them (TestNemesisGoesOnUntilProven).
+	freeze time.Duration
 
 	// Non-vacuity: what a run must count at least, on every backend (a run
 	// that injected too few faults, or whose operations mostly failed,
@@ -407,6 +417,22 @@ func TestNemesis(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// TestNemesisGoesOnUntilProven: a run whose workers could not run for its
+// whole planned length (as on a machine too loaded to run them) goes on
+// until it has proved what its class needs, within nemStretch times its
+// length, instead of failing as vacuous.
+func TestNemesisGoesOnUntilProven(t *testing.T) {
+	seed, _ := nemSettings(t)
+	i := slices.IndexFunc(nemClasses, func(cl *nemClass) bool { return cl.name == "baseline" })
+	cl := *nemClasses[i]
+	d := cl.on["redis"]
+	cl.freeze = d
+	w := runNemesis(t, nemBackend(t, "redis"), &cl, d, seed, seed)
+	if !w.extended.Load() {
+		t.Errorf("a run whose workers waited its whole planned length (%v) was not extended", d)
 	}
 }
 
@@ -619,7 +645,9 @@ type nemWorld struct {
 	seed  uint64
 	base  string
 	start time.Time
-	until time.Time
+	until time.Time // the planned end: the run goes on while it proves too little (endRun)
+
+	extended atomic.Bool // the run went on past until
 
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -663,7 +691,12 @@ type nemWorld struct {
 	summary map[string]int // ... and primitive
 }
 
-func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration, baseSeed, seed uint64) {
+// runNemesis runs cl on b for d, and longer, up to nemStretch times d, if
+// by then the run has not counted what its class needs (see checkNeeds):
+// on a loaded machine a run does less in its time, and the faults it
+// injects at random times may strike fewer times than they should. The
+// needs stay those of a run of d.
+func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration, baseSeed, seed uint64) *nemWorld {
 	w := &nemWorld{
 		t: t, cl: cl, b: b, seed: baseSeed,
 		base:     redistest.Key(t),
@@ -687,16 +720,23 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 	w.lag = startLag()
 	w.start = time.Now()
 	w.until = w.start.Add(d)
-	// At the end, calls in flight return at once and holders release.
-	timer := time.AfterFunc(d, func() {
-		w.mu.Lock()
-		w.cancelAt = time.Now()
-		w.mu.Unlock()
-		w.cancel()
-	})
-	defer timer.Stop()
-
 	var fw sync.WaitGroup
+	if cl.freeze > 0 {
+		// The workers wait at the gate, as on a machine too busy to run
+		// them.
+		w.gate.Lock()
+		fw.Add(1)
+		go func() {
+			defer fw.Done()
+			time.Sleep(cl.freeze)
+			w.gate.Unlock()
+		}()
+	}
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		w.endRun(d)
+	}()
 	w.startFaults(&fw, seed)
 	var wg sync.WaitGroup
 	for i := 0; i < cl.workers; i++ {
@@ -708,6 +748,7 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 		}()
 	}
 	wg.Wait()
+	<-ended
 	close(w.stop)
 	fw.Wait()
 	w.lag.close()
@@ -724,7 +765,8 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 	w.judge()
 	w.checkExpiries()
 	w.mu.Lock()
-	t.Logf("%s/%s: %v; longest stall of the test process: %v", cl.name, b.Name, w.counts, w.lag.longest().Round(time.Millisecond))
+	t.Logf("%s/%s: %v; ran %v (%v planned); longest stall of the test process: %v", cl.name, b.Name, w.counts,
+		w.cancelAt.Sub(w.start).Round(time.Millisecond), d, w.lag.longest().Round(time.Millisecond))
 	w.mu.Unlock()
 	w.checkNeeds()
 	if len(w.reports) > 0 {
@@ -734,6 +776,34 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 		t.Errorf("nemesis %s on %s failed with seed %d: replay with DSYNC_NEMESIS_SEED=%d go test -run 'TestNemesis/%s/^%s$'",
 			cl.name, b.Name, baseSeed, baseSeed, cl.name, b.Name)
 	}
+	return w
+}
+
+// endRun ends the run once d has passed and the run has counted what its
+// class needs, or once nemStretch times d has passed: calls in flight then
+// return at once and holders release.
+func (w *nemWorld) endRun(d time.Duration) {
+	limit := w.start.Add(nemStretch * d)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for range nemMaxOps {
+		<-t.C
+		if time.Now().Before(limit) {
+			if short := shortOf(w.needs(), w.provisional()); len(short) > 0 {
+				if !w.extended.Swap(true) {
+					w.t.Logf("%s/%s: after %v the run proved too little (%s): it goes on until it has, for %v at most",
+						w.cl.name, w.b.Name, d, strings.Join(short, "; "), limit.Sub(w.start))
+				}
+				t.Reset(nemRecheck)
+				continue
+			}
+		}
+		break
+	}
+	w.mu.Lock()
+	w.cancelAt = time.Now()
+	w.mu.Unlock()
+	w.cancel()
 }
 
 func (w *nemWorld) setup(seed uint64) {
@@ -929,9 +999,9 @@ func (w *nemWorld) at(t time.Time) string {
 // Workers.
 
 func (w *nemWorld) work(r *rand.Rand) {
-	for i := 0; i < nemMaxOps && time.Now().Before(w.until); i++ {
+	for i := 0; i < nemMaxOps && w.ctx.Err() == nil; i++ {
 		w.gate.RLock()
-		if time.Now().Before(w.until) {
+		if w.ctx.Err() == nil {
 			w.step(r)
 		}
 		w.gate.RUnlock()
@@ -1902,7 +1972,7 @@ func (w *nemWorld) probeLoop() {
 		case <-t.C:
 		}
 		w.gate.Lock()
-		if time.Now().Before(w.until.Add(-500 * time.Millisecond)) {
+		if w.ctx.Err() == nil && (time.Now().Before(w.until.Add(-500*time.Millisecond)) || w.extended.Load()) {
 			w.probe()
 		}
 		w.gate.Unlock()
@@ -1990,21 +2060,12 @@ func (w *nemWorld) judge() {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	for k, n := range w.judgedCounts(end, true) {
+		w.counts[k] += n
+	}
 	for _, name := range names {
 		hs := byName[name]
-		live := w.liveEnds(hs, end)
-		for _, h := range hs {
-			switch {
-			case live[h].After(h.ret) && !live[h].Before(relOr(h, end)):
-				// The checks below judged it over its whole hold.
-				w.counts["holds live until their release"]++
-			case endedLost(h) && h.lease != nil:
-				w.counts["holds whose loss the holder learned"]++
-				if h.handle != 0 {
-					w.counts["holds through a shared handle whose loss the holder learned"]++
-				}
-			}
-		}
+		live := w.liveEnds(hs, end, w.delIdx[name])
 		w.checkErrors(hs, live)
 		switch hs[0].kind {
 		case kMutex, kRW:
@@ -2018,6 +2079,75 @@ func (w *nemWorld) judge() {
 	}
 	w.checkOnce()
 	w.checkCalls()
+}
+
+// judgedCounts counts what the judge finds in the history up to end
+// (holds judged live until their release, holds whose loss the holder
+// learned, calls that met a fault, runs of f that took over): all of it
+// with final, or only what the rest of the run cannot change (released
+// holds, returned calls). The caller holds w.mu.
+func (w *nemWorld) judgedCounts(end time.Time, final bool) map[string]int {
+	counts := map[string]int{}
+	byName := map[string][]*nemHold{}
+	for _, h := range w.holds {
+		byName[h.name] = append(byName[h.name], h)
+	}
+	dels := map[string][]nemWindow{}
+	for _, d := range w.dels {
+		dels[d.name] = append(dels[d.name], d)
+	}
+	for name, hs := range byName {
+		live := w.liveEnds(hs, end, newIndex(dels[name]))
+		for _, h := range hs {
+			switch {
+			case !final && h.rel.IsZero():
+			case live[h].After(h.ret) && !live[h].Before(relOr(h, end)):
+				// The checks judge it over its whole hold.
+				counts["holds live until their release"]++
+			case endedLost(h) && h.lease != nil:
+				counts["holds whose loss the holder learned"]++
+				if h.handle != 0 {
+					counts["holds through a shared handle whose loss the holder learned"]++
+				}
+			}
+		}
+	}
+	faults := newIndex(w.windows)
+	for _, c := range w.calls {
+		if !c.ranF && !faults.first(c.start, c.end, func(x nemWindow) bool { return x.proc == c.proc || x.proc == -1 }).IsZero() {
+			counts["calls that met a stall, outage or pause"]++
+		}
+	}
+	runs := map[string][]*nemRun{}
+	for _, r := range w.runs {
+		runs[r.name] = append(runs[r.name], r)
+	}
+	for _, rs := range runs {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].fStart.Before(rs[j].fStart) })
+		tookOver := map[*nemRun]bool{}
+		for i, a := range rs {
+			for _, b := range rs[i+1:] {
+				if !a.fEnd.IsZero() && b.doStart.Before(a.fEnd) && !a.ok && !tookOver[b] {
+					// b waited while a ran f, which then failed or was lost.
+					tookOver[b] = true
+					counts["Once runs of f after a failed run the call waited for"]++
+				}
+			}
+		}
+	}
+	return counts
+}
+
+// provisional returns what the run has counted so far, with what the judge
+// will count of the history so far.
+func (w *nemWorld) provisional() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	got := maps.Clone(w.counts)
+	for k, n := range w.judgedCounts(time.Now(), false) {
+		got[k] += n
+	}
+	return got
 }
 
 func (w *nemWorld) cancelAtOrNow() time.Time {
@@ -2080,7 +2210,8 @@ func (w *nemWorld) deletedDuring(name string, from, to time.Time) time.Time {
 // exclusive: its release, or the loss its lease (or a deletion of its keys)
 // reported; for overlapping holds of one holder (owner or handle's
 // permits), the first loss any of them reported.
-func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time) map[*nemHold]time.Time {
+// dels are the deletions of the name's keys.
+func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time, dels *nemIndex) map[*nemHold]time.Time {
 	live := map[*nemHold]time.Time{}
 	loss := map[*nemHold]time.Time{}
 	for _, h := range hs {
@@ -2092,7 +2223,7 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time) map[*nemHold]time.Time
 			l = h.ret
 		}
 		if endedLost(h) {
-			if d := w.deletedDuring(h.name, h.call, relOr(h, end)); !d.IsZero() && (l.IsZero() || d.Before(l)) {
+			if d := dels.first(h.call, relOr(h, end), func(nemWindow) bool { return true }); !d.IsZero() && (l.IsZero() || d.Before(l)) {
 				l = d
 			}
 		}
@@ -2443,14 +2574,8 @@ func (w *nemWorld) checkOnce() {
 			}
 			live[r] = e
 		}
-		tookOver := map[*nemRun]bool{}
 		for i, a := range rs {
 			for _, b := range rs[i+1:] {
-				if !a.fEnd.IsZero() && b.doStart.Before(a.fEnd) && !a.ok && !tookOver[b] {
-					// b waited while a ran f, which then failed or was lost.
-					tookOver[b] = true
-					w.counts["Once runs of f after a failed run the call waited for"]++
-				}
 				if b.fStart.Before(live[a]) && live[b].After(b.fStart) {
 					w.reportOn("once", name, a.doStart, b.fStart, "Once %s: f ran twice at once: a run from %s (until %s, lease lost %s) and one from %s (p%d and p%d)",
 						name, w.at(a.fStart), w.at(a.fEnd), w.at(a.lostAt), w.at(b.fStart), a.proc, b.proc)
@@ -2505,9 +2630,6 @@ func (w *nemWorld) checkCalls() {
 	for _, c := range w.calls {
 		if c.ranF {
 			continue // Do returns after f, which may outlive ctx
-		}
-		if w.faultDuring(c.proc, c.start, c.end) {
-			w.counts["calls that met a stall, outage or pause"]++
 		}
 		if late, stalled := w.overrun(c); late-stalled > nemOverrun {
 			w.reportProc("deadline", c.name, c.proc, c.start, c.end, "%s %s on p%d: returned %v after its deadline, %v of it while the test process was measured stalled (called %s, deadline %s, returned %s: %v; faults meanwhile: %s)",
@@ -2582,6 +2704,27 @@ func (n nemNeed) of(d time.Duration) int {
 // checkNeeds fails a run that proves too little: too few faults injected,
 // too few operations that succeeded.
 func (w *nemWorld) checkNeeds() {
+	w.mu.Lock()
+	got := maps.Clone(w.counts)
+	w.mu.Unlock()
+	for _, s := range shortOf(w.needs(), got) {
+		w.report("vacuous", "%s: the run proves too little (see its counts)", s)
+	}
+}
+
+// shortOf describes the needs that got falls short of.
+func shortOf(need, got map[string]int) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(need)) {
+		if got[k] < need[k] {
+			out = append(out, fmt.Sprintf("%s: %d, want at least %d", k, got[k], need[k]))
+		}
+	}
+	return out
+}
+
+// needs returns what a run of the planned length must count.
+func (w *nemWorld) needs() map[string]int {
 	need := map[string]int{}
 	least := func(k string, n int) {
 		if _, ok := w.cl.need[k]; !ok {
@@ -2604,14 +2747,7 @@ func (w *nemWorld) checkNeeds() {
 	for k, n := range w.cl.need {
 		need[k] = n.of(w.until.Sub(w.start))
 	}
-	w.mu.Lock()
-	got := maps.Clone(w.counts)
-	w.mu.Unlock()
-	for _, k := range slices.Sorted(maps.Keys(need)) {
-		if got[k] < need[k] {
-			w.report("vacuous", "%s: %d, want at least %d: the run proves too little (see its counts)", k, got[k], need[k])
-		}
-	}
+	return need
 }
 
 // checkExpiries: no key of the run is left without an expiry.
