@@ -11,8 +11,9 @@ package dsync_test
 // holders, a process's commands stalled or failing, its renewals stalled,
 // its notifications delayed, hand-overs forged (in the format of
 // lua/lib.lua, with and without a plausible proof) or delivered again,
-// scripts delivered again seconds after they were answered, the server's
-// writes paused.
+// scripts delivered again seconds after they were answered (not across a
+// deletion of their name's keys, which deletes the memory of call ids
+// too), the server's writes paused.
 //
 // The history is judged by what DESIGN.md's Semantics promise, each check
 // named in the failures it reports:
@@ -660,6 +661,7 @@ type nemWorld struct {
 	owners [][]*nemOwner
 	probeP *nemProc
 	gate   sync.RWMutex
+	delMu  sync.Mutex // a deletion, or a late duplicate with what it knows of deletions
 
 	mu       sync.Mutex
 	names    map[nemKind][]*nemName
@@ -1656,6 +1658,7 @@ func (w *nemWorld) deleteKeys(r *rand.Rand) {
 	if len(keys) == 0 {
 		return
 	}
+	w.delMu.Lock()
 	start := time.Now()
 	var gone int64
 	if r.IntN(2) == 0 {
@@ -1670,6 +1673,7 @@ func (w *nemWorld) deleteKeys(r *rand.Rand) {
 		w.counts["deletions"]++
 	}
 	w.mu.Unlock()
+	w.delMu.Unlock()
 	if err != nil {
 		w.t.Logf("DEL %v: %v", keys, err)
 	}
@@ -1848,7 +1852,21 @@ func (w *nemWorld) deliverLate(r *rand.Rand) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	for _, s := range cmds {
+		// Not across a deletion of the name's keys: that deletes the
+		// memory of the call ids too, and a copy that finds its id
+		// forgotten runs afresh. Deleting dsync's keys is a fault of
+		// remote state, for which DESIGN promises no panic, no busy loop
+		// and recovery, not that a copy sent before it changes nothing
+		// after it (a release that names its holding is safe anyway; a
+		// release by a Client that the owner was carried to names none).
+		w.delMu.Lock()
+		if w.deletedSince(scriptName(s.args), s.at) {
+			w.delMu.Unlock()
+			w.count("late duplicates withheld: the keys of their name were deleted since")
+			continue
+		}
 		res, err := w.plain.Do(ctx, s.args...).Result()
+		w.delMu.Unlock()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			continue // not run: it proves nothing
 		}
@@ -1896,13 +1914,38 @@ func (w *nemWorld) checkLateAttempt(s sentScript, res any) {
 	if !ok || len(r) != 2 || r[0] != int64(1) || w.kindOf(s.args) < 0 {
 		return
 	}
-	key := fmt.Sprint(s.args[3])
-	name := key
-	if _, rest, ok := strings.Cut(key, "{"); ok {
-		name, _, _ = strings.Cut(rest, "}")
-	}
+	name := scriptName(s.args)
 	w.reportOn("ghost hold", name, s.at, time.Now(), "%s %s: a copy of an attempt sent at %s, delivered %v later when its call had returned, took a hold (reply %v) that nobody renews or releases",
 		w.kindOf(s.args), name, w.at(s.at), age.Round(time.Millisecond), r)
+}
+
+// scriptName returns the name whose keys the arguments of an EVALSHA name.
+func scriptName(args []any) string {
+	if len(args) < 4 {
+		return ""
+	}
+	name := fmt.Sprint(args[3])
+	if _, rest, ok := strings.Cut(name, "{"); ok {
+		name, _, _ = strings.Cut(rest, "}")
+	}
+	return name
+}
+
+// deletedSince reports whether the keys of name were deleted after t (or
+// while t passed).
+func (w *nemWorld) deletedSince(name string, t time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// Deletions are recorded in the order they end (under delMu).
+	for _, d := range slices.Backward(w.dels) {
+		if !d.end.After(t) {
+			break
+		}
+		if d.name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // kindOf returns the kind of the primitive whose keys a script's arguments
@@ -2763,5 +2806,56 @@ func (w *nemWorld) checkExpiries() {
 		if d, err := w.plain.PTTL(ctx, k).Result(); err == nil && d == -1 {
 			w.report("expiry", "key %s has no expiry at the end", k)
 		}
+	}
+}
+
+// TestNemesisNoLateCopyAcrossDeletion: the nemesis delivers no late copy of
+// a script across a deletion of its name's keys, which deletes dsync's
+// memory of call ids too. Here an owner locks on one Client and unlocks on
+// another, to which it was carried (that Unlock names no hold), the keys
+// are deleted, and the owner locks again: a copy of the Unlock delivered
+// now would run afresh and end the owner's new hold, which DESIGN does not
+// promise against (keys deleted are a fault of remote state).
+func TestNemesisNoLateCopyAcrossDeletion(t *testing.T) {
+	seed, _ := nemSettings(t)
+	b := nemBackend(t, "redis")
+	cl := &nemClass{name: "late-copy-across-deletion", clients: 2, modes: []bool{false}, kinds: []nemKind{kMutex},
+		names: 1, owners: 1, ttl: secs(10, 10), dup: time.Second, dupAge: secs(0, 60)}
+	w := &nemWorld{
+		t: t, cl: cl, b: b, seed: seed, base: redistest.Key(t),
+		names: map[nemKind][]*nemName{}, seenKeys: map[string]map[string]bool{}, counts: map[string]int{},
+		reports: map[string]int{}, summary: map[string]int{}, trace: newTrace(1000),
+	}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	defer w.cancel()
+	w.setup(seed)
+	w.start = time.Now()
+	n := w.names[kMutex][0]
+	o := w.owners[0][0]
+	ctx := dsync.WithOwnerToken(context.Background(), o.tok)
+	op := func(tag string) context.Context { return context.WithValue(ctx, nemOpKey{}, tag) }
+	m0 := w.procs[0].c.Mutex(n.name, dsync.TTL(10*time.Second))
+	m1 := w.procs[1].c.Mutex(n.name, dsync.TTL(10*time.Second))
+	if err := m0.Lock(op("acquire")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m1.Unlock(op("release")); err != nil {
+		t.Fatalf("Unlock on the Client the owner was carried to: %v", err)
+	}
+	r := rand.New(rand.NewPCG(seed, 1))
+	w.deleteKeys(r)
+	if w.counts["deletions"] == 0 {
+		t.Fatal("no key deleted")
+	}
+	if err := m0.Lock(op("acquire")); err != nil {
+		t.Fatal(err)
+	}
+	// Until copies of both calls sent before the deletion (or, if they
+	// are delivered, five copies) came up.
+	for i := 0; i < 200 && w.counts["late duplicates"]+w.counts["late duplicates withheld: the keys of their name were deleted since"] < 5; i++ {
+		w.deliverLate(r)
+	}
+	if err := m0.Unlock(op("release")); err != nil {
+		t.Errorf("the owner's Unlock of its new hold: %v, want nil (counts %v)", err, w.counts)
 	}
 }
