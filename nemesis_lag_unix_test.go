@@ -24,21 +24,22 @@ func TestNemesisDeadlineExcusesOnlyProcessStalls(t *testing.T) {
 	pid := os.Getpid()
 
 	// The child stops this process shortly after the call starts, before
-	// its deadline, and resumes it 1.5 s later. A child slower to start
-	// than the deadline stops the process too late: try again.
+	// its deadline (1.1 s of slack for the child to start), and resumes it
+	// 2 s later. A child slower to start than that stops the process too
+	// late: try again.
 	var stalled *nemCall
 	for i := 0; i < 3 && stalled == nil; i++ {
 		w.lag = startLag()
 		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		cmd := exec.Command("sh", "-c", fmt.Sprintf("sleep 0.2; kill -STOP %d; sleep 1.5; kill -CONT %d", pid, pid))
+		ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+		cmd := exec.Command("sh", "-c", fmt.Sprintf("sleep 0.1; kill -STOP %d; sleep 2; kill -CONT %d", pid, pid))
 		if err := cmd.Start(); err != nil {
 			cancel()
 			w.lag.close()
 			t.Fatal(err)
 		}
 		<-ctx.Done()
-		c := &nemCall{what: "call", start: start, deadline: start.Add(time.Second), end: time.Now()}
+		c := &nemCall{what: "call", start: start, deadline: start.Add(1200 * time.Millisecond), end: time.Now()}
 		cancel()
 		err := cmd.Wait()
 		w.lag.close()
