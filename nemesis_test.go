@@ -23,7 +23,8 @@ package dsync_test
 //     is called, or until its Lease reported ErrLeaseLost (less nemGrace,
 //     the time a busy machine may take to run the goroutine that notices).
 //     Keys deleted behind a hold excuse it from the deletion on, if its
-//     holder learned of the loss. When several holds of one owner (or one
+//     holder learned of the loss, or could not learn it: its release
+//     failed (the server unreachable) before a renewal could tell. When several holds of one owner (or one
 //     handle's permits) overlap and one of them is lost, all of them are
 //     excused from then on: which of the owner's releases ends which hold is
 //     then a matter of interpretation. Holds of one owner do not conflict,
@@ -2212,6 +2213,14 @@ func relOr(h *nemHold, end time.Time) time.Time {
 	return h.rel
 }
 
+// releaseFailed reports whether the release of h failed with an error that
+// leaves its outcome unknown (the server unreachable, its ctx ended): the
+// holder then had no answer from which to learn of a loss, and the run
+// may end before a renewal could tell it.
+func releaseFailed(h *nemHold) bool {
+	return h.unlockE != nil && !errors.Is(h.unlockE, dsync.ErrLeaseLost) && !errors.Is(h.unlockE, dsync.ErrNotHeld)
+}
+
 // endedLost reports whether the holder learned that the hold was lost.
 func endedLost(h *nemHold) bool {
 	return !h.lostAt.IsZero() || h.lease == nil || errors.Is(h.unlockE, dsync.ErrLeaseLost) || errors.Is(h.unlockE, dsync.ErrNotHeld)
@@ -2270,7 +2279,7 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time, dels *nemIndex) map[*n
 		if h.lease == nil {
 			l = h.ret
 		}
-		if endedLost(h) {
+		if endedLost(h) || releaseFailed(h) {
 			if d := dels.first(h.call, relOr(h, end), func(nemWindow) bool { return true }); !d.IsZero() && (l.IsZero() || d.Before(l)) {
 				l = d
 			}
@@ -2900,6 +2909,28 @@ func TestNemesisOnceExcusesDeletionBeforeFStarts(t *testing.T) {
 			t.Errorf("keys deleted at 90 ms, between a's call and its f: reported %q, want nothing", got)
 		case !deleted && len(got) == 0:
 			t.Errorf("no deletion: nothing reported, want f ran twice at once")
+		}
+	}
+}
+
+// TestNemesisExcusesDeletionBehindAFailedRelease: keys deleted behind a
+// hold excuse it from the deletion on if its holder learned of the loss, or
+// if its release failed (the server unreachable) before a renewal could
+// tell it; a holder whose release succeeded without learning of the loss
+// is judged over its whole hold.
+func TestNemesisExcusesDeletionBehindAFailedRelease(t *testing.T) {
+	base := time.Now()
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	del := newIndex([]nemWindow{{what: "del", name: "x", start: at(300), end: at(301)}})
+	w := &nemWorld{t: t, cl: &nemClass{}, start: base}
+	for _, c := range []struct {
+		err  error
+		want time.Time
+	}{{errNemDown, at(300)}, {nil, at(600)}} {
+		h := &nemHold{kind: kSem, name: "x", n: 2, ident: "owner o", owned: true, ttl: 2 * time.Second,
+			call: at(0), ret: at(10), rel: at(600), relDone: at(610), unlockE: c.err, lease: &dsync.Lease{}}
+		if got := w.liveEnds([]*nemHold{h}, at(700), del)[h]; !got.Equal(c.want) {
+			t.Errorf("release error %v, keys deleted at +300ms: judged live until %s, want %s", c.err, w.at(got), w.at(c.want))
 		}
 	}
 }
