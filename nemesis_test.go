@@ -2286,6 +2286,27 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time, dels *nemIndex) map[*n
 		}
 		loss[h] = l
 	}
+	for _, g := range overlapping(hs, end) {
+		var first time.Time
+		for _, h := range g {
+			if l := loss[h]; !l.IsZero() && (first.IsZero() || l.Before(first)) {
+				first = l
+			}
+		}
+		for _, h := range g {
+			e := relOr(h, end)
+			if !first.IsZero() && first.Before(e) {
+				e = first
+			}
+			live[h] = e
+		}
+	}
+	return live
+}
+
+// overlapping returns the holds of hs in groups of one holder's holds that
+// overlap, each in the order of their calls.
+func overlapping(hs []*nemHold, end time.Time) [][]*nemHold {
 	byIdent := map[string][]*nemHold{}
 	for _, h := range hs {
 		byIdent[h.ident] = append(byIdent[h.ident], h)
@@ -2298,6 +2319,7 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time, dels *nemIndex) map[*n
 		}
 		return relOr(h, end)
 	}
+	var out [][]*nemHold
 	for _, g := range byIdent {
 		sort.Slice(g, func(i, j int) bool { return g[i].call.Before(g[j].call) })
 		for i := 0; i < len(g); {
@@ -2308,23 +2330,11 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time, dels *nemIndex) map[*n
 				}
 				j++
 			}
-			var first time.Time
-			for _, h := range g[i:j] {
-				if l := loss[h]; !l.IsZero() && (first.IsZero() || l.Before(first)) {
-					first = l
-				}
-			}
-			for _, h := range g[i:j] {
-				e := relOr(h, end)
-				if !first.IsZero() && first.Before(e) {
-					e = first
-				}
-				live[h] = e
-			}
+			out = append(out, g[i:j])
 			i = j
 		}
 	}
-	return live
+	return out
 }
 
 func (w *nemWorld) desc(h *nemHold, live map[*nemHold]time.Time) string {
@@ -2519,13 +2529,23 @@ func (w *nemWorld) checkTokens(hs []*nemHold) {
 
 // checkErrors: releases and leases tell the holder the truth.
 func (w *nemWorld) checkErrors(hs []*nemHold, live map[*nemHold]time.Time) {
+	// What a release finds in Redis may have been taken by an earlier hold
+	// of the same holder that this one overlaps (a re-entry under client
+	// reentrancy sends nothing): deletions count from the first call of
+	// the holds that overlap.
+	since := map[*nemHold]time.Time{}
+	for _, g := range overlapping(hs, w.cancelAtOrNow()) {
+		for _, h := range g {
+			since[h] = g[0].call
+		}
+	}
 	for _, h := range hs {
 		excused := live[h].Before(relOr(h, w.cancelAtOrNow()))
 		to := h.relDone
 		if to.IsZero() {
 			to = w.cancelAtOrNow()
 		}
-		deleted := !w.deletedDuring(h.name, h.call, to).IsZero()
+		deleted := !w.deletedDuring(h.name, since[h], to).IsZero()
 		if h.lease == nil && w.cl.strict() {
 			w.report("lease", "%s %s: the acquire returned nil but Lease reports %v: it holds nothing: %s", h.kind, h.name, h.leaseE, w.desc(h, nil))
 		}
@@ -2931,6 +2951,41 @@ func TestNemesisExcusesDeletionBehindAFailedRelease(t *testing.T) {
 			call: at(0), ret: at(10), rel: at(600), relDone: at(610), unlockE: c.err, lease: &dsync.Lease{}}
 		if got := w.liveEnds([]*nemHold{h}, at(700), del)[h]; !got.Equal(c.want) {
 			t.Errorf("release error %v, keys deleted at +300ms: judged live until %s, want %s", c.err, w.at(got), w.at(c.want))
+		}
+	}
+}
+
+// TestNemesisVanishedCountsDeletionsFromTheHolding: under client
+// reentrancy a re-entry sends nothing, so the holding its release finds
+// gone may have been deleted before the re-entry was called, while an
+// earlier hold of the same owner held it; that release's ErrLeaseLost is
+// no vanished hold. Without the deletion, it is.
+func TestNemesisVanishedCountsDeletionsFromTheHolding(t *testing.T) {
+	base := time.Now()
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	for _, deleted := range []bool{true, false} {
+		var got []string
+		w := &nemWorld{t: t, cl: &nemClass{}, start: base, cancelAt: at(2000), trace: newTrace(10),
+			reports: map[string]int{}, summary: map[string]int{},
+			onReport: func(check, msg string) { got = append(got, check+": "+msg) }}
+		if deleted {
+			w.dels = []nemWindow{{what: "del", name: "x", start: at(300), end: at(301)}}
+		}
+		w.delIdx = map[string]*nemIndex{"x": newIndex(w.dels)}
+		// The owner's first hold from 0 ms to 1000 ms; it re-enters in the
+		// process at 500 ms and releases that level at 600 ms: the last
+		// release, which finds the holding gone.
+		mk := func(call, rel int, err error) *nemHold {
+			return &nemHold{kind: kMutex, name: "x", write: true, ident: "owner o@p0", owned: true, local: true, ttl: 4 * time.Second,
+				call: at(call), ret: at(call), rel: at(rel), relDone: at(rel), unlockE: err, lease: &dsync.Lease{}}
+		}
+		hs := []*nemHold{mk(0, 1000, nil), mk(500, 600, dsync.ErrLeaseLost)}
+		w.checkErrors(hs, w.liveEnds(hs, at(2000), w.delIdx["x"]))
+		switch {
+		case deleted && len(got) > 0:
+			t.Errorf("the holding deleted at 300 ms, before the re-entry: reported %q, want nothing", got)
+		case !deleted && len(got) == 0:
+			t.Errorf("no deletion: nothing reported, want a vanished hold")
 		}
 	}
 }
