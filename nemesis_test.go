@@ -11,8 +11,9 @@ package dsync_test
 // holders, a process's commands stalled or failing, its renewals stalled,
 // its notifications delayed, hand-overs forged (in the format of
 // lua/lib.lua, with and without a plausible proof) or delivered again,
-// scripts delivered again seconds after they were answered, the server's
-// writes paused.
+// scripts delivered again seconds after they were answered (not across a
+// deletion of their name's keys, which deletes the memory of call ids
+// too), the server's writes paused.
 //
 // The history is judged by what DESIGN.md's Semantics promise, each check
 // named in the failures it reports:
@@ -22,7 +23,8 @@ package dsync_test
 //     is called, or until its Lease reported ErrLeaseLost (less nemGrace,
 //     the time a busy machine may take to run the goroutine that notices).
 //     Keys deleted behind a hold excuse it from the deletion on, if its
-//     holder learned of the loss. When several holds of one owner (or one
+//     holder learned of the loss, or could not learn it: its release
+//     failed (the server unreachable) before a renewal could tell. When several holds of one owner (or one
 //     handle's permits) overlap and one of them is lost, all of them are
 //     excused from then on: which of the owner's releases ends which hold is
 //     then a matter of interpretation. Holds of one owner do not conflict,
@@ -43,7 +45,9 @@ package dsync_test
 //     and a successful acquire has a Lease;
 //   - reentry: an owner that holds re-enters at once;
 //   - deadline, error: no call returns later than nemOverrun after its
-//     deadline, nor with an error it may not return;
+//     deadline, nor with an error it may not return; time in which the
+//     test process itself was measured stalled (nemLag: every goroutine
+//     runs late at once on a loaded machine) does not count;
 //   - ghost hold: with late duplicates, a name that nobody holds or waits
 //     for can be taken at once: no duplicate took a hold nobody releases;
 //     and, where the server is always reachable, a copy of an acquire
@@ -57,7 +61,10 @@ package dsync_test
 //     outage) and the operations that succeeded (holds of each kind, holds
 //     judged live until their release, releases that returned nil, runs of
 //     f), and fails when a count is below its class's need: a run whose
-//     faults missed or whose operations all failed proves nothing.
+//     faults missed or whose operations all failed proves nothing. The
+//     needs are those of the planned length; a run that has not met them
+//     by then (a loaded machine runs fewer operations, faults strike at
+//     random times) goes on until it has, up to nemStretch times as long.
 //
 // The first failures of a run print a trace of what the processes sent
 // about the name and got back, and the notifications published on it.
@@ -122,6 +129,10 @@ const (
 	nemMaxOps = 100000
 	// nemReports bounds the failures printed per check.
 	nemReports = 4
+	// nemStretch bounds how much longer than planned a run that proves too
+	// little goes on (see runNemesis), nemRecheck how often it checks.
+	nemStretch = 3
+	nemRecheck = 200 * time.Millisecond
 )
 
 const (
@@ -206,6 +217,9 @@ type nemClass struct {
 	// must wait and fail, since the handle is locked until its Unlock.
 	pLossHold float64
 	lossHold  nemSpan
+	// The workers wait this long before they start, as on a machine too
+	// busy to run them (TestNemesisGoesOnUntilProven).
+	freeze time.Duration
 
 	// Non-vacuity: what a run must count at least, on every backend (a run
 	// that injected too few faults, or whose operations mostly failed,
@@ -405,6 +419,22 @@ func TestNemesis(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// TestNemesisGoesOnUntilProven: a run whose workers could not run for its
+// whole planned length (as on a machine too loaded to run them) goes on
+// until it has proved what its class needs, within nemStretch times its
+// length, instead of failing as vacuous.
+func TestNemesisGoesOnUntilProven(t *testing.T) {
+	seed, _ := nemSettings(t)
+	i := slices.IndexFunc(nemClasses, func(cl *nemClass) bool { return cl.name == "baseline" })
+	cl := *nemClasses[i]
+	d := cl.on["redis"]
+	cl.freeze = d
+	w := runNemesis(t, nemBackend(t, "redis"), &cl, d, seed, seed)
+	if !w.extended.Load() {
+		t.Errorf("a run whose workers waited its whole planned length (%v) was not extended", d)
 	}
 }
 
@@ -617,7 +647,9 @@ type nemWorld struct {
 	seed  uint64
 	base  string
 	start time.Time
-	until time.Time
+	until time.Time // the planned end: the run goes on while it proves too little (endRun)
+
+	extended atomic.Bool // the run went on past until
 
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -630,6 +662,7 @@ type nemWorld struct {
 	owners [][]*nemOwner
 	probeP *nemProc
 	gate   sync.RWMutex
+	delMu  sync.Mutex // a deletion, or a late duplicate with what it knows of deletions
 
 	mu       sync.Mutex
 	names    map[nemKind][]*nemName
@@ -646,6 +679,7 @@ type nemWorld struct {
 	watchers sync.WaitGroup
 
 	trace     *nemTrace
+	lag       *nemLag         // stalls of the test process
 	published sync.Map        // payloads the test published itself (forged)
 	heardOnce map[string]bool // hand-overs heard
 	traced    int             // reports that printed a trace
@@ -655,12 +689,18 @@ type nemWorld struct {
 	faultIdx *nemIndex
 	callsBy  map[string][]*nemCall // by name
 
-	repMu   sync.Mutex
-	reports map[string]int // failures by check
-	summary map[string]int // ... and primitive
+	repMu    sync.Mutex
+	onReport func(check, msg string) // if set, takes the failures instead of t
+	reports  map[string]int          // failures by check
+	summary  map[string]int          // ... and primitive
 }
 
-func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration, baseSeed, seed uint64) {
+// runNemesis runs cl on b for d, and longer, up to nemStretch times d, if
+// by then the run has not counted what its class needs (see checkNeeds):
+// on a loaded machine a run does less in its time, and the faults it
+// injects at random times may strike fewer times than they should. The
+// needs stay those of a run of d.
+func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration, baseSeed, seed uint64) *nemWorld {
 	w := &nemWorld{
 		t: t, cl: cl, b: b, seed: baseSeed,
 		base:     redistest.Key(t),
@@ -681,18 +721,26 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	defer w.cancel()
 	w.setup(seed)
+	w.lag = startLag()
 	w.start = time.Now()
 	w.until = w.start.Add(d)
-	// At the end, calls in flight return at once and holders release.
-	timer := time.AfterFunc(d, func() {
-		w.mu.Lock()
-		w.cancelAt = time.Now()
-		w.mu.Unlock()
-		w.cancel()
-	})
-	defer timer.Stop()
-
 	var fw sync.WaitGroup
+	if cl.freeze > 0 {
+		// The workers wait at the gate, as on a machine too busy to run
+		// them.
+		w.gate.Lock()
+		fw.Add(1)
+		go func() {
+			defer fw.Done()
+			time.Sleep(cl.freeze)
+			w.gate.Unlock()
+		}()
+	}
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		w.endRun(d)
+	}()
 	w.startFaults(&fw, seed)
 	var wg sync.WaitGroup
 	for i := 0; i < cl.workers; i++ {
@@ -704,8 +752,10 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 		}()
 	}
 	wg.Wait()
+	<-ended
 	close(w.stop)
 	fw.Wait()
+	w.lag.close()
 
 	w.mu.Lock()
 	for _, h := range w.holds {
@@ -719,7 +769,8 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 	w.judge()
 	w.checkExpiries()
 	w.mu.Lock()
-	t.Logf("%s/%s: %v", cl.name, b.Name, w.counts)
+	t.Logf("%s/%s: %v; ran %v (%v planned); longest stall of the test process: %v", cl.name, b.Name, w.counts,
+		w.cancelAt.Sub(w.start).Round(time.Millisecond), d, w.lag.longest().Round(time.Millisecond))
 	w.mu.Unlock()
 	w.checkNeeds()
 	if len(w.reports) > 0 {
@@ -729,6 +780,34 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 		t.Errorf("nemesis %s on %s failed with seed %d: replay with DSYNC_NEMESIS_SEED=%d go test -run 'TestNemesis/%s/^%s$'",
 			cl.name, b.Name, baseSeed, baseSeed, cl.name, b.Name)
 	}
+	return w
+}
+
+// endRun ends the run once d has passed and the run has counted what its
+// class needs, or once nemStretch times d has passed: calls in flight then
+// return at once and holders release.
+func (w *nemWorld) endRun(d time.Duration) {
+	limit := w.start.Add(nemStretch * d)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for range nemMaxOps {
+		<-t.C
+		if time.Now().Before(limit) {
+			if short := shortOf(w.needs(), w.provisional()); len(short) > 0 {
+				if !w.extended.Swap(true) {
+					w.t.Logf("%s/%s: after %v the run proved too little (%s): it goes on until it has, for %v at most",
+						w.cl.name, w.b.Name, d, strings.Join(short, "; "), limit.Sub(w.start))
+				}
+				t.Reset(nemRecheck)
+				continue
+			}
+		}
+		break
+	}
+	w.mu.Lock()
+	w.cancelAt = time.Now()
+	w.mu.Unlock()
+	w.cancel()
 }
 
 func (w *nemWorld) setup(seed uint64) {
@@ -858,6 +937,10 @@ func (w *nemWorld) report(check, format string, args ...any) {
 	what, _, _ := strings.Cut(msg, " ")
 	w.summary[check+" "+what]++
 	w.repMu.Unlock()
+	if w.onReport != nil {
+		w.onReport(check, msg)
+		return
+	}
 	if n <= nemReports {
 		w.t.Errorf("seed %d: %s: %s", w.seed, check, msg)
 	} else if n == nemReports+1 {
@@ -924,9 +1007,9 @@ func (w *nemWorld) at(t time.Time) string {
 // Workers.
 
 func (w *nemWorld) work(r *rand.Rand) {
-	for i := 0; i < nemMaxOps && time.Now().Before(w.until); i++ {
+	for i := 0; i < nemMaxOps && w.ctx.Err() == nil; i++ {
 		w.gate.RLock()
-		if time.Now().Before(w.until) {
+		if w.ctx.Err() == nil {
 			w.step(r)
 		}
 		w.gate.RUnlock()
@@ -1581,6 +1664,7 @@ func (w *nemWorld) deleteKeys(r *rand.Rand) {
 	if len(keys) == 0 {
 		return
 	}
+	w.delMu.Lock()
 	start := time.Now()
 	var gone int64
 	if r.IntN(2) == 0 {
@@ -1595,6 +1679,7 @@ func (w *nemWorld) deleteKeys(r *rand.Rand) {
 		w.counts["deletions"]++
 	}
 	w.mu.Unlock()
+	w.delMu.Unlock()
 	if err != nil {
 		w.t.Logf("DEL %v: %v", keys, err)
 	}
@@ -1773,7 +1858,21 @@ func (w *nemWorld) deliverLate(r *rand.Rand) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	for _, s := range cmds {
+		// Not across a deletion of the name's keys: that deletes the
+		// memory of the call ids too, and a copy that finds its id
+		// forgotten runs afresh. Deleting dsync's keys is a fault of
+		// remote state, for which DESIGN promises no panic, no busy loop
+		// and recovery, not that a copy sent before it changes nothing
+		// after it (a release that names its holding is safe anyway; a
+		// release by a Client that the owner was carried to names none).
+		w.delMu.Lock()
+		if w.deletedSince(scriptName(s.args), s.at) {
+			w.delMu.Unlock()
+			w.count("late duplicates withheld: the keys of their name were deleted since")
+			continue
+		}
 		res, err := w.plain.Do(ctx, s.args...).Result()
+		w.delMu.Unlock()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			continue // not run: it proves nothing
 		}
@@ -1821,13 +1920,38 @@ func (w *nemWorld) checkLateAttempt(s sentScript, res any) {
 	if !ok || len(r) != 2 || r[0] != int64(1) || w.kindOf(s.args) < 0 {
 		return
 	}
-	key := fmt.Sprint(s.args[3])
-	name := key
-	if _, rest, ok := strings.Cut(key, "{"); ok {
-		name, _, _ = strings.Cut(rest, "}")
-	}
+	name := scriptName(s.args)
 	w.reportOn("ghost hold", name, s.at, time.Now(), "%s %s: a copy of an attempt sent at %s, delivered %v later when its call had returned, took a hold (reply %v) that nobody renews or releases",
 		w.kindOf(s.args), name, w.at(s.at), age.Round(time.Millisecond), r)
+}
+
+// scriptName returns the name whose keys the arguments of an EVALSHA name.
+func scriptName(args []any) string {
+	if len(args) < 4 {
+		return ""
+	}
+	name := fmt.Sprint(args[3])
+	if _, rest, ok := strings.Cut(name, "{"); ok {
+		name, _, _ = strings.Cut(rest, "}")
+	}
+	return name
+}
+
+// deletedSince reports whether the keys of name were deleted after t (or
+// while t passed).
+func (w *nemWorld) deletedSince(name string, t time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// Deletions are recorded in the order they end (under delMu).
+	for _, d := range slices.Backward(w.dels) {
+		if !d.end.After(t) {
+			break
+		}
+		if d.name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // kindOf returns the kind of the primitive whose keys a script's arguments
@@ -1897,7 +2021,7 @@ func (w *nemWorld) probeLoop() {
 		case <-t.C:
 		}
 		w.gate.Lock()
-		if time.Now().Before(w.until.Add(-500 * time.Millisecond)) {
+		if w.ctx.Err() == nil && (time.Now().Before(w.until.Add(-500*time.Millisecond)) || w.extended.Load()) {
 			w.probe()
 		}
 		w.gate.Unlock()
@@ -1985,21 +2109,12 @@ func (w *nemWorld) judge() {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	for k, n := range w.judgedCounts(end, true) {
+		w.counts[k] += n
+	}
 	for _, name := range names {
 		hs := byName[name]
-		live := w.liveEnds(hs, end)
-		for _, h := range hs {
-			switch {
-			case live[h].After(h.ret) && !live[h].Before(relOr(h, end)):
-				// The checks below judged it over its whole hold.
-				w.counts["holds live until their release"]++
-			case endedLost(h) && h.lease != nil:
-				w.counts["holds whose loss the holder learned"]++
-				if h.handle != 0 {
-					w.counts["holds through a shared handle whose loss the holder learned"]++
-				}
-			}
-		}
+		live := w.liveEnds(hs, end, w.delIdx[name])
 		w.checkErrors(hs, live)
 		switch hs[0].kind {
 		case kMutex, kRW:
@@ -2015,6 +2130,75 @@ func (w *nemWorld) judge() {
 	w.checkCalls()
 }
 
+// judgedCounts counts what the judge finds in the history up to end
+// (holds judged live until their release, holds whose loss the holder
+// learned, calls that met a fault, runs of f that took over): all of it
+// with final, or only what the rest of the run cannot change (released
+// holds, returned calls). The caller holds w.mu.
+func (w *nemWorld) judgedCounts(end time.Time, final bool) map[string]int {
+	counts := map[string]int{}
+	byName := map[string][]*nemHold{}
+	for _, h := range w.holds {
+		byName[h.name] = append(byName[h.name], h)
+	}
+	dels := map[string][]nemWindow{}
+	for _, d := range w.dels {
+		dels[d.name] = append(dels[d.name], d)
+	}
+	for name, hs := range byName {
+		live := w.liveEnds(hs, end, newIndex(dels[name]))
+		for _, h := range hs {
+			switch {
+			case !final && h.rel.IsZero():
+			case live[h].After(h.ret) && !live[h].Before(relOr(h, end)):
+				// The checks judge it over its whole hold.
+				counts["holds live until their release"]++
+			case endedLost(h) && h.lease != nil:
+				counts["holds whose loss the holder learned"]++
+				if h.handle != 0 {
+					counts["holds through a shared handle whose loss the holder learned"]++
+				}
+			}
+		}
+	}
+	faults := newIndex(w.windows)
+	for _, c := range w.calls {
+		if !c.ranF && !faults.first(c.start, c.end, func(x nemWindow) bool { return x.proc == c.proc || x.proc == -1 }).IsZero() {
+			counts["calls that met a stall, outage or pause"]++
+		}
+	}
+	runs := map[string][]*nemRun{}
+	for _, r := range w.runs {
+		runs[r.name] = append(runs[r.name], r)
+	}
+	for _, rs := range runs {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].fStart.Before(rs[j].fStart) })
+		tookOver := map[*nemRun]bool{}
+		for i, a := range rs {
+			for _, b := range rs[i+1:] {
+				if !a.fEnd.IsZero() && b.doStart.Before(a.fEnd) && !a.ok && !tookOver[b] {
+					// b waited while a ran f, which then failed or was lost.
+					tookOver[b] = true
+					counts["Once runs of f after a failed run the call waited for"]++
+				}
+			}
+		}
+	}
+	return counts
+}
+
+// provisional returns what the run has counted so far, with what the judge
+// will count of the history so far.
+func (w *nemWorld) provisional() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	got := maps.Clone(w.counts)
+	for k, n := range w.judgedCounts(time.Now(), false) {
+		got[k] += n
+	}
+	return got
+}
+
 func (w *nemWorld) cancelAtOrNow() time.Time {
 	if w.cancelAt.IsZero() {
 		return time.Now()
@@ -2027,6 +2211,14 @@ func relOr(h *nemHold, end time.Time) time.Time {
 		return end
 	}
 	return h.rel
+}
+
+// releaseFailed reports whether the release of h failed with an error that
+// leaves its outcome unknown (the server unreachable, its ctx ended): the
+// holder then had no answer from which to learn of a loss, and the run
+// may end before a renewal could tell it.
+func releaseFailed(h *nemHold) bool {
+	return h.unlockE != nil && !errors.Is(h.unlockE, dsync.ErrLeaseLost) && !errors.Is(h.unlockE, dsync.ErrNotHeld)
 }
 
 // endedLost reports whether the holder learned that the hold was lost.
@@ -2075,7 +2267,8 @@ func (w *nemWorld) deletedDuring(name string, from, to time.Time) time.Time {
 // exclusive: its release, or the loss its lease (or a deletion of its keys)
 // reported; for overlapping holds of one holder (owner or handle's
 // permits), the first loss any of them reported.
-func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time) map[*nemHold]time.Time {
+// dels are the deletions of the name's keys.
+func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time, dels *nemIndex) map[*nemHold]time.Time {
 	live := map[*nemHold]time.Time{}
 	loss := map[*nemHold]time.Time{}
 	for _, h := range hs {
@@ -2086,13 +2279,34 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time) map[*nemHold]time.Time
 		if h.lease == nil {
 			l = h.ret
 		}
-		if endedLost(h) {
-			if d := w.deletedDuring(h.name, h.call, relOr(h, end)); !d.IsZero() && (l.IsZero() || d.Before(l)) {
+		if endedLost(h) || releaseFailed(h) {
+			if d := dels.first(h.call, relOr(h, end), func(nemWindow) bool { return true }); !d.IsZero() && (l.IsZero() || d.Before(l)) {
 				l = d
 			}
 		}
 		loss[h] = l
 	}
+	for _, g := range overlapping(hs, end) {
+		var first time.Time
+		for _, h := range g {
+			if l := loss[h]; !l.IsZero() && (first.IsZero() || l.Before(first)) {
+				first = l
+			}
+		}
+		for _, h := range g {
+			e := relOr(h, end)
+			if !first.IsZero() && first.Before(e) {
+				e = first
+			}
+			live[h] = e
+		}
+	}
+	return live
+}
+
+// overlapping returns the holds of hs in groups of one holder's holds that
+// overlap, each in the order of their calls.
+func overlapping(hs []*nemHold, end time.Time) [][]*nemHold {
 	byIdent := map[string][]*nemHold{}
 	for _, h := range hs {
 		byIdent[h.ident] = append(byIdent[h.ident], h)
@@ -2105,6 +2319,7 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time) map[*nemHold]time.Time
 		}
 		return relOr(h, end)
 	}
+	var out [][]*nemHold
 	for _, g := range byIdent {
 		sort.Slice(g, func(i, j int) bool { return g[i].call.Before(g[j].call) })
 		for i := 0; i < len(g); {
@@ -2115,23 +2330,11 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time) map[*nemHold]time.Time
 				}
 				j++
 			}
-			var first time.Time
-			for _, h := range g[i:j] {
-				if l := loss[h]; !l.IsZero() && (first.IsZero() || l.Before(first)) {
-					first = l
-				}
-			}
-			for _, h := range g[i:j] {
-				e := relOr(h, end)
-				if !first.IsZero() && first.Before(e) {
-					e = first
-				}
-				live[h] = e
-			}
+			out = append(out, g[i:j])
 			i = j
 		}
 	}
-	return live
+	return out
 }
 
 func (w *nemWorld) desc(h *nemHold, live map[*nemHold]time.Time) string {
@@ -2326,13 +2529,23 @@ func (w *nemWorld) checkTokens(hs []*nemHold) {
 
 // checkErrors: releases and leases tell the holder the truth.
 func (w *nemWorld) checkErrors(hs []*nemHold, live map[*nemHold]time.Time) {
+	// What a release finds in Redis may have been taken by an earlier hold
+	// of the same holder that this one overlaps (a re-entry under client
+	// reentrancy sends nothing): deletions count from the first call of
+	// the holds that overlap.
+	since := map[*nemHold]time.Time{}
+	for _, g := range overlapping(hs, w.cancelAtOrNow()) {
+		for _, h := range g {
+			since[h] = g[0].call
+		}
+	}
 	for _, h := range hs {
 		excused := live[h].Before(relOr(h, w.cancelAtOrNow()))
 		to := h.relDone
 		if to.IsZero() {
 			to = w.cancelAtOrNow()
 		}
-		deleted := !w.deletedDuring(h.name, h.call, to).IsZero()
+		deleted := !w.deletedDuring(h.name, since[h], to).IsZero()
 		if h.lease == nil && w.cl.strict() {
 			w.report("lease", "%s %s: the acquire returned nil but Lease reports %v: it holds nothing: %s", h.kind, h.name, h.leaseE, w.desc(h, nil))
 		}
@@ -2406,9 +2619,11 @@ func (w *nemWorld) checkReentry(name string, hs []*nemHold, live map[*nemHold]ti
 		case c.try && !c.ok && covered(k, c.start, c.end):
 			w.reportOn("reentry", name, c.start, c.end, "%s %s: %s of %s failed while the owner held it throughout (called %s, returned %s)",
 				c.kind, name, c.what, c.ident, w.at(c.start), w.at(c.end))
-		case !c.try && c.end.Sub(c.start) > nemReenter && covered(k, c.start, c.start.Add(nemReenter)):
-			w.reportOn("reentry", name, c.start, c.end, "%s %s: %s of %s took %v although the owner held it from the call on (called %s)",
-				c.kind, name, c.what, c.ident, c.end.Sub(c.start).Round(time.Millisecond), w.at(c.start))
+		case !c.try && c.end.Sub(c.start)-w.lag.during(c.start, c.end) > nemReenter && covered(k, c.start, c.start.Add(nemReenter)):
+			// Time in which the test process was measured stalled does
+			// not count (see nemLag).
+			w.reportOn("reentry", name, c.start, c.end, "%s %s: %s of %s took %v (%v of it while the test process was measured stalled) although the owner held it from the call on (called %s)",
+				c.kind, name, c.what, c.ident, c.end.Sub(c.start).Round(time.Millisecond), w.lag.during(c.start, c.end).Round(time.Millisecond), w.at(c.start))
 		}
 	}
 }
@@ -2432,20 +2647,17 @@ func (w *nemWorld) checkOnce() {
 				e = r.lostAt.Add(-nemGrace)
 			}
 			// A deletion of the run lease is noticed only at the next
-			// renewal, and a failing f's Do may not say it was lost.
-			if d := w.deletedDuring(name, r.fStart, e); !d.IsZero() && d.Before(e) {
+			// renewal, and a failing f's Do may not say it was lost. It
+			// counts from the call on, as for locks: the run lease was
+			// granted at some time between the call and f's start, and a
+			// deletion in between ends it before f starts, unnoticed.
+			if d := w.deletedDuring(name, r.doStart, e); !d.IsZero() && d.Before(e) {
 				e = d
 			}
 			live[r] = e
 		}
-		tookOver := map[*nemRun]bool{}
 		for i, a := range rs {
 			for _, b := range rs[i+1:] {
-				if !a.fEnd.IsZero() && b.doStart.Before(a.fEnd) && !a.ok && !tookOver[b] {
-					// b waited while a ran f, which then failed or was lost.
-					tookOver[b] = true
-					w.counts["Once runs of f after a failed run the call waited for"]++
-				}
 				if b.fStart.Before(live[a]) && live[b].After(b.fStart) {
 					w.reportOn("once", name, a.doStart, b.fStart, "Once %s: f ran twice at once: a run from %s (until %s, lease lost %s) and one from %s (p%d and p%d)",
 						name, w.at(a.fStart), w.at(a.fEnd), w.at(a.lostAt), w.at(b.fStart), a.proc, b.proc)
@@ -2501,22 +2713,31 @@ func (w *nemWorld) checkCalls() {
 		if c.ranF {
 			continue // Do returns after f, which may outlive ctx
 		}
-		eff := c.deadline
-		if !w.cancelAt.IsZero() && w.cancelAt.Before(eff) {
-			eff = w.cancelAt
-		}
-		if w.faultDuring(c.proc, c.start, c.end) {
-			w.counts["calls that met a stall, outage or pause"]++
-		}
-		if late := c.end.Sub(eff); late > nemOverrun {
-			w.reportProc("deadline", c.name, c.proc, c.start, c.end, "%s %s on p%d: returned %v after its deadline (called %s, deadline %s, returned %s: %v; faults meanwhile: %s)",
-				c.what, c.name, c.proc, late.Round(time.Millisecond), w.at(c.start), w.at(c.deadline), w.at(c.end), c.err, w.faultsDuring(c.proc, c.start, c.end))
+		if late, stalled := w.overrun(c); late-stalled > nemOverrun {
+			w.reportProc("deadline", c.name, c.proc, c.start, c.end, "%s %s on p%d: returned %v after its deadline, %v of it while the test process was measured stalled (called %s, deadline %s, returned %s: %v; faults meanwhile: %s)",
+				c.what, c.name, c.proc, late.Round(time.Millisecond), stalled.Round(time.Millisecond), w.at(c.start), w.at(c.deadline), w.at(c.end), c.err, w.faultsDuring(c.proc, c.start, c.end))
 		}
 		if c.err == nil || w.expectedErr(c) {
 			continue
 		}
 		w.report("error", "%s %s on p%d: unexpected error %v (called %s, returned %s)", c.what, c.name, c.proc, c.err, w.at(c.start), w.at(c.end))
 	}
+}
+
+// overrun returns how late after its deadline (or the end of the run) c
+// returned, and how much of that time the test process was measured
+// stalled (see nemLag): time in which a goroutine of the process that was
+// due to run waited to be run, as the one returning c would have.
+func (w *nemWorld) overrun(c *nemCall) (late, stalled time.Duration) {
+	eff := c.deadline
+	if !w.cancelAt.IsZero() && w.cancelAt.Before(eff) {
+		eff = w.cancelAt
+	}
+	late = c.end.Sub(eff)
+	if late <= 0 {
+		return late, 0
+	}
+	return late, w.lag.during(eff, c.end)
 }
 
 func (w *nemWorld) expectedErr(c *nemCall) bool {
@@ -2565,6 +2786,27 @@ func (n nemNeed) of(d time.Duration) int {
 // checkNeeds fails a run that proves too little: too few faults injected,
 // too few operations that succeeded.
 func (w *nemWorld) checkNeeds() {
+	w.mu.Lock()
+	got := maps.Clone(w.counts)
+	w.mu.Unlock()
+	for _, s := range shortOf(w.needs(), got) {
+		w.report("vacuous", "%s: the run proves too little (see its counts)", s)
+	}
+}
+
+// shortOf describes the needs that got falls short of.
+func shortOf(need, got map[string]int) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(need)) {
+		if got[k] < need[k] {
+			out = append(out, fmt.Sprintf("%s: %d, want at least %d", k, got[k], need[k]))
+		}
+	}
+	return out
+}
+
+// needs returns what a run of the planned length must count.
+func (w *nemWorld) needs() map[string]int {
 	need := map[string]int{}
 	least := func(k string, n int) {
 		if _, ok := w.cl.need[k]; !ok {
@@ -2587,14 +2829,7 @@ func (w *nemWorld) checkNeeds() {
 	for k, n := range w.cl.need {
 		need[k] = n.of(w.until.Sub(w.start))
 	}
-	w.mu.Lock()
-	got := maps.Clone(w.counts)
-	w.mu.Unlock()
-	for _, k := range slices.Sorted(maps.Keys(need)) {
-		if got[k] < need[k] {
-			w.report("vacuous", "%s: %d, want at least %d: the run proves too little (see its counts)", k, got[k], need[k])
-		}
-	}
+	return need
 }
 
 // checkExpiries: no key of the run is left without an expiry.
@@ -2609,6 +2844,148 @@ func (w *nemWorld) checkExpiries() {
 	for _, k := range keys {
 		if d, err := w.plain.PTTL(ctx, k).Result(); err == nil && d == -1 {
 			w.report("expiry", "key %s has no expiry at the end", k)
+		}
+	}
+}
+
+// TestNemesisNoLateCopyAcrossDeletion: the nemesis delivers no late copy of
+// a script across a deletion of its name's keys, which deletes dsync's
+// memory of call ids too. Here an owner locks on one Client and unlocks on
+// another, to which it was carried (that Unlock names no hold), the keys
+// are deleted, and the owner locks again: a copy of the Unlock delivered
+// now would run afresh and end the owner's new hold, which DESIGN does not
+// promise against (keys deleted are a fault of remote state).
+func TestNemesisNoLateCopyAcrossDeletion(t *testing.T) {
+	seed, _ := nemSettings(t)
+	b := nemBackend(t, "redis")
+	cl := &nemClass{name: "late-copy-across-deletion", clients: 2, modes: []bool{false}, kinds: []nemKind{kMutex},
+		names: 1, owners: 1, ttl: secs(10, 10), dup: time.Second, dupAge: secs(0, 60)}
+	w := &nemWorld{
+		t: t, cl: cl, b: b, seed: seed, base: redistest.Key(t),
+		names: map[nemKind][]*nemName{}, seenKeys: map[string]map[string]bool{}, counts: map[string]int{},
+		reports: map[string]int{}, summary: map[string]int{}, trace: newTrace(1000),
+	}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	defer w.cancel()
+	w.setup(seed)
+	w.start = time.Now()
+	n := w.names[kMutex][0]
+	o := w.owners[0][0]
+	ctx := dsync.WithOwnerToken(context.Background(), o.tok)
+	op := func(tag string) context.Context { return context.WithValue(ctx, nemOpKey{}, tag) }
+	m0 := w.procs[0].c.Mutex(n.name, dsync.TTL(10*time.Second))
+	m1 := w.procs[1].c.Mutex(n.name, dsync.TTL(10*time.Second))
+	if err := m0.Lock(op("acquire")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m1.Unlock(op("release")); err != nil {
+		t.Fatalf("Unlock on the Client the owner was carried to: %v", err)
+	}
+	r := rand.New(rand.NewPCG(seed, 1))
+	w.deleteKeys(r)
+	if w.counts["deletions"] == 0 {
+		t.Fatal("no key deleted")
+	}
+	if err := m0.Lock(op("acquire")); err != nil {
+		t.Fatal(err)
+	}
+	// Until copies of both calls sent before the deletion (or, if they
+	// are delivered, five copies) came up.
+	for i := 0; i < 200 && w.counts["late duplicates"]+w.counts["late duplicates withheld: the keys of their name were deleted since"] < 5; i++ {
+		w.deliverLate(r)
+	}
+	if err := m0.Unlock(op("release")); err != nil {
+		t.Errorf("the owner's Unlock of its new hold: %v, want nil (counts %v)", err, w.counts)
+	}
+}
+
+// TestNemesisOnceExcusesDeletionBeforeFStarts: the once check excuses a
+// run whose keys were deleted after its Do was called, also before f
+// started: the run lease was granted in between, and a deletion then ends
+// it unnoticed (the next renewal would notice) while another call takes
+// the run. Without the deletion, the same two runs are reported.
+func TestNemesisOnceExcusesDeletionBeforeFStarts(t *testing.T) {
+	base := time.Now()
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	for _, deleted := range []bool{true, false} {
+		var got []string
+		w := &nemWorld{t: t, cl: &nemClass{}, start: base, trace: newTrace(10), doneOnce: map[string]time.Time{},
+			counts: map[string]int{}, reports: map[string]int{}, summary: map[string]int{},
+			onReport: func(check, msg string) { got = append(got, check+": "+msg) }}
+		// a's Do is called at 0 and f runs from 100 ms to 300 ms; b waits
+		// from 50 ms and runs f from 110 ms.
+		w.runs = []*nemRun{
+			{name: "x", ttl: 2 * time.Second, proc: 0, doStart: at(0), fStart: at(100), fEnd: at(300)},
+			{name: "x", ttl: 2 * time.Second, proc: 1, doStart: at(50), fStart: at(110), fEnd: at(200)},
+		}
+		if deleted {
+			w.dels = []nemWindow{{what: "del", name: "x", start: at(90), end: at(95)}}
+		}
+		w.delIdx = map[string]*nemIndex{"x": newIndex(w.dels)}
+		w.faultIdx = newIndex(nil)
+		w.checkOnce()
+		switch {
+		case deleted && len(got) > 0:
+			t.Errorf("keys deleted at 90 ms, between a's call and its f: reported %q, want nothing", got)
+		case !deleted && len(got) == 0:
+			t.Errorf("no deletion: nothing reported, want f ran twice at once")
+		}
+	}
+}
+
+// TestNemesisExcusesDeletionBehindAFailedRelease: keys deleted behind a
+// hold excuse it from the deletion on if its holder learned of the loss, or
+// if its release failed (the server unreachable) before a renewal could
+// tell it; a holder whose release succeeded without learning of the loss
+// is judged over its whole hold.
+func TestNemesisExcusesDeletionBehindAFailedRelease(t *testing.T) {
+	base := time.Now()
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	del := newIndex([]nemWindow{{what: "del", name: "x", start: at(300), end: at(301)}})
+	w := &nemWorld{t: t, cl: &nemClass{}, start: base}
+	for _, c := range []struct {
+		err  error
+		want time.Time
+	}{{errNemDown, at(300)}, {nil, at(600)}} {
+		h := &nemHold{kind: kSem, name: "x", n: 2, ident: "owner o", owned: true, ttl: 2 * time.Second,
+			call: at(0), ret: at(10), rel: at(600), relDone: at(610), unlockE: c.err, lease: &dsync.Lease{}}
+		if got := w.liveEnds([]*nemHold{h}, at(700), del)[h]; !got.Equal(c.want) {
+			t.Errorf("release error %v, keys deleted at +300ms: judged live until %s, want %s", c.err, w.at(got), w.at(c.want))
+		}
+	}
+}
+
+// TestNemesisVanishedCountsDeletionsFromTheHolding: under client
+// reentrancy a re-entry sends nothing, so the holding its release finds
+// gone may have been deleted before the re-entry was called, while an
+// earlier hold of the same owner held it; that release's ErrLeaseLost is
+// no vanished hold. Without the deletion, it is.
+func TestNemesisVanishedCountsDeletionsFromTheHolding(t *testing.T) {
+	base := time.Now()
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	for _, deleted := range []bool{true, false} {
+		var got []string
+		w := &nemWorld{t: t, cl: &nemClass{}, start: base, cancelAt: at(2000), trace: newTrace(10),
+			reports: map[string]int{}, summary: map[string]int{},
+			onReport: func(check, msg string) { got = append(got, check+": "+msg) }}
+		if deleted {
+			w.dels = []nemWindow{{what: "del", name: "x", start: at(300), end: at(301)}}
+		}
+		w.delIdx = map[string]*nemIndex{"x": newIndex(w.dels)}
+		// The owner's first hold from 0 ms to 1000 ms; it re-enters in the
+		// process at 500 ms and releases that level at 600 ms: the last
+		// release, which finds the holding gone.
+		mk := func(call, rel int, err error) *nemHold {
+			return &nemHold{kind: kMutex, name: "x", write: true, ident: "owner o@p0", owned: true, local: true, ttl: 4 * time.Second,
+				call: at(call), ret: at(call), rel: at(rel), relDone: at(rel), unlockE: err, lease: &dsync.Lease{}}
+		}
+		hs := []*nemHold{mk(0, 1000, nil), mk(500, 600, dsync.ErrLeaseLost)}
+		w.checkErrors(hs, w.liveEnds(hs, at(2000), w.delIdx["x"]))
+		switch {
+		case deleted && len(got) > 0:
+			t.Errorf("the holding deleted at 300 ms, before the re-entry: reported %q, want nothing", got)
+		case !deleted && len(got) == 0:
+			t.Errorf("no deletion: nothing reported, want a vanished hold")
 		}
 	}
 }
