@@ -12,10 +12,9 @@ local W, F, R, RC, WW, RQ, X, WQ, WD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[
 clock()
 local now = now_ms
 
--- Big numbers go to Redis as plain integers, never in Lua's %.14g form.
-local function num(x)
-  return string.format('%.0f', x)
-end
+-- Big numbers go to Redis as plain integers, never in Lua's %.14g form
+-- (see lib.lua's digits).
+local num = digits
 
 -- Leases and places end by server time. A script drops every expired
 -- reader (each reader's share expires alone) before it reads the readers,

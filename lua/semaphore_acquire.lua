@@ -121,7 +121,7 @@ if not redis.call('ZSCORE', KEYS[4], id) then
   end
   redis.call('ZADD', KEYS[4], fmt(a), id)
 end
-redis.call('HSET', KEYS[5], id, string.format('%.0f %s %d %s %s', now_ms + tonumber(ttl), ttl, n, ARGV[9], tok))
+redis.call('HSET', KEYS[5], id, string.format('%s %s %d %s %s', digits(now_ms + tonumber(ttl)), ttl, n, ARGV[9], tok))
 -- The holders zset must outlive the state hash: prune reads the deadlines
 -- there, and permits counted in the hash without one would never return.
 for i = 3, 5 do

@@ -34,10 +34,9 @@ clock()
 -- the calls of one holder in flight at once.
 local RECENT = 32
 
--- Numbers are formatted by hand: Lua would print 1.7e+15.
-local function fmt(x)
-  return string.format('%.0f', x)
-end
+-- Numbers are formatted by hand: Lua would print 1.7e+15 (see lib.lua's
+-- digits).
+local fmt = digits
 
 -- Calls to remember (see note_all in lib.lua), written once, by out, when
 -- the script returns.
