@@ -79,6 +79,11 @@ func used(lib, code string) string {
 	var names []string
 	for _, l := range lines[min(n+1, len(lines)):] {
 		m := localRE.FindStringSubmatch(l)
+		if m == nil && l != "" && !strings.HasPrefix(l, "--") && !strings.HasPrefix(l, " ") &&
+			strings.TrimSpace(l) != "" && !strings.HasPrefix(l, "end") && !strings.HasPrefix(l, "}") {
+			// Dropping a definition would drop this statement with it.
+			panic(fmt.Sprintf("lua: lib.lua runs %q at its top level: it holds definitions only", strings.TrimSpace(l)))
+		}
 		// A statement ends where a comment or statement at the start of a
 		// line follows it (a function's body is indented, its end is not).
 		if names != nil && (m != nil || strings.HasPrefix(l, "--")) {
