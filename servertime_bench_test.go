@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -182,11 +183,7 @@ func BenchmarkServerTime(b *testing.B) {
 			}
 		}
 	}
-	names := make([]string, 0, len(perRound))
-	for n := range perRound {
-		names = append(names, n)
-	}
-	slices.Sort(names)
+	names := slices.Sorted(maps.Keys(perRound))
 	for _, n := range names {
 		b.ReportMetric(median(perRound[n]), n)
 	}
