@@ -90,14 +90,14 @@ end
 -- the hash's 'e' after the write.
 local function set_fence(key, n, e, idle)
   clock()
-  idle = tonumber(idle)
-  if (tonumber(e) or 0) - now_ms >= idle / 2 then
+  local ms = tonumber(idle)
+  if (tonumber(e) or 0) - now_ms >= ms / 2 then
     redis.call('HSET', key, 'n', n)
     return e
   end
-  e = digits(now_ms + idle)
+  e = digits(now_ms + ms)
   redis.call('HSET', key, 'n', n, 'e', e)
-  redis.call('PEXPIRE', key, idle)
+  redis.call('PEXPIRE', key, digits(ms))
   return e
 end
 
@@ -111,6 +111,10 @@ end
 -- however many calls came in between. Memory is bounded by time, not by
 -- count: old ids are pruned, and the zset expires with its newest id.
 local REPLAY_MS = 60000
+-- REPLAY_MS as a command argument. A number given to redis.call is
+-- printed by the server with '%.17g', about 1.5 µs: the scripts hand it
+-- strings (a literal, an ARGV, digits()) wherever a call is on a hot path.
+local REPLAY_ARG = '60000'
 
 -- Old ids are pruned at most every PRUNE_MS: the member PRUNE_MARK (call
 -- ids never contain ':') has the score (next prune's time ms) * 4, and is
@@ -168,7 +172,7 @@ local function note_all(key, list, now_ms)
   -- Every id in key is forgotten by now + REPLAY_MS at the latest (pruned
   -- by PRUNE_MS later), so the key need not live longer (nor can it
   -- already).
-  redis.call('PEXPIRE', key, REPLAY_MS)
+  redis.call('PEXPIRE', key, REPLAY_ARG)
 end
 
 -- Remembers id with code (0 to 3) for the replay window from now_ms: what
@@ -182,7 +186,7 @@ local function note(key, id, now_ms, code)
   else
     redis.call('ZADD', key, score, id)
   end
-  redis.call('PEXPIRE', key, REPLAY_MS)
+  redis.call('PEXPIRE', key, REPLAY_ARG)
 end
 
 -- The calls applied to a hold (taken, re-entered, handed over): a field

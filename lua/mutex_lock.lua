@@ -58,7 +58,7 @@ if cur[1] then
   -- the count stays at 1, but the call is remembered all the same: an
   -- abandon of another call of the holder then leaves the hold to it.
   if ARGV[6] ~= '1' then
-    redis.call('HINCRBY', KEYS[1], tok, 1)
+    redis.call('HINCRBY', KEYS[1], tok, '1')
   end
   redis.call('HSET', KEYS[1], ':c', remember(cur[2], id))
   extend_key(KEYS[1], ttl)
@@ -97,7 +97,7 @@ local function enqueue()
   clock()
   redis.call('HSET', KEYS[4], tok, string.format('%s %s %s %s', digits(now_ms + tonumber(ttl)), ttl, id, ARGV[7]))
   extend_key(KEYS[4], ttl)
-  redis.call('ZADD', KEYS[3], 'NX', now_us, tok)
+  redis.call('ZADD', KEYS[3], 'NX', digits(now_us), tok)
   extend_key(KEYS[3], ttl)
 end
 

@@ -115,7 +115,7 @@ if not in_force then
 end
 if not redis.call('ZSCORE', KEYS[4], id) then
   local a = now_us
-  local tail = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+  local tail = redis.call('ZRANGE', KEYS[4], '-1', '-1', 'WITHSCORES')[2]
   if tail and tonumber(tail) >= a then
     a = tonumber(tail) + 1
   end
