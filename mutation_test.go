@@ -103,7 +103,7 @@ func TestPropertyCatchesSeededBugs(t *testing.T) {
 			{"mutex_unlock", "local cnt = tonumber(cur[1])\n", "local cnt = tonumber(cur[1]) or 1\n"},
 		}},
 		{"reentry count not decremented", "mutex", []swap{
-			{"mutex_unlock", "redis.call('HINCRBY', KEYS[1], tok, -1)", ""},
+			{"mutex_unlock", "redis.call('HINCRBY', KEYS[1], tok, '-1')", ""},
 		}},
 		{"expired reader not pruned", "rwmutex", []swap{
 			{"rwmutex_lock", "local gone = redis.call('ZRANGEBYSCORE', R, '-inf', num(now))", "local gone = {}"},

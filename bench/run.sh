@@ -100,6 +100,11 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 commandstats=$(redis-cli -p "$port" info commandstats | tr -d '\r' | grep -E 'cmdstat_(evalsha|eval|set|publish|subscribe)' || true)
 
+# Server time per script (it resets the server's statistics: after the
+# whole-run commandstats above).
+echo "run.sh: server time per script" >&2
+run "$repo" "$work/dsync.test" "$work/servertime.txt" -test.benchtime 1x -test.bench '^BenchmarkServerTime$'
+
 model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 pinning="not pinned"
 if [ ${#server_pin[@]} -gt 0 ]; then
@@ -118,6 +123,17 @@ cat <<EOT
 EOT
 "$work/benchtable" "$work/root.txt" "$work/peers.txt"
 cat <<EOT
+
+### Server time per script
+
+Each hot script called alone in a loop (BenchmarkServerTime: SLOWLOG per
+call, median over interleaved rounds), next to the raw floor's SET NX PX and
+compare-and-delete; a pair is the server's time for the scripts of one
+Lock+Unlock (INFO commandstats).
+
+| script or pair | server µs |
+|---|--:|
+$(grep '^BenchmarkServerTime' "$work/servertime.txt" | tr '\t' '\n' | grep 'µs' | awk '{u=$2; sub(/-µs(\/pair)?$/, "", u); if ($2 ~ /pair$/) u=u " (pair)"; printf "| %s | %.1f |\n", u, $1}')
 
 <details><summary>Server-side cost per command (INFO commandstats, whole run)</summary>
 

@@ -83,3 +83,49 @@ func TestACopyIsFresh(t *testing.T) {
 		t.Error("Script returned the same value twice: callers could change dsync's scripts")
 	}
 }
+
+// A script gets the definitions of lib.lua that it uses, and only those:
+// each one it names (outside whole comment lines) is in its source, and
+// lib.lua's definitions that no script uses are left out of it.
+func TestScriptsGetTheLibraryDefinitionsTheyUse(t *testing.T) {
+	b, err := os.ReadFile("lib.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defRE := regexp.MustCompile(`(?m)^local\s+(?:function\s+)?([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)`)
+	var names []string
+	for _, m := range defRE.FindAllStringSubmatch(string(b), -1) {
+		names = append(names, strings.Split(strings.ReplaceAll(m[1], " ", ""), ",")...)
+	}
+	if len(names) < 10 {
+		t.Fatalf("lib.lua defines %v, want its definitions", names)
+	}
+	trimmed := 0
+	for _, n := range lua.Names() {
+		src := lua.Source(n)
+		defined := map[string]bool{}
+		for _, m := range defRE.FindAllStringSubmatch(src, -1) {
+			for _, d := range strings.Split(strings.ReplaceAll(m[1], " ", ""), ",") {
+				defined[d] = true
+			}
+		}
+		var code strings.Builder
+		for _, l := range strings.Split(src, "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "--") && !defRE.MatchString(l) {
+				code.WriteString(l + "\n")
+			}
+		}
+		for _, d := range names {
+			named := regexp.MustCompile(`\b` + d + `\b`).MatchString(code.String())
+			if named && !defined[d] {
+				t.Errorf("%s uses %s but its source does not define it", n, d)
+			}
+			if !defined[d] {
+				trimmed++
+			}
+		}
+	}
+	if trimmed == 0 {
+		t.Error("every script gets every definition of lib.lua, used or not")
+	}
+}

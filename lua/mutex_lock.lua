@@ -58,7 +58,7 @@ if cur[1] then
   -- the count stays at 1, but the call is remembered all the same: an
   -- abandon of another call of the holder then leaves the hold to it.
   if ARGV[6] ~= '1' then
-    redis.call('HINCRBY', KEYS[1], tok, 1)
+    redis.call('HINCRBY', KEYS[1], tok, '1')
   end
   redis.call('HSET', KEYS[1], ':c', remember(cur[2], id))
   extend_key(KEYS[1], ttl)
@@ -95,9 +95,9 @@ local function enqueue()
   -- key gets its expiry right after its write: if the next key holds
   -- foreign data (another type), the error leaves no key without one.
   clock()
-  redis.call('HSET', KEYS[4], tok, string.format('%.0f %s %s %s', now_ms + tonumber(ttl), ttl, id, ARGV[7]))
+  redis.call('HSET', KEYS[4], tok, string.format('%s %s %s %s', digits(now_ms + tonumber(ttl)), ttl, id, ARGV[7]))
   extend_key(KEYS[4], ttl)
-  redis.call('ZADD', KEYS[3], 'NX', now_us, tok)
+  redis.call('ZADD', KEYS[3], 'NX', digits(now_us), tok)
   extend_key(KEYS[3], ttl)
 end
 
@@ -154,7 +154,7 @@ if h then
 end
 
 -- Fresh acquisition.
-local f = next_token(redis.call('HMGET', KEYS[2], 'n', 'e'), ARGV[5])
+local f, fn = next_token(redis.call('HMGET', KEYS[2], 'n', 'e'), ARGV[5])
 if not f then
   return { 3, 0 }
 end
@@ -166,4 +166,4 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 note(KEYS[5], id, now_ms, 1)
-return { 1, tonumber(f) }
+return { 1, fn }

@@ -105,7 +105,7 @@ if not cnt or (named and cur[4] ~= ARGV[7]) then
 end
 clock()
 if cnt > 1 then
-  redis.call('HINCRBY', KEYS[1], tok, -1)
+  redis.call('HINCRBY', KEYS[1], tok, '-1')
   if guard ~= '' then
     redis.call('HSET', KEYS[1], ':c', calls)
   else

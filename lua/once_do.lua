@@ -57,7 +57,7 @@ if t then
     -- write nothing: the name works again once the key is removed.
     return { 3, 0 }
   end
-  redis.call('HSET', KEYS[1], 'w', 1)
+  redis.call('HSET', KEYS[1], 'w', '1')
   return { 0, math.max(p, 1) }
 end
 

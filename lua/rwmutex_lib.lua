@@ -12,10 +12,9 @@ local W, F, R, RC, WW, RQ, X, WQ, WD = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[
 clock()
 local now = now_ms
 
--- Big numbers go to Redis as plain integers, never in Lua's %.14g form.
-local function num(x)
-  return string.format('%.0f', x)
-end
+-- Big numbers go to Redis as plain integers, never in Lua's %.14g form
+-- (see lib.lua's digits).
+local num = digits
 
 -- Leases and places end by server time. A script drops every expired
 -- reader (each reader's share expires alone) before it reads the readers,
@@ -58,7 +57,7 @@ end
 -- key outlives the leases or places it records. Reports whether z has any
 -- entry left. top, if given, is z's last entry as just read.
 local function fit(z, h, top)
-  top = top or redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  top = top or redis.call('ZRANGE', z, '-1', '-1', 'WITHSCORES')
   if top[2] then
     local d = num(math.max(tonumber(top[2]) - now, 1))
     redis.call('PEXPIRE', z, d)
@@ -133,7 +132,7 @@ end
 -- "<ttl> <call id>"; lapsed places before it are dropped.
 local function head()
   for _ = 1, 1000 do
-    local h = redis.call('ZRANGE', WQ, 0, 0)[1]
+    local h = redis.call('ZRANGE', WQ, '0', '0')[1]
     if not h then
       return nil
     end
@@ -187,7 +186,7 @@ local function hand_over(ch, idle)
         redis.call('PUBLISH', ch, '')
         return true
       end
-      redis.call('HSET', W, h, 1, ':f', f, ':c', cid)
+      redis.call('HSET', W, h, '1', ':f', f, ':c', cid)
       redis.call('PEXPIRE', W, ttl)
       noted(cid, 1)
       publish_handover(ch, cid, h, f, secret)

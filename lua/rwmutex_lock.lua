@@ -63,7 +63,7 @@ local function refused(deadline)
     -- lapses, so that a dead waiter delays the others by its own TTL at
     -- most.
     prune_writers()
-    local first = tonumber(redis.call('ZRANGE', WW, 0, 0, 'WITHSCORES')[2])
+    local first = tonumber(redis.call('ZRANGE', WW, '0', '0', 'WITHSCORES')[2])
     if first and first < deadline then
       deadline = first
     end
@@ -151,14 +151,14 @@ if mode == 'r' then
       if wait then
         redis.call('HSET', RQ, tok, string.format('%s %d %s', num(now + ttl), ttl, id))
         if redis.call('PTTL', RQ) < ttl then
-          redis.call('PEXPIRE', RQ, ttl)
+          redis.call('PEXPIRE', RQ, ARGV[3])
         end
       end
       if held then
         return refused(now + left)
       end
       -- The earliest writer place: if its writer died, the place lapses then.
-      local first = redis.call('ZRANGE', WW, 0, 0, 'WITHSCORES')
+      local first = redis.call('ZRANGE', WW, '0', '0', 'WITHSCORES')
       return refused(tonumber(first[2]))
     end
     -- The waiting place goes first: if its key holds foreign data, the
@@ -185,7 +185,7 @@ if cur[1] then
     return { 2, f }
   end
   if counted then
-    redis.call('HINCRBY', W, tok, 1)
+    redis.call('HINCRBY', W, tok, '1')
   end
   -- Remembered also with client reentrancy (see rwmutex_unlock.lua's
   -- ARGV[9]).
@@ -235,7 +235,7 @@ if cur[2] or redis.call('EXISTS', W, R) > 0 then
     end
     return refused(now + left)
   end
-  local first = redis.call('ZRANGE', R, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', R, '0', '0', 'WITHSCORES')
   -- dsync writes a reader into the readers zset and hash together: one in
   -- the zset alone is foreign data, dropped rather than waited for.
   for _ = 1, 100 do
@@ -243,7 +243,7 @@ if cur[2] or redis.call('EXISTS', W, R) > 0 then
       break
     end
     redis.call('ZREM', R, first[1])
-    first = redis.call('ZRANGE', R, 0, 0, 'WITHSCORES')
+    first = redis.call('ZRANGE', R, '0', '0', 'WITHSCORES')
   end
   if first[2] then
     if wait then
@@ -280,7 +280,7 @@ elseif redis.call('ZREM', WW, tok) == 1 then
   prune_writers()
   fit(WW)
 end
-redis.call('HSET', W, tok, 1, ':f', f, ':c', id)
-redis.call('PEXPIRE', W, ttl)
+redis.call('HSET', W, tok, '1', ':f', f, ':c', id)
+redis.call('PEXPIRE', W, ARGV[3]) -- ttl as sent
 noted(id, 1)
 return out({ 1, tonumber(f) })

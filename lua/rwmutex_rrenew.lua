@@ -29,7 +29,7 @@ for i = 1, #KEYS / 2 do
     out[i] = 0
   else
     if now_ms + ttl > tonumber(s) then
-      redis.call('ZADD', z, string.format('%.0f', now_ms + ttl), tok)
+      redis.call('ZADD', z, digits(now_ms + ttl), tok)
     end
     if redis.call('PTTL', z) < ttl then
       redis.call('PEXPIRE', z, ttl)

@@ -140,7 +140,7 @@ if mode == 'r' then
     return answer(2)
   end
   redis.call('ZREM', R, tok)
-  local top = redis.call('ZRANGE', R, -1, -1, 'WITHSCORES')
+  local top = redis.call('ZRANGE', R, '-1', '-1', 'WITHSCORES')
   if top[2] then
     -- Other readers hold. The record goes before the expiries are fitted:
     -- a deadline from foreign data there makes fit fail, and the record
@@ -175,7 +175,7 @@ if guard ~= '' and ARGV[9] == '1' then
   end
 end
 if cnt > 1 then
-  redis.call('HINCRBY', W, tok, -1)
+  redis.call('HINCRBY', W, tok, '-1')
   if guard ~= '' then
     redis.call('HSET', W, ':c', forget(cur[3], guard))
   end

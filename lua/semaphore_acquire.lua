@@ -115,13 +115,13 @@ if not in_force then
 end
 if not redis.call('ZSCORE', KEYS[4], id) then
   local a = now_us
-  local tail = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+  local tail = redis.call('ZRANGE', KEYS[4], '-1', '-1', 'WITHSCORES')[2]
   if tail and tonumber(tail) >= a then
     a = tonumber(tail) + 1
   end
   redis.call('ZADD', KEYS[4], fmt(a), id)
 end
-redis.call('HSET', KEYS[5], id, string.format('%.0f %s %d %s %s', now_ms + tonumber(ttl), ttl, n, ARGV[9], tok))
+redis.call('HSET', KEYS[5], id, string.format('%s %s %d %s %s', digits(now_ms + tonumber(ttl)), ttl, n, ARGV[9], tok))
 -- The holders zset must outlive the state hash: prune reads the deadlines
 -- there, and permits counted in the hash without one would never return.
 for i = 3, 5 do

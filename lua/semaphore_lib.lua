@@ -34,10 +34,9 @@ clock()
 -- the calls of one holder in flight at once.
 local RECENT = 32
 
--- Numbers are formatted by hand: Lua would print 1.7e+15.
-local function fmt(x)
-  return string.format('%.0f', x)
-end
+-- Numbers are formatted by hand: Lua would print 1.7e+15 (see lib.lua's
+-- digits).
+local fmt = digits
 
 -- Calls to remember (see note_all in lib.lua), written once, by out, when
 -- the script returns.
@@ -103,7 +102,7 @@ end
 -- Drop the holdings whose lease ran out, giving their permits back. Runs
 -- before the state hash is read (hold).
 local function prune()
-  local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_ms, 'LIMIT', 0, 100)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', digits(now_ms), 'LIMIT', '0', '100')
   for _, h in ipairs(gone) do
     -- Holder tokens never begin with ':'. Such a member is foreign data:
     -- it goes alone, or it would take ':used' (say) with it.
@@ -216,7 +215,7 @@ local function grant(ch, idle, self, first)
     if i == 1 and first then
       h = first
     else
-      h = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+      h = redis.call('ZRANGE', KEYS[4], '0', '0')[1]
     end
     if not h or i == 101 then
       break
@@ -276,7 +275,7 @@ end
 -- queued behind); nil head: self is first.
 local function waitms(self, cap, head, hd)
   local w = tonumber(cap)
-  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', KEYS[3], '0', '0', 'WITHSCORES')
   if first[2] then
     w = math.min(w, tonumber(first[2]) - now_ms)
   end

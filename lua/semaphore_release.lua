@@ -76,7 +76,7 @@ end
 
 if n == cnt then
   noted(id, 1)
-  local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+  local head = redis.call('ZRANGE', KEYS[4], '0', '0')[1]
   if not head and used <= cnt then
     -- The last holding ended and nobody waits: tidy up at once.
     redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])

@@ -21,7 +21,7 @@ for i = 1, #KEYS / 2 do
   else
     local d = now_ms + ttl
     if tonumber(cur) < d then
-      redis.call('ZADD', hz, string.format('%.0f', d), tok)
+      redis.call('ZADD', hz, digits(d), tok)
     end
     extend_key(st, ttl)
     extend_key(hz, ttl)

@@ -1,0 +1,256 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
+)
+
+// BenchmarkServerTime reports the server's time per call of each hot
+// script, next to the raw floor's SET NX PX and compare-and-delete script
+// (floor_set, floor_del), in two ways:
+//
+//   - <script>-µs: each call timed alone by the server's SLOWLOG (threshold
+//     0), per script. SLOWLOG then logs a script's inner redis.calls too,
+//     inside the script's time, so these read a little high for scripts
+//     that make many calls.
+//   - <operation>-µs/pair: INFO commandstats with SLOWLOG off, the server's
+//     time for the scripts (or commands) of one Lock+Unlock pair of the
+//     operation (Do for a Once on a new name).
+//
+// Each round runs every operation in turn, serverTimeCalls pairs each;
+// a round's figure is the mean of the middle half of its calls (SLOWLOG
+// counts whole µs), and the reported one is the median over the rounds, so
+// that a slow spell on a shared machine hits every script alike. The
+// server's settings are restored at the end. Run it with -benchtime 1x:
+// b.N does not change what it measures.
+//
+// With $DSYNC_SERVER_TIME_BASE naming a directory of other versions of the
+// scripts (lib.lua, the *_lib.lua files and the hot scripts, with the same
+// KEYS and ARGV), each round also runs every operation on those, reported
+// with the prefix "base:", so that a change is measured against what it
+// replaces in one run, on the same keys, interleaved; <metric>-×base is
+// then the median over the rounds of the ratio to the base's figure.
+func BenchmarkServerTime(b *testing.B) {
+	const rounds, calls = 11, 200
+	ctx := context.Background()
+	c, _ := benchClient(b, dsync.FixedLease()) // no renewals in the counts
+	rdb := benchDial(b)(b)
+	for _, p := range []string{"slowlog-log-slower-than", "slowlog-max-len"} {
+		old, err := rdb.ConfigGet(ctx, p).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = rdb.ConfigSet(context.Background(), p, old[p]).Err() })
+	}
+	must := func(err error) {
+		b.Helper()
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	must(rdb.ConfigSet(ctx, "slowlog-max-len", "16384").Err())
+
+	// The script each SHA names.
+	scripts := map[string]string{}
+	for _, n := range lua.Names() {
+		scripts[lua.Script(n).Hash()] = n
+	}
+	del := redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+	scripts[del.Hash()] = "floor_del"
+
+	type variant struct {
+		prefix string
+		swap   func() (restore func())
+	}
+	variants := []variant{{"", func() func() { return func() {} }}}
+	if dir := os.Getenv("DSYNC_SERVER_TIME_BASE"); dir != "" {
+		srcs := map[string]string{}
+		for _, n := range []string{"mutex_lock", "mutex_unlock", "rwmutex_lock", "rwmutex_unlock", "semaphore_acquire", "semaphore_release", "once_do", "once_release"} {
+			src := readLua(b, dir, "lib") + readLua(b, dir, n[:strings.Index(n, "_")]+"_lib") + readLua(b, dir, n)
+			srcs[n] = src
+			scripts[redis.NewScript(src).Hash()] = "base:" + n
+		}
+		variants = append(variants, variant{"base:", func() func() {
+			var restore []func()
+			for n, src := range srcs {
+				restore = append(restore, dsync.SwapScript(n, src))
+			}
+			return func() {
+				for _, r := range restore {
+					r()
+				}
+			}
+		}})
+	}
+
+	base := redistest.Key(b)
+	m, rw, sem := c.Mutex(base+":m"), c.RWMutex(base+":rw"), c.Semaphore(base+":s", 4)
+	floorKey := base + ":floor"
+	onceN := 0
+	// The operations, each run alone; mode tells apart the modes of one
+	// script (an RWMutex's read and write holds).
+	ops := []struct {
+		name, mode string
+		pair       func()
+	}{
+		{"floor", "", func() {
+			ok, err := rdb.SetNX(ctx, floorKey, "token", 30e9).Result()
+			must(err)
+			if !ok {
+				b.Fatal("floor: SET NX refused")
+			}
+			must(del.Run(ctx, rdb, []string{floorKey}, "token").Err())
+		}},
+		{"mutex", "", func() { must(m.Lock(ctx)); must(m.Unlock(ctx)) }},
+		{"rwmutex(w)", "(w)", func() { must(rw.Lock(ctx)); must(rw.Unlock(ctx)) }},
+		{"rwmutex(r)", "(r)", func() { must(rw.RLock(ctx)); must(rw.RUnlock(ctx)) }},
+		{"semaphore", "", func() { must(sem.Acquire(ctx, 1)); must(sem.Release(ctx, 1)) }},
+		{"once", "", func() {
+			onceN++
+			must(c.Once(fmt.Sprintf("%s:o%d", base, onceN)).Do(ctx, func(context.Context) error { return nil }))
+		}},
+	}
+	for _, v := range variants {
+		restore := v.swap()
+		for _, op := range ops {
+			op.pair() // warm up: connections, script cache
+		}
+		restore()
+	}
+
+	perRound := map[string][]float64{} // metric -> its figure in each round
+	for r := 0; r < rounds; r++ {
+		for _, op := range ops {
+			for i := range variants {
+				// Every other round the other variant goes first.
+				v := variants[(i+r)%len(variants)]
+				restore := v.swap()
+				// Per script, by SLOWLOG.
+				must(rdb.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err())
+				must(rdb.SlowLogReset(ctx).Err())
+				for i := 0; i < calls; i++ {
+					op.pair()
+				}
+				must(rdb.ConfigSet(ctx, "slowlog-log-slower-than", "-1").Err())
+				log, err := rdb.SlowLogGet(ctx, 16384).Result()
+				must(err)
+				durs := map[string][]float64{}
+				for _, e := range log {
+					var name string
+					switch {
+					case len(e.Args) >= 2 && strings.EqualFold(e.Args[0], "evalsha"):
+						name = scripts[e.Args[1]]
+						if name == "floor_del" {
+							name = v.prefix + name
+						}
+					case len(e.Args) >= 2 && strings.EqualFold(e.Args[0], "set") && e.Args[1] == floorKey:
+						name = v.prefix + "floor_set"
+					}
+					if name != "" {
+						name += op.mode + "-µs"
+						durs[name] = append(durs[name], float64(e.Duration.Nanoseconds())/1e3)
+					}
+				}
+				for name, d := range durs {
+					perRound[name] = append(perRound[name], midMean(d))
+				}
+
+				// Per pair, by INFO commandstats.
+				must(rdb.ConfigResetStat(ctx).Err())
+				for i := 0; i < calls; i++ {
+					op.pair()
+				}
+				info, err := rdb.Info(ctx, "commandstats").Result()
+				must(err)
+				perRound[v.prefix+op.name+"-µs/pair"] = append(perRound[v.prefix+op.name+"-µs/pair"],
+					(usec(info, "evalsha")+usec(info, "set"))/calls)
+				restore()
+			}
+		}
+	}
+	names := slices.Sorted(maps.Keys(perRound))
+	for _, n := range names {
+		b.ReportMetric(median(perRound[n]), n)
+	}
+	// Against the base: the median of the rounds' ratios, each taken
+	// between calls that ran next to each other.
+	for _, n := range names {
+		base, ok := perRound["base:"+n]
+		if !ok || len(base) != len(perRound[n]) {
+			continue
+		}
+		ratios := make([]float64, len(base))
+		for r := range base {
+			ratios[r] = perRound[n][r] / base[r]
+		}
+		b.ReportMetric(median(ratios), n+"-×base")
+	}
+}
+
+// usec returns the total µs INFO commandstats reports for cmd.
+func usec(info, cmd string) float64 {
+	for _, l := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(l), "cmdstat_"+cmd+":")
+		if !ok {
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				n, _ := strconv.ParseFloat(v, 64)
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// readLua returns the file name.lua of dir, or "" when there is none.
+func readLua(b *testing.B, dir, name string) string {
+	src, err := os.ReadFile(filepath.Join(dir, name+".lua"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return ""
+	} else if err != nil {
+		b.Fatal(err)
+	}
+	return string(src)
+}
+
+// midMean returns the mean of the middle half of xs; it sorts xs.
+func midMean(xs []float64) float64 {
+	slices.Sort(xs)
+	mid := xs[len(xs)/4 : len(xs)-len(xs)/4]
+	sum := 0.0
+	for _, x := range mid {
+		sum += x
+	}
+	return sum / float64(len(mid))
+}
+
+// median returns the median of xs (the mean of the middle two when their
+// number is even); it sorts xs.
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	n := len(xs)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
