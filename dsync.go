@@ -96,8 +96,9 @@ func (c *Client) Close() error {
 		// A command whose caller gave up ends when go-redis gives up on
 		// it (its ReadTimeout, or the ctx deadline with
 		// ContextTimeoutEnabled); Close waits releaseTimeout at most.
-		c.calls.close(releaseTimeout)
-		c.releases.close(releaseTimeout)
+		end := time.Now().Add(releaseTimeout)
+		c.calls.close(max(time.Until(end), time.Nanosecond))
+		c.releases.close(max(time.Until(end), time.Nanosecond))
 		if c.renew != nil {
 			c.renew.Close()
 		}
