@@ -1,0 +1,251 @@
+package dsync
+
+// Releases: Unlock, RUnlock and Release of a hold recorded in the process,
+// one path for every primitive (see unlockOwner, unlockSlot and settle).
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// unlockCall returns the call id of an unlock of h: the id of an earlier
+// unlock whose reply was lost, so that a retry is recognised, or a new one.
+func (h *hold) unlockCall() string {
+	h.idMu.Lock()
+	defer h.idMu.Unlock()
+	if h.unlockID == "" {
+		h.unlockID = newCallID()
+	}
+	return h.unlockID
+}
+
+// unlocked forgets the id of an unlock of h that got its reply.
+func (h *hold) unlocked() {
+	h.idMu.Lock()
+	h.unlockID = ""
+	h.idMu.Unlock()
+}
+
+// fenceArg is the fencing token (or read hold id) an unlock of h names: the
+// hold it ends, and no later one of the same holder; "" for none.
+func (h *hold) fenceArg() any {
+	switch {
+	case h == nil:
+		return argNone
+	case h.holdID.fenceArg != nil:
+		return h.holdID.fenceArg
+	}
+	return h.fence
+}
+
+// tokArg returns holder token tok as a script argument, boxed by the call
+// that took h if h is tok's.
+func (h *hold) tokArg(tok string) any {
+	if h != nil && h.holdID.tokArg != nil && h.tok == tok {
+		return h.holdID.tokArg
+	}
+	return tok
+}
+
+// A releaser runs a primitive's release script for holder tok with call
+// id, ending hold h (nil if the hold is not recorded in this process; see
+// fenceArg). Its reply: 1 released, 2 still held (a count went down), 0 not
+// held.
+type releaser func(ctx context.Context, tok, id string, h *hold) (int64, error)
+
+// unlockOwner releases one level of the hold of the owner recorded under k
+// (on a ctx from settle),
+// held in Redis as tok: h under client reentrancy (local), where the
+// process counts the levels and only the last one gets here, else the hold
+// recorded, its releases one at a time.
+func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run releaser, local bool, h *hold) error {
+	if !local {
+		if h = b.lockedHold(k); h != nil {
+			defer h.relMu.Unlock()
+		}
+	}
+	id := newCallID()
+	if h != nil {
+		id = h.unlockCall()
+	}
+	b.beginUnlock(h)
+	r, err := b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, h) })
+	b.endUnlock(h, err == nil && r == 1)
+	if err != nil {
+		if local && h != nil && unknownOutcome(err) {
+			b.unsettled(k, h)
+			return err
+		}
+		// The outcome is unknown: keep the hold, and let a retry reuse id.
+		return err
+	}
+	if h == nil {
+		// Taken by another process of this owner, which renews it.
+		switch r {
+		case 1, 2:
+			return nil
+		case 0:
+			return ErrNotHeld
+		}
+		return replyError("unlock", r)
+	}
+	h.unlocked()
+	switch r {
+	case 1:
+		b.dropHold(k, h)
+		h.release()
+		return nil
+	case 2:
+		b.mu.Lock()
+		h.count--
+		last := h.count <= 0
+		b.mu.Unlock()
+		if last {
+			// Another process re-entered with this owner and renews the
+			// rest of the hold.
+			b.dropHold(k, h)
+			h.release()
+		}
+		return nil
+	case 0:
+		b.dropHold(k, h)
+		h.lease.MarkLost()
+		return ErrLeaseLost
+	}
+	return replyError("unlock", r)
+}
+
+// unlockSlot releases the hold of a handle's slot and unlocks the handle
+// (on a ctx from settle).
+func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
+	h := sl.get()
+	if h == nil {
+		return ErrNotHeld
+	}
+	r, err := run(ctx, h.tok, h.unlockCall(), h)
+	if err != nil {
+		return err
+	}
+	h.unlocked()
+	if r != 0 && r != 1 && r != 2 {
+		return replyError("unlock", r)
+	}
+	if !sl.clear(h) {
+		// Another Unlock of the same hold came first.
+		return ErrNotHeld
+	}
+	defer sl.leave()
+	if r == 0 {
+		h.lease.MarkLost()
+		return ErrLeaseLost
+	}
+	h.release()
+	return nil
+}
+
+// settle runs f(ctx, a), an Unlock or Release of a hold, on a ctx that a
+// cancellation cannot cut short, and returns its error, or ctx.Err() if
+// ctx ends first: the release then goes on in the background, owned by
+// the Client (b) and bounded by the Redis client's own timeouts, and
+// completes (its bookkeeping included) as if the caller had waited
+// (unless it completes within cleanupGrace of ctx's end, whose outcome the
+// caller then gets). With
+// ctx already done it runs at once, detached, with a deadline of its own
+// (releaseTimeout). So a release is never lost to a cancellation, and the
+// caller still returns when its ctx ends. (f is a plain function and a its
+// arguments, so that a ctx that cannot end costs no allocation.)
+func settle[A any](b *base, ctx context.Context, a A, f func(context.Context, A) error) error {
+	switch {
+	case ctx.Done() == nil:
+		return f(ctx, a)
+	case ctx.Err() != nil:
+		dctx, cancel := detached(ctx)
+		defer cancel()
+		return f(dctx, a)
+	case !b.releases.add():
+		return f(context.WithoutCancel(ctx), a) // closed
+	}
+	r := &releaseCall[A]{b: b, ctx: context.WithoutCancel(ctx), a: a, f: f, done: make(chan struct{})}
+	go r.run()
+	if awaitCall(ctx, r.done) {
+		return r.err
+	}
+	// A release that ctx's end caught in flight usually has its reply in a
+	// moment: its outcome is worth cleanupGrace more.
+	t := getTimer(cleanupGrace)
+	defer putTimer(t)
+	select {
+	case <-r.done:
+		return r.err
+	case <-t.C:
+		return ctx.Err()
+	}
+}
+
+// A releaseCall is a release that runs in a goroutine of its own (see
+// settle), as one allocation.
+type releaseCall[A any] struct {
+	b    *base
+	ctx  context.Context
+	a    A
+	f    func(context.Context, A) error
+	err  error
+	done chan struct{}
+}
+
+func (r *releaseCall[A]) run() {
+	defer r.b.releases.end()
+	r.err = r.f(r.ctx, r.a)
+	close(r.done)
+}
+
+// runRelease runs a release, run. Under client reentrancy (local) the
+// owner's Lock calls wait until the release of its last level is over, and
+// then must not re-enter a hold it may have ended: a release whose outcome
+// is unknown (no reply came) is sent again, under the same call id, until
+// a reply tells the outcome, for releaseTimeout at most (see unsettled for
+// what follows if none does).
+func (b *base) runRelease(ctx context.Context, local bool, run func(ctx context.Context) (int64, error)) (int64, error) {
+	r, err := run(ctx)
+	if !local || err == nil || !unknownOutcome(err) {
+		return r, err
+	}
+	end := time.Now().Add(releaseTimeout)
+	for wait := minRetry; time.Now().Before(end); wait = min(2*wait, time.Second/2) {
+		t := getTimer(min(wait, time.Until(end)))
+		select {
+		case <-t.C:
+		case <-b.closed:
+			putTimer(t)
+			return r, err
+		}
+		putTimer(t)
+		if r, err = run(ctx); err == nil || !unknownOutcome(err) {
+			break
+		}
+	}
+	return r, err
+}
+
+// unsettled ends h, the hold recorded under k whose last release (client
+// reentrancy) got no reply however often it was sent: it may be gone in
+// Redis, so it is reported lost and forgotten, and the owner's next Lock
+// asks Redis instead of re-entering it. If the release never arrived, the
+// hold expires at its TTL, no longer renewed.
+func (b *base) unsettled(k holdKey, h *hold) {
+	b.dropHold(k, h)
+	h.lease.MarkLost()
+}
+
+// unknownOutcome reports whether err, the error of a script call, leaves
+// unknown whether the script ran: no reply came (the connection failed or
+// timed out, ctx ended). A reply, even an error (the script failed, or did
+// not run: NOSCRIPT, BUSY, OOM), tells the outcome, and so does a call
+// that was never sent (the Client closed).
+func unknownOutcome(err error) bool {
+	var re redis.Error
+	return !errors.As(err, &re) && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrClosed) && !errors.Is(err, ErrInvalid)
+}
