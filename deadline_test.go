@@ -150,6 +150,44 @@ func TestDeadlineWithRedisDown(t *testing.T) {
 	}
 }
 
+// The tests of calls whose ctx ends while the server holds their command
+// cancel cancelAfter into a pause of pauseFor, and allow slack for a
+// loaded machine under -race.
+const (
+	cancelAfter = 300 * time.Millisecond
+	slack       = 400 * time.Millisecond
+	pauseFor    = 2 * time.Second
+)
+
+// A pausable is a private real server whose writes a test pauses (CLIENT
+// PAUSE), as a busy server or a network that delays replies would hold them.
+type pausable struct {
+	s     *redistest.Server
+	admin *redis.Client
+}
+
+func newPausable(t *testing.T) *pausable {
+	s := redistest.StartStandalone(t)
+	return &pausable{s: s, admin: s.Client(t)}
+}
+
+// client returns a Client over a go-redis client with go-redis's defaults
+// (which read until ReadTimeout whatever the ctx says), closed at t.Cleanup.
+func (p *pausable) client(t *testing.T, opts ...dsync.Option) *dsync.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: p.s.Addr()})
+	c := dsync.New(rdb, opts...)
+	t.Cleanup(func() { c.Close(); rdb.Close() })
+	return c
+}
+
+// pause holds every write for pauseFor and returns when it began, about.
+func (p *pausable) pause(t *testing.T) time.Time {
+	if err := p.admin.Do(context.Background(), "client", "pause", pauseFor.Milliseconds(), "write").Err(); err != nil {
+		t.Error(err)
+	}
+	return time.Now()
+}
+
 // A call whose ctx is cancelled while the server holds its command (CLIENT
 // PAUSE: a server busy, or a network that delays replies) returns at the
 // cancel, with go-redis's default options, which read until ReadTimeout
@@ -157,17 +195,8 @@ func TestDeadlineWithRedisDown(t *testing.T) {
 // on, nothing is left behind: the name is free at once for another
 // process (DESIGN, Deadlines and Waiting).
 func TestCancelWhileServerHoldsCommand(t *testing.T) {
-	const cancelAfter = 300 * time.Millisecond
-	const slack = 400 * time.Millisecond // a loaded machine under -race
-	const pause = 2 * time.Second
-	s := redistest.StartStandalone(t)
-	admin := s.Client(t)
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr()}) // go-redis defaults
-	t.Cleanup(func() { rdb.Close() })
-	c := dsync.New(rdb)
-	defer c.Close()
-	other := dsync.New(s.Client(t))
-	defer other.Close()
+	ps := newPausable(t)
+	c, other := ps.client(t), ps.client(t)
 	ran := false
 	ops := []struct {
 		name string
@@ -206,10 +235,7 @@ func TestCancelWhileServerHoldsCommand(t *testing.T) {
 			t.Fatalf("%s: warm-up: %v", op.name, err)
 		}
 		wcancel()
-		if err := admin.Do(context.Background(), "client", "pause", pause.Milliseconds(), "write").Err(); err != nil {
-			t.Fatal(err)
-		}
-		paused := time.Now()
+		paused := ps.pause(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(cancelAfter, cancel)
 		start := time.Now()
@@ -224,7 +250,7 @@ func TestCancelWhileServerHoldsCommand(t *testing.T) {
 		}
 		// After the pause the server runs what the call sent, and its
 		// clean-up.
-		time.Sleep(time.Until(paused.Add(pause)))
+		time.Sleep(time.Until(paused.Add(pauseFor)))
 		dsync.WaitCleanups(c)
 		fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
 		ok, err := op.free(other, fctx, name)
@@ -245,13 +271,8 @@ func TestCancelWhileServerHoldsCommand(t *testing.T) {
 // not lost. Under client reentrancy, a Lock of the owner made meanwhile
 // waits for that release and takes the name afresh, as Redis then shows.
 func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
-	const cancelAfter = 300 * time.Millisecond
-	const slack = 400 * time.Millisecond // a loaded machine under -race
-	const pause = 2 * time.Second
-	s := redistest.StartStandalone(t)
-	admin := s.Client(t)
-	other := dsync.New(s.Client(t))
-	defer other.Close()
+	ps := newPausable(t)
+	other := ps.client(t)
 	type prim struct {
 		lock   func(ctx context.Context) error
 		unlock func(ctx context.Context) error
@@ -302,14 +323,11 @@ func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
 			}
 			t.Run(kind.name+"/"+mode.name, func(t *testing.T) {
 				i++
-				rdb := redis.NewClient(&redis.Options{Addr: s.Addr()}) // go-redis defaults
-				t.Cleanup(func() { rdb.Close() })
 				var opts []dsync.Option
 				if mode.local {
 					opts = append(opts, dsync.ClientReentrancy())
 				}
-				c := dsync.New(rdb, opts...)
-				defer c.Close()
+				c := ps.client(t, opts...)
 				p := kind.mk(c, fmt.Sprintf("%s-%d", redistest.Key(t), i))
 				octx := mode.ctx()
 				lctx, lcancel := context.WithTimeout(octx, 10*time.Second)
@@ -321,10 +339,7 @@ func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := admin.Do(context.Background(), "client", "pause", pause.Milliseconds(), "write").Err(); err != nil {
-					t.Fatal(err)
-				}
-				paused := time.Now()
+				paused := ps.pause(t)
 				ctx, cancel := context.WithCancel(octx)
 				time.AfterFunc(cancelAfter, cancel)
 				start := time.Now()
@@ -343,7 +358,7 @@ func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
 					if err := p.lock(lctx); err != nil {
 						t.Fatalf("owner's Lock during its pending release: %v", err)
 					}
-					if time.Now().Before(paused.Add(pause - 100*time.Millisecond)) {
+					if time.Now().Before(paused.Add(pauseFor - 100*time.Millisecond)) {
 						t.Errorf("owner's Lock returned %v into the pause: it re-entered a hold being released", time.Since(paused).Round(time.Millisecond))
 					}
 					fctx, fcancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -356,7 +371,7 @@ func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
 						t.Errorf("Unlock of the new hold: %v", err)
 					}
 				} else {
-					time.Sleep(time.Until(paused.Add(pause)))
+					time.Sleep(time.Until(paused.Add(pauseFor)))
 				}
 				dsync.WaitCleanups(c)
 				select {
@@ -382,15 +397,8 @@ func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
 // command that marks the Once done, returns at the cancel with ctx's
 // error; the mark completes in the background, so f never runs again.
 func TestOnceDoCancelledWhileMarkingDone(t *testing.T) {
-	const cancelAfter = 300 * time.Millisecond
-	const slack = 400 * time.Millisecond // a loaded machine under -race
-	const pause = 2 * time.Second
-	s := redistest.StartStandalone(t)
-	admin := s.Client(t)
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr()}) // go-redis defaults
-	t.Cleanup(func() { rdb.Close() })
-	c := dsync.New(rdb)
-	defer c.Close()
+	ps := newPausable(t)
+	c := ps.client(t)
 	name := redistest.Key(t)
 	// Warm up: a connection in the pool, the scripts loaded.
 	if err := c.Once(name+"-warm").Do(context.Background(), func(context.Context) error { return nil }); err != nil {
@@ -400,10 +408,7 @@ func TestOnceDoCancelledWhileMarkingDone(t *testing.T) {
 	defer cancel()
 	var paused, start time.Time
 	err := c.Once(name).Do(ctx, func(context.Context) error {
-		if err := admin.Do(context.Background(), "client", "pause", pause.Milliseconds(), "write").Err(); err != nil {
-			return err
-		}
-		paused = time.Now()
+		paused = ps.pause(t)
 		time.AfterFunc(cancelAfter, cancel)
 		start = time.Now()
 		return nil
@@ -418,14 +423,12 @@ func TestOnceDoCancelledWhileMarkingDone(t *testing.T) {
 	if took > cancelAfter+slack {
 		t.Errorf("Do cancelled %v after f returned came back after %v", cancelAfter, took.Round(time.Millisecond))
 	}
-	time.Sleep(time.Until(paused.Add(pause)))
+	time.Sleep(time.Until(paused.Add(pauseFor)))
 	dsync.WaitCleanups(c)
 	ran := false
 	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer dcancel()
-	other := dsync.New(s.Client(t))
-	defer other.Close()
-	if err := other.Once(name).Do(dctx, func(context.Context) error { ran = true; return nil }); err != nil {
+	if err := ps.client(t).Once(name).Do(dctx, func(context.Context) error { ran = true; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if ran {
