@@ -159,17 +159,20 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	if mode == modeWrite {
 		sl = &rw.slot
 	}
-	return rw.b.lockThrough(ctx, &rw.cfg, rw.holdKey(mode, "").key, sl, wait, func(c lockCall) (bool, error) {
+	return rw.b.lockThrough(ctx, &rw.cfg, rw.modeKey(mode), sl, wait, func(c lockCall) (bool, error) {
 		return rw.impl.lock(ctx, rw, mode, c, wait)
 	})
 }
 
-func (rw *RWMutex) holdKey(mode, tok string) holdKey {
+// modeKey returns the key under which owners' holds in mode are recorded.
+func (rw *RWMutex) modeKey(mode string) string {
 	if mode == modeRead {
-		return holdKey{rw.rkey, tok}
+		return rw.rkey
 	}
-	return holdKey{rw.wkey, tok}
+	return rw.wkey
 }
+
+func (rw *RWMutex) holdKey(mode, tok string) holdKey { return holdKey{rw.modeKey(mode), tok} }
 
 // held records a hold in mode taken (or re-entered) by call c with fencing
 // token fence; newHold starts the lease of a hold that is not a re-entry.
