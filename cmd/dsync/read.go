@@ -122,6 +122,15 @@ func queued(zs []redis.Z, ids []string, data []any, nowUS int64, more func(w *wa
 	return ws
 }
 
+// execRead runs pipe, a pipeline of reads: a key that does not exist is
+// no error.
+func execRead(ctx context.Context, pipe redis.Pipeliner) error {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	return nil
+}
+
 // A lockHash is what a pipeline reads of an exclusive hold: a lock hash
 // (a Mutex's, or an RWMutex's writer hash, laid out alike) and its fence
 // hash.
@@ -154,7 +163,7 @@ func readMutex(ctx context.Context, rdb redis.UniversalClient, k keys.Mutex, st 
 	total := pipe.ZCard(ctx, k.Queue)
 	queue := pipe.ZRangeWithScores(ctx, k.Queue, 0, maxShown-1)
 	now := pipe.Time(ctx)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if err := execRead(ctx, pipe); err != nil {
 		return err
 	}
 	lock.report(st, "")
@@ -186,7 +195,7 @@ func readRWMutex(ctx context.Context, rdb redis.UniversalClient, k keys.RWMutex,
 	nReaders := pipe.HLen(ctx, k.WaitingReaders)
 	waitingReaders := pipe.HScan(ctx, k.WaitingReaders, 0, "", maxShown)
 	now := pipe.Time(ctx)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if err := execRead(ctx, pipe); err != nil {
 		return err
 	}
 	nowUS := now.Val().UnixMicro()
@@ -244,7 +253,7 @@ func readSemaphore(ctx context.Context, rdb redis.UniversalClient, k keys.Semaph
 	total := pipe.ZCard(ctx, k.Queue)
 	queue := pipe.ZRangeWithScores(ctx, k.Queue, 0, maxShown-1)
 	now := pipe.Time(ctx)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if err := execRead(ctx, pipe); err != nil {
 		return err
 	}
 	nowUS := now.Val().UnixMicro()
@@ -309,7 +318,7 @@ func readOnce(ctx context.Context, rdb redis.UniversalClient, k keys.Once, st *l
 	ttl := pipe.PTTL(ctx, k.Run)
 	value := pipe.HGet(ctx, k.Done, "v")
 	doneTTL := pipe.PTTL(ctx, k.Done)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if err := execRead(ctx, pipe); err != nil {
 		return err
 	}
 	st.State = "idle"
