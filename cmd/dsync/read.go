@@ -122,13 +122,15 @@ func queued(zs []redis.Z, ids []string, data []any, nowUS int64, more func(w *wa
 	return ws
 }
 
-// execRead runs pipe, a pipeline of reads: a key that does not exist is
-// no error.
-func execRead(ctx context.Context, pipe redis.Pipeliner) error {
+// execRead runs pipe, a pipeline of reads, and returns the server's time
+// (µs) as the pipeline ends, read with it: a key that does not exist is no
+// error.
+func execRead(ctx context.Context, pipe redis.Pipeliner) (nowUS int64, err error) {
+	now := pipe.Time(ctx)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return err
+		return 0, err
 	}
-	return nil
+	return now.Val().UnixMicro(), nil
 }
 
 // A lockHash is what a pipeline reads of an exclusive hold: a lock hash
@@ -162,8 +164,8 @@ func readMutex(ctx context.Context, rdb redis.UniversalClient, k keys.Mutex, st 
 	lock := readLockHash(ctx, pipe, k.Lock, k.Fence)
 	total := pipe.ZCard(ctx, k.Queue)
 	queue := pipe.ZRangeWithScores(ctx, k.Queue, 0, maxShown-1)
-	now := pipe.Time(ctx)
-	if err := execRead(ctx, pipe); err != nil {
+	nowUS, err := execRead(ctx, pipe)
+	if err != nil {
 		return err
 	}
 	lock.report(st, "")
@@ -180,7 +182,7 @@ func readMutex(ctx context.Context, rdb redis.UniversalClient, k keys.Mutex, st 
 	if err != nil {
 		return err
 	}
-	st.Waiters = append(st.Waiters, queued(zs, toks, data, now.Val().UnixMicro(), nil)...)
+	st.Waiters = append(st.Waiters, queued(zs, toks, data, nowUS, nil)...)
 	return nil
 }
 
@@ -194,11 +196,10 @@ func readRWMutex(ctx context.Context, rdb redis.UniversalClient, k keys.RWMutex,
 	queued := pipe.ZRangeWithScores(ctx, k.WriterQueue, 0, maxShown-1)
 	nReaders := pipe.HLen(ctx, k.WaitingReaders)
 	waitingReaders := pipe.HScan(ctx, k.WaitingReaders, 0, "", maxShown)
-	now := pipe.Time(ctx)
-	if err := execRead(ctx, pipe); err != nil {
+	nowUS, err := execRead(ctx, pipe)
+	if err != nil {
 		return err
 	}
-	nowUS := now.Val().UnixMicro()
 	nowMS := nowUS / 1000
 	writer.report(st, "write")
 	if zs := readers.Val(); len(zs) > 0 {
@@ -252,11 +253,10 @@ func readSemaphore(ctx context.Context, rdb redis.UniversalClient, k keys.Semaph
 	last := pipe.HGet(ctx, k.Fence, "n")
 	total := pipe.ZCard(ctx, k.Queue)
 	queue := pipe.ZRangeWithScores(ctx, k.Queue, 0, maxShown-1)
-	now := pipe.Time(ctx)
-	if err := execRead(ctx, pipe); err != nil {
+	nowUS, err := execRead(ctx, pipe)
+	if err != nil {
 		return err
 	}
-	nowUS := now.Val().UnixMicro()
 	nowMS := nowUS / 1000
 	st.Size, _ = strconv.ParseInt(size.Val(), 10, 64)
 	st.Used, _ = strconv.ParseInt(used.Val(), 10, 64)
@@ -318,7 +318,7 @@ func readOnce(ctx context.Context, rdb redis.UniversalClient, k keys.Once, st *l
 	ttl := pipe.PTTL(ctx, k.Run)
 	value := pipe.HGet(ctx, k.Done, "v")
 	doneTTL := pipe.PTTL(ctx, k.Done)
-	if err := execRead(ctx, pipe); err != nil {
+	if _, err := execRead(ctx, pipe); err != nil {
 		return err
 	}
 	st.State = "idle"
