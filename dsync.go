@@ -38,7 +38,7 @@ const (
 // work, one lease renewer and one pub/sub connection shared by all waiters,
 // starts on first use and stops on Close. A Client is safe for concurrent use.
 type Client struct {
-	base // defaults, bad input, closed state, owners' holds (see lease.go)
+	base // defaults, bad input, closed state, owners' holds (see base.go)
 
 	rdb    redis.UniversalClient
 	renew  *renew.Renewer
@@ -160,12 +160,18 @@ func (cfg *config) fail(format string, args ...any) {
 // lives it is renewed every TTL/3, so the TTL is how long a hold survives its
 // holder's death. It must be at least 1 ms.
 func TTL(d time.Duration) Option {
+	return durationOption("TTL", d, func(cfg *config) *time.Duration { return &cfg.ttl })
+}
+
+// durationOption returns the Option called name that sets the duration
+// field(cfg) to d, which must be at least 1 ms.
+func durationOption(name string, d time.Duration, field func(*config) *time.Duration) Option {
 	return func(cfg *config) {
 		if d < time.Millisecond {
-			cfg.fail("TTL %v, want at least 1ms", d)
+			cfg.fail("%s %v, want at least 1ms", name, d)
 			return
 		}
-		cfg.ttl = d
+		*field(cfg) = d
 	}
 }
 
@@ -221,13 +227,6 @@ func Prefix(p string) Option {
 		}
 		cfg.prefix = p
 	}
-}
-
-// handleConfig returns the configuration of a primitive called name made by
-// c (which may be nil) with opts, and the bad-input error every call on it
-// reports, if any.
-func (c *Client) handleConfig(name string, opts []Option) (config, error) {
-	return c.shared().handleConfig(name, opts)
 }
 
 func ms(d time.Duration) int64 {
