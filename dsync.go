@@ -49,6 +49,7 @@ type Client struct {
 	// commands whose caller's ctx ended first (see within).
 	bg       tasks
 	calls    tasks
+	batch    batcher // script calls waiting for those in flight (see maxFlight)
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
 }
@@ -63,8 +64,13 @@ type Client struct {
 // that holds it goes on in the background, owned by the Client, until
 // go-redis gives up on it (its ReadTimeout, or the ctx deadline with
 // ContextTimeoutEnabled), and its outcome is settled as after a lost reply.
+//
+// Script calls made while another call of the Client is in flight go out
+// together, as one pipeline, when it returns (or after 1 ms): rdb's hooks
+// see them as a pipeline, on a ctx of none of their callers.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c := &Client{rdb: rdb}
+	c.batch.max, c.batch.wait = maxFlight, maxQueueWait
 	c.init(opts)
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	if rdb == nil {
