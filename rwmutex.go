@@ -291,45 +291,34 @@ func releaseRW(ctx context.Context, a rwRelease) error {
 // hold, on a ctx from settle. A handle's holds have a count of one and no
 // owner records them.
 func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) error {
-	var h *hold
 	if mode == modeWrite {
-		h = rw.slot.get()
-	} else {
-		h = rw.takeRead()
+		return rw.b.unlockSlot(ctx, &rw.slot, run)
 	}
+	h := rw.takeRead()
 	if h == nil {
 		return ErrNotHeld
-	}
-	// restore gives back a read hold whose unlock did not end it.
-	restore := func() {
-		if mode == modeRead {
-			rw.restoreRead(h)
-		}
 	}
 	r, err := run(ctx, h.tok, h.unlockCall(), h)
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
-		restore()
+		rw.restoreRead(h)
 		return err
 	}
 	h.unlocked()
 	switch r {
-	case 1, 0:
-		if mode == modeWrite && rw.slot.clear(h) {
-			rw.slot.leave()
-		}
-		if r == 0 {
-			h.lease.MarkLost()
-			return ErrLeaseLost
-		}
+	case 1:
 		h.release()
 		return nil
+	case 0:
+		h.lease.MarkLost()
+		return ErrLeaseLost
 	case 2:
 		// Still held.
-		restore()
+		rw.restoreRead(h)
 		return nil
 	}
-	return ErrNotHeld
+	rw.restoreRead(h)
+	return replyError("unlock", r)
 }
 
 // Lease returns the lease of the write hold of ctx's owner on rw or,
