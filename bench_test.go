@@ -59,12 +59,8 @@ func BenchmarkMutex(b *testing.B) {
 	m := c.Mutex(redistest.Key(b))
 	ctx := context.Background()
 	reportRoundTrips(b, counter, func() {
-		if err := m.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
+		must(b, m.Lock(ctx))
+		must(b, m.Unlock(ctx))
 	})
 }
 
@@ -77,12 +73,8 @@ func BenchmarkMutexCancelCtx(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	reportRoundTrips(b, counter, func() {
-		if err := m.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
+		must(b, m.Lock(ctx))
+		must(b, m.Unlock(ctx))
 	})
 }
 
@@ -99,9 +91,7 @@ func BenchmarkRawFloor(b *testing.B) {
 		if ok, err := rdb.SetNX(ctx, key, "token", 30e9).Result(); !ok || err != nil {
 			b.Fatal(ok, err)
 		}
-		if err := del.Run(ctx, rdb, []string{key}, "token").Err(); err != nil {
-			b.Fatal(err)
-		}
+		must(b, del.Run(ctx, rdb, []string{key}, "token").Err())
 	})
 }
 
@@ -112,12 +102,8 @@ func BenchmarkMutexFixed(b *testing.B) {
 	m := c.Mutex(redistest.Key(b))
 	ctx := context.Background()
 	reportRoundTrips(b, counter, func() {
-		if err := m.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
+		must(b, m.Lock(ctx))
+		must(b, m.Unlock(ctx))
 	})
 }
 
@@ -140,17 +126,11 @@ func BenchmarkMutexReentry(b *testing.B) {
 			c, counter := benchClient(b, mode.opts...)
 			m := c.Mutex(redistest.Key(b))
 			ctx := dsync.WithOwner(context.Background())
-			if err := m.Lock(ctx); err != nil {
-				b.Fatal(err)
-			}
+			must(b, m.Lock(ctx))
 			defer m.Unlock(ctx)
 			reportRoundTrips(b, counter, func() {
-				if err := m.Lock(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if err := m.Unlock(ctx); err != nil {
-					b.Fatal(err)
-				}
+				must(b, m.Lock(ctx))
+				must(b, m.Unlock(ctx))
 			})
 		})
 	}
@@ -163,12 +143,8 @@ func BenchmarkRWMutexWrite(b *testing.B) {
 	rw := c.RWMutex(redistest.Key(b))
 	ctx := context.Background()
 	reportRoundTrips(b, counter, func() {
-		if err := rw.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := rw.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
+		must(b, rw.Lock(ctx))
+		must(b, rw.Unlock(ctx))
 	})
 }
 
@@ -178,16 +154,12 @@ func BenchmarkOnceDone(b *testing.B) {
 	c, counter := benchClient(b)
 	o := c.Once(redistest.Key(b))
 	ctx := context.Background()
-	if err := o.Do(ctx, func(context.Context) error { return nil }); err != nil {
-		b.Fatal(err)
-	}
+	must(b, o.Do(ctx, func(context.Context) error { return nil }))
 	f := func(context.Context) error {
 		b.Fatal("f called on a done Once")
 		return nil
 	}
 	reportRoundTrips(b, counter, func() {
-		if err := o.Do(ctx, f); err != nil {
-			b.Fatal(err)
-		}
+		must(b, o.Do(ctx, f))
 	})
 }

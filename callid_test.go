@@ -63,9 +63,7 @@ func newReplayRig(t *testing.T, b redistest.Backend) *replayRig {
 func (r *replayRig) record(t *testing.T, script *redis.Script, call func(context.Context) error) []any {
 	t.Helper()
 	return r.recordErr(t, script, func(ctx context.Context) error {
-		if err := call(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, call(ctx))
 		return nil
 	})
 }
@@ -147,9 +145,7 @@ func (r *replayRig) otherWrites(t *testing.T) bool {
 		t.Fatal(err)
 	}
 	if ok {
-		if err := rw.Unlock(r.octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Unlock(r.octx))
 	}
 	return ok
 }

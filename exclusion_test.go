@@ -33,25 +33,15 @@ func TestReentryNeverShortensExpiry(t *testing.T) {
 			}
 		}
 		long, short := c.Mutex(name, dsync.TTL(30*time.Second)), c.Mutex(name, dsync.TTL(200*time.Millisecond))
-		if err := long.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := short.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, long.Lock(ctx))
+		must(t, short.Lock(ctx))
 		check("Mutex", mutexKeys(name).Lock)
 		rwLong, rwShort := c.RWMutex(name, dsync.TTL(30*time.Second)), c.RWMutex(name, dsync.TTL(200*time.Millisecond))
-		if err := rwLong.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rwShort.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rwLong.Lock(ctx))
+		must(t, rwShort.Lock(ctx))
 		check("RWMutex", rwk(name).Writer)
 		for _, f := range []func(context.Context) error{short.Unlock, long.Unlock, rwShort.Unlock, rwLong.Unlock} {
-			if err := f(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, f(ctx))
 		}
 	})
 }
@@ -86,12 +76,8 @@ func TestReentryRenewalNeverShortensExpiry(t *testing.T) {
 			{"Mutex", c1.Mutex(name), c2.Mutex(name), mutexKeys(name).Lock},
 			{"RWMutex", c1.RWMutex(name + "rw"), c2.RWMutex(name + "rw"), rwk(name + "rw").Writer},
 		} {
-			if err := tc.first.Lock(own); err != nil {
-				t.Fatal(err)
-			}
-			if err := tc.reentry.Lock(there); err != nil {
-				t.Fatal(err)
-			}
+			must(t, tc.first.Lock(own))
+			must(t, tc.reentry.Lock(there))
 			// Wait for two renewals by the re-entering process.
 			rec.Reset()
 			deadline := time.Now().Add(20 * time.Second)
@@ -101,15 +87,11 @@ func TestReentryRenewalNeverShortensExpiry(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			if err := tc.reentry.Unlock(there); err != nil {
-				t.Fatal(err)
-			}
+			must(t, tc.reentry.Unlock(there))
 			if d, err := rdb.PTTL(ctx, tc.key).Result(); err != nil || d < 20*time.Second {
 				t.Fatalf("%s: PTTL after a re-entry with TTL 150ms was renewed and unlocked = %v, %v; want the 30s hold's", tc.what, d, err)
 			}
-			if err := tc.first.Unlock(own); err != nil {
-				t.Fatal(err)
-			}
+			must(t, tc.first.Unlock(own))
 		}
 	})
 }
@@ -123,16 +105,12 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		m := newClient(t, b).Mutex(name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		l, err := m.Lease(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err())
 		// The handle was not unlocked: a second Lock through it waits,
 		// although the name is free in Redis.
 		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
@@ -142,9 +120,7 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 			t.Fatalf("second Lock through the handle = %v, want DeadlineExceeded", err)
 		}
 		other := newClient(t, b).Mutex(name)
-		if err := other.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Lock(ctx))
 		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
 			t.Fatalf("Unlock of the lost hold = %v, want ErrLeaseLost", err)
 		}
@@ -157,15 +133,11 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 		if err := other.Unlock(ctx); err != nil {
 			t.Fatalf("the other holder's Unlock = %v", err)
 		}
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		if err := l.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
 			t.Fatalf("lost Lease Err after the handle locked again = %v, want ErrLeaseLost", err)
 		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(ctx))
 	})
 }
 
@@ -258,9 +230,7 @@ func TestOwnerHoldReplacedAfterLossIsLost(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", tc.what, err)
 			}
-			if err := rdb.Del(ctx, tc.keys...).Err(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rdb.Del(ctx, tc.keys...).Err())
 			// Another goroutine of the owner takes the name afresh.
 			if err := tc.lock(); err != nil {
 				t.Fatalf("%s: lock after the loss: %v", tc.what, err)
@@ -303,9 +273,7 @@ func TestSemaphoreHandleOwesLostPermits(t *testing.T) {
 			t.Fatal(err)
 		}
 		k := semKeys(name)
-		if err := b.NewClient(t).Del(ctx, k.State, k.Holders).Err(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, b.NewClient(t).Del(ctx, k.State, k.Holders).Err())
 		if err := s.Acquire(ctx, 1); err != nil { // G2, through the same handle
 			t.Fatal(err)
 		}
@@ -329,9 +297,7 @@ func TestSemaphoreHandleOwesLostPermits(t *testing.T) {
 		if ok, err := other.TryAcquire(ctx, 1); err != nil || !ok {
 			t.Fatalf("TryAcquire after both Releases = %v, %v; want true", ok, err)
 		}
-		if err := other.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Release(ctx, 1))
 		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
 			t.Fatalf("a third Release = %v, want ErrNotHeld", err)
 		}
@@ -374,9 +340,7 @@ func TestSemaphoreHandleSharedWithoutLoss(t *testing.T) {
 		if ok, err := other.TryAcquire(ctx, 2); err != nil || !ok {
 			t.Fatalf("TryAcquire(2) after every Release = %v, %v; want true", ok, err)
 		}
-		if err := other.Release(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Release(ctx, 2))
 	})
 }
 
@@ -388,9 +352,7 @@ func TestForgedHandoverGrantsNothing(t *testing.T) {
 		name := redistest.Key(t)
 		rdb := b.NewClient(t)
 		holder := newClient(t, b).Mutex(name)
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Lock(ctx))
 		hl, err := holder.Lease(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -417,18 +379,14 @@ func TestForgedHandoverGrantsNothing(t *testing.T) {
 			cid + " " + sha1hex(tok) + " 9223372036854775808 x",
 			cid + " 424242",
 		} {
-			if err := rdb.Publish(ctx, mutexKeys(name).Channel(), p).Err(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rdb.Publish(ctx, mutexKeys(name).Channel(), p).Err())
 		}
 		select {
 		case err := <-done:
 			t.Fatalf("Lock returned %v after forged hand-overs while another holds", err)
 		case <-time.After(300 * time.Millisecond):
 		}
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Unlock(ctx))
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
@@ -439,9 +397,7 @@ func TestForgedHandoverGrantsNothing(t *testing.T) {
 		if l.Token() <= hl.Token() || l.Token() == 424242 {
 			t.Fatalf("token after the real hand-over = %d, want above the holder's %d", l.Token(), hl.Token())
 		}
-		if err := waiter.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, waiter.Unlock(ctx))
 	})
 }
 
@@ -452,9 +408,7 @@ func TestOwnerWaitingInTwoGoroutinesCountsTwice(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		holder := newClient(t, b).Mutex(name)
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Lock(ctx))
 		octx := dsync.WithOwner(ctx)
 		m := newClient(t, b).Mutex(name)
 		var wg sync.WaitGroup
@@ -471,9 +425,7 @@ func TestOwnerWaitingInTwoGoroutinesCountsTwice(t *testing.T) {
 			n, _ := rdb.Exists(ctx, mutexKeys(name).QueueData).Result()
 			return n == 1
 		})
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Unlock(ctx))
 		wg.Wait()
 		close(errs)
 		for err := range errs {
@@ -484,15 +436,11 @@ func TestOwnerWaitingInTwoGoroutinesCountsTwice(t *testing.T) {
 		if v := holderField(t, rdb, mutexKeys(name).Lock, dsync.OwnerToken(octx)); v != "2" {
 			t.Fatalf("count in Redis = %q, want 2", v)
 		}
-		if err := m.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(octx))
 		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); ok || err != nil {
 			t.Fatalf("TryLock by another after one of two Unlocks = %v, %v; want false", ok, err)
 		}
-		if err := m.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(octx))
 		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); !ok || err != nil {
 			t.Fatalf("TryLock by another after both Unlocks = %v, %v; want true", ok, err)
 		}
@@ -640,9 +588,7 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 				other := tc.other(newClient(t, b), name)
 				rdb := b.NewClient(t)
 
-				if err := firstLock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, firstLock(ctx))
 				actx, cancel := context.WithCancel(octx)
 				got := make(chan error, 1)
 				go func() { got <- lock(actx) }() // A
@@ -658,9 +604,7 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 				waitFor(t, 10*time.Second, "A's attempt after its subscription", func() bool { return gate.others.Load() >= 2 })
 				gate.close()
 				// The hold goes to A, which does not learn of it.
-				if err := firstUnlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, firstUnlock(ctx))
 				cancel()
 				if err := <-got; !errors.Is(err, context.Canceled) {
 					t.Fatalf("A = %v, want context.Canceled", err)

@@ -47,7 +47,7 @@ func realOnly(t *testing.T) redistest.Backend {
 }
 
 // must stops the test on err.
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

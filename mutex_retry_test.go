@@ -43,9 +43,7 @@ func TestMutexUnlockRetriedLateChangesNothing(t *testing.T) {
 		ctx := dsync.WithOwner(ctxT(t))
 		m := c.Mutex(name)
 		for i := 0; i < 2; i++ {
-			if err := m.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, m.Lock(ctx))
 		}
 		if err := m.Unlock(ctx); err != nil { // its reply "times out"
 			t.Fatal(err)
@@ -74,25 +72,19 @@ func TestMutexLockRetriedLateChangesNothing(t *testing.T) {
 		name := redistest.Key(t)
 		ctx := dsync.WithOwner(ctxT(t))
 		m := c.Mutex(name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		if err := m.Lock(ctx); err != nil { // a re-entry whose reply "times out"
 			t.Fatal(err)
 		}
 		lock := rec.Last()
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(ctx))
 		if v, err := rdb.Do(ctx, lock...).Int64Slice(); err != nil || len(v) != 2 || (v[0] != 1 && v[0] != 2) || v[1] <= 0 {
 			t.Fatalf("replayed Lock = %v, %v; want the fencing token (as before)", v, err)
 		}
 		if n := reentryCount(t, b, name, dsync.OwnerToken(ctx)); n != 1 {
 			t.Fatalf("count after the late retry = %d, want 1", n)
 		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(ctx))
 		if ok, _ := newClient(t, b).Mutex(name).TryLock(context.Background()); !ok {
 			t.Fatal("lock leaked by the late retry")
 		}
@@ -105,26 +97,16 @@ func TestMutexReleaseRetriedLateAnswersAsBefore(t *testing.T) {
 		name := redistest.Key(t)
 		ctx := ctxT(t)
 		m := c.Mutex(name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
+		must(t, m.Unlock(ctx))
 		unlock := rec.Last()
 		// Other holders come and go before the retry arrives.
 		other := newClient(t, b).Mutex(name)
 		for i := 0; i < 3; i++ {
-			if err := other.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := other.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, other.Lock(ctx))
+			must(t, other.Unlock(ctx))
 		}
-		if err := other.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Lock(ctx))
 		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 1 {
 			t.Fatalf("replayed releasing Unlock = %v, %v; want 1 (as before)", v, err)
 		}
@@ -146,9 +128,7 @@ func TestMutexUnlockOfNothingRetriedLateEndsNothing(t *testing.T) {
 			t.Fatalf("Unlock of nothing = %v, want ErrNotHeld", err)
 		}
 		unlock := rec.Last()
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 0 {
 			t.Fatalf("replayed Unlock = %v, %v; want 0 (as before)", v, err)
 		}

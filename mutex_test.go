@@ -135,9 +135,7 @@ func TestMutexAnyGoroutineMayUnlockHandle(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		m := newClient(t, b).Mutex(redistest.Key(t))
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		errc := make(chan error)
 		go func() { errc <- m.Unlock(context.Background()) }()
 		if err := <-errc; err != nil {
@@ -191,9 +189,7 @@ func TestMutexReentrantOwner(t *testing.T) {
 		if ok, err := other.TryLock(octx); !ok || err != nil {
 			t.Fatalf("TryLock after the last Unlock = %v, %v", ok, err)
 		}
-		if err := other.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Unlock(octx))
 	})
 }
 
@@ -203,9 +199,7 @@ func TestMutexOwnerTokenAcrossProcesses(t *testing.T) {
 		a := newClient(t, b).Mutex(name)
 		bm := newClient(t, b).Mutex(name) // another process
 		ctxA := dsync.WithOwner(ctxT(t))
-		if err := a.Lock(ctxA); err != nil {
-			t.Fatal(err)
-		}
+		must(t, a.Lock(ctxA))
 		// The token crosses a process boundary (RPC metadata, say).
 		ctxB := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctxA))
 		if ok, err := bm.TryLock(ctxB); !ok || err != nil {
@@ -219,12 +213,8 @@ func TestMutexOwnerTokenAcrossProcesses(t *testing.T) {
 		if la.Token() != lb.Token() {
 			t.Errorf("fencing tokens differ on re-entry: %d vs %d", la.Token(), lb.Token())
 		}
-		if err := bm.Unlock(ctxB); err != nil {
-			t.Fatal(err)
-		}
-		if err := a.Unlock(ctxA); err != nil {
-			t.Fatal(err)
-		}
+		must(t, bm.Unlock(ctxB))
+		must(t, a.Unlock(ctxA))
 		if ok, _ := bm.TryLock(context.Background()); !ok {
 			t.Fatal("lock held after both unlocks")
 		}
@@ -240,9 +230,7 @@ func TestMutexWaiterWokenByRelease(t *testing.T) {
 		const rounds = 15
 		var lat []time.Duration
 		for i := 0; i < rounds; i++ {
-			if err := holder.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, holder.Lock(ctx))
 			got := make(chan time.Time, 1)
 			go func() {
 				if err := waiter.Lock(ctx); err != nil {
@@ -252,13 +240,9 @@ func TestMutexWaiterWokenByRelease(t *testing.T) {
 			}()
 			time.Sleep(20 * time.Millisecond) // let the waiter block
 			released := time.Now()
-			if err := holder.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, holder.Unlock(ctx))
 			lat = append(lat, (<-got).Sub(released))
-			if err := waiter.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, waiter.Unlock(ctx))
 		}
 		slices.Sort(lat)
 		med := lat[len(lat)/2]
@@ -295,9 +279,7 @@ func TestMutexUnlockWithDoneContext(t *testing.T) {
 		name := redistest.Key(t)
 		m := newClient(t, b).Mutex(name)
 		ctx, cancel := context.WithCancel(context.Background())
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		cancel()
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatalf("Unlock with a cancelled ctx = %v, want nil", err)
@@ -320,19 +302,13 @@ func TestMutexClientReentrancy(t *testing.T) {
 		c := dsync.New(rdb, dsync.ClientReentrancy())
 		defer c.Close()
 		m := c.Mutex(name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		counter.Reset()
 		for i := 0; i < 3; i++ {
-			if err := m.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, m.Lock(ctx))
 		}
 		for i := 0; i < 3; i++ {
-			if err := m.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, m.Unlock(ctx))
 		}
 		if n := counter.RoundTrips(); n != 0 {
 			t.Errorf("re-entries and inner unlocks took %d round trips, want 0", n)
@@ -351,9 +327,7 @@ func TestMutexClientReentrancy(t *testing.T) {
 		if ok, err := other.Mutex(name).TryLock(octx); ok || err != nil {
 			t.Fatalf("TryLock with the token carried to another process = %v, %v; want false", ok, err)
 		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(ctx))
 		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 			t.Errorf("extra Unlock = %v, want ErrNotHeld", err)
 		}

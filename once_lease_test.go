@@ -209,9 +209,7 @@ func TestOnceLateCopyOfAnAttemptTakesNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := newClient(t, b).Once(name).Reset(ctxT(t)); err != nil {
-				t.Fatal(err)
-			}
+			must(t, newClient(t, b).Once(name).Reset(ctxT(t)))
 			replayLeavesNoRun(t, name, granted)
 			nextCallRuns(t, name)
 		})
@@ -253,9 +251,7 @@ func TestOnceLateCopyOfAnAttemptTakesNothing(t *testing.T) {
 			if err := <-waiter; err != nil {
 				t.Fatalf("waiter's Do = %v, want nil", err)
 			}
-			if err := o.Reset(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, o.Reset(ctx))
 			// The waiter's first attempt was refused.
 			replayLeavesNoRun(t, name, onceDoCalls(t, rec)[0])
 			nextCallRuns(t, name)

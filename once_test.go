@@ -337,18 +337,14 @@ func TestOnceDoneAndReset(t *testing.T) {
 		if done, err := o.Done(ctx); !done || err != nil {
 			t.Fatalf("Done after Do = %v, %v; want true", done, err)
 		}
-		if err := o.Reset(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, o.Reset(ctx))
 		if done, _ := o.Done(ctx); done {
 			t.Fatal("Done after Reset = true")
 		}
 		if v, err := o.DoValue(ctx, f); err != nil || string(v) != "run 2" {
 			t.Fatalf("DoValue after Reset = %q, %v; want run 2", v, err)
 		}
-		if err := o.Reset(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, o.Reset(ctx))
 		if err := o.Reset(ctx); err != nil {
 			t.Fatalf("Reset of a Once not done = %v", err)
 		}
@@ -363,9 +359,7 @@ func TestOncePeriod(t *testing.T) {
 		runs := 0
 		f := func(context.Context) error { runs++; return nil }
 		for range 3 {
-			if err := o.Do(ctx, f); err != nil {
-				t.Fatal(err)
-			}
+			must(t, o.Do(ctx, f))
 		}
 		if runs != 1 {
 			t.Fatalf("runs within one period = %d, want 1", runs)
@@ -384,20 +378,16 @@ func TestOnceDoneCheckIsOneRoundTrip(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		if err := newClient(t, b).Once(name).Do(ctx, func(context.Context) error { return nil }); err != nil {
-			t.Fatal(err)
-		}
+		must(t, newClient(t, b).Once(name).Do(ctx, func(context.Context) error { return nil }))
 		rdb := b.NewClient(t)
 		counter := &redistest.Counter{}
 		rdb.AddHook(counter)
 		c := dsync.New(rdb)
 		defer c.Close()
-		if err := c.Once(name).Do(ctx, func(context.Context) error {
+		must(t, c.Once(name).Do(ctx, func(context.Context) error {
 			t.Error("f ran")
 			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
+		}))
 		if n := counter.RoundTrips(); n != 1 {
 			t.Errorf("Do of a done Once took %d round trips, want 1", n)
 		}

@@ -139,9 +139,7 @@ func TestOwnerWaitingInTwoGoroutinesEveryPrimitive(t *testing.T) {
 						}()
 					}
 					waitFor(t, 5*time.Second, "the owner's waiting place", func() bool { return p.placed(rdb, name) })
-					if err := release(ctx); err != nil {
-						t.Fatal(err)
-					}
+					must(t, release(ctx))
 					done := make(chan struct{})
 					go func() { wg.Wait(); close(done) }()
 					select {
@@ -162,15 +160,11 @@ func TestOwnerWaitingInTwoGoroutinesEveryPrimitive(t *testing.T) {
 					if v := p.count(rdb, name, tok); v != want {
 						t.Fatalf("count in Redis = %q, want %s", v, want)
 					}
-					if err := unlock(octx); err != nil {
-						t.Fatal(err)
-					}
+					must(t, unlock(octx))
 					if ok, err := p.try(ctx, newClient(t, b), name); ok || err != nil {
 						t.Fatalf("another owner's try after one of two releases = %v, %v; want false", ok, err)
 					}
-					if err := unlock(octx); err != nil {
-						t.Fatal(err)
-					}
+					must(t, unlock(octx))
 					if ok, err := p.try(ctx, newClient(t, b), name); !ok || err != nil {
 						t.Fatalf("another owner's try after both releases = %v, %v; want true", ok, err)
 					}

@@ -62,17 +62,13 @@ func propertyBudget(t testing.TB) int {
 	flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	if !given["rapid.steps"] {
 		// Histories long enough to expire a hold among live ones.
-		if err := flag.Set("rapid.steps", "60"); err != nil {
-			t.Fatal(err)
-		}
+		must(t, flag.Set("rapid.steps", "60"))
 	}
 	if given["rapid.checks"] {
 		n, _ = strconv.Atoi(flag.Lookup("rapid.checks").Value.String())
 		return n
 	}
-	if err := flag.Set("rapid.checks", strconv.Itoa(n)); err != nil {
-		t.Fatal(err)
-	}
+	must(t, flag.Set("rapid.checks", strconv.Itoa(n)))
 	return n
 }
 

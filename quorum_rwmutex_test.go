@@ -99,9 +99,7 @@ func TestQuorumRWMutexMiniredisHammer(t *testing.T) {
 		t.Fatalf("TryLock while two read = %v, %v; want false, nil", ok, err)
 	}
 	for _, rw := range []*dsync.RWMutex{a, b} {
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RUnlock(ctx))
 	}
 	if ok, err := a.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("TryLock after the readers left = %v, %v; want true", ok, err)
@@ -109,9 +107,7 @@ func TestQuorumRWMutexMiniredisHammer(t *testing.T) {
 	if ok, err := b.TryRLock(ctx); ok || err != nil {
 		t.Fatalf("TryRLock while a writer holds = %v, %v; want false, nil", ok, err)
 	}
-	if err := a.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, a.Unlock(ctx))
 	if err := a.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 		t.Fatalf("extra Unlock = %v, want ErrNotHeld", err)
 	}
@@ -125,31 +121,23 @@ func TestQuorumRWMutexReentrancyAndLeases(t *testing.T) {
 	other := newQuorum(t, rdbs).RWMutex(name)
 
 	for range 2 {
-		if err := rw.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Lock(ctx))
 	}
 	wl, err := rw.Lease(ctx)
 	if err != nil || wl.Token() == 0 {
 		t.Fatalf("Lease = %v, %v; want a token", wl, err)
 	}
 	// A downgrade: read while writing, then leave the write lock.
-	if err := rw.RLock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.RLock(ctx))
 	rl, err := rw.RLease(ctx)
 	if err != nil || rl.Token() != 0 {
 		t.Fatalf("RLease = %v, %v; want token 0", rl, err)
 	}
-	if err := rw.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.Unlock(ctx))
 	if ok, _ := other.TryRLock(ctxT(t)); ok {
 		t.Fatal("another reader got in while the owner still writes (1 of 2 levels left)")
 	}
-	if err := rw.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.Unlock(ctx))
 	select {
 	case <-wl.Done():
 		if wl.Err() != nil {
@@ -168,13 +156,9 @@ func TestQuorumRWMutexReentrancyAndLeases(t *testing.T) {
 	if ok, _ := newQuorum(t, rdbs).RWMutex(name).TryLock(ctxT(t)); ok {
 		t.Fatal("a writer got in beside two readers")
 	}
-	if err := other.RUnlock(ctxT(t)); err != nil {
-		t.Fatal(err)
-	}
+	must(t, other.RUnlock(ctxT(t)))
 	// Read re-entry.
-	if err := rw.RLock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.RLock(ctx))
 	for i := range 2 {
 		if err := rw.RUnlock(ctx); err != nil {
 			t.Fatalf("RUnlock %d: %v", i, err)
@@ -197,9 +181,7 @@ func TestQuorumRWMutexUpgrade(t *testing.T) {
 	ctx := dsync.WithOwner(ctxT(t))
 	name := redistest.Key(t)
 	rw := newQuorum(t, rdbs).RWMutex(name)
-	if err := rw.RLock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.RLock(ctx))
 	if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
 		t.Fatalf("Lock while reading = %v, want ErrUpgrade", err)
 	}
@@ -212,9 +194,7 @@ func TestQuorumRWMutexUpgrade(t *testing.T) {
 		t.Fatalf("TryRLock after a refused upgrade = %v, %v; want true", ok, err)
 	}
 	_ = other.RUnlock(ctxT(t))
-	if err := rw.RUnlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.RUnlock(ctx))
 	if err := rw.Lock(ctx); err != nil {
 		t.Fatalf("Lock after RUnlock = %v", err)
 	}
@@ -237,9 +217,7 @@ func TestQuorumRWMutexWakesOnRelease(t *testing.T) {
 			t.Fatalf("%s before the release: %v", what, err)
 		default:
 		}
-		if err := unlock(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, unlock())
 		select {
 		case err := <-got:
 			if err != nil {
@@ -249,9 +227,7 @@ func TestQuorumRWMutexWakesOnRelease(t *testing.T) {
 			t.Fatalf("%s not woken by the release", what)
 		}
 	}
-	if err := w.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, w.Lock(ctx))
 	got := make(chan error, 1)
 	go func() { got <- r.RLock(ctx) }()
 	await("RLock", got, func() error { return w.Unlock(ctx) })
@@ -261,21 +237,15 @@ func TestQuorumRWMutexWakesOnRelease(t *testing.T) {
 	if ok, _ := r.TryRLock(ctx); ok {
 		t.Fatal("a reader got in while the writer holds")
 	}
-	if err := w.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, w.Unlock(ctx))
 	// A cancelled waiter leaves nothing behind.
-	if err := w.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, w.Lock(ctx))
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	if err := r.RLock(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("RLock with a short ctx = %v, want DeadlineExceeded", err)
 	}
-	if err := w.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, w.Unlock(ctx))
 	if ok, err := w.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("TryLock after the cancelled reader = %v, %v; want true", ok, err)
 	}
@@ -365,9 +335,7 @@ func TestQuorumRWMutexClientReentrancy(t *testing.T) {
 	}
 	// Load the scripts on every master.
 	for _, f := range []func(context.Context) error{rw.Lock, rw.RLock, rw.RUnlock, rw.Unlock} {
-		if err := f(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, f(ctx))
 	}
 	trips()
 	for _, s := range steps {

@@ -165,9 +165,7 @@ func TestQuorumMutexLeaseLostWithMajority(t *testing.T) {
 	ss, rdbs := masters(t, 3)
 	ctx := ctxT(t)
 	m := newQuorum(t, rdbs, dsync.TTL(time.Second)).Mutex(redistest.Key(t))
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, m.Lock(ctx))
 	l, err := m.Lease(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -205,9 +203,7 @@ func TestQuorumMutexMiniredis(t *testing.T) {
 
 	m := c.Mutex(name)
 	for range 2 {
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 	}
 	other := newQuorum(t, rdbs).Mutex(name)
 	got := make(chan error, 1)
@@ -300,12 +296,8 @@ func BenchmarkQuorumMutex(b *testing.B) {
 			m := c.Mutex(redistest.Key(b))
 			ctx := context.Background()
 			reportRoundTrips(b, counter, func() {
-				if err := m.Lock(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if err := m.Unlock(ctx); err != nil {
-					b.Fatal(err)
-				}
+				must(b, m.Lock(ctx))
+				must(b, m.Unlock(ctx))
 			})
 		})
 	}
@@ -324,20 +316,14 @@ func TestQuorumFencingWithSkewedClock(t *testing.T) {
 	}
 	ctx := ctxT(t)
 	m := newQuorum(t, rdbs).Mutex(redistest.Key(t))
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, m.Lock(ctx))
 	l1, err := m.Lease(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, m.Unlock(ctx))
 	bs[0].Mini.Close() // the fast master is gone
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, m.Lock(ctx))
 	l2, err := m.Lease(ctx)
 	if err != nil {
 		t.Fatal(err)

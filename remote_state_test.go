@@ -220,9 +220,7 @@ func rsLiveReaders(ctx context.Context, rdb redis.UniversalClient, name string) 
 // rsMutexLike writes a hold of tok into hash k as a Mutex or an RWMutex
 // writer lays it out.
 func rsMutexLike(t testing.TB, rdb redis.UniversalClient, k, tok string, d time.Duration, persist bool) {
-	if err := rdb.HSet(context.Background(), k, tok, 1, ":f", strconv.FormatInt(rsNow(t, rdb).UnixMicro(), 10), ":c", "foreign-call").Err(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rdb.HSet(context.Background(), k, tok, 1, ":f", strconv.FormatInt(rsNow(t, rdb).UnixMicro(), 10), ":c", "foreign-call").Err())
 	rsExpire(t, rdb, d, persist, k)
 }
 
@@ -232,12 +230,8 @@ func rsForeignReader(t testing.TB, rdb redis.UniversalClient, name, tok string, 
 	ctx := context.Background()
 	k := rwk(name)
 	dl := rsNow(t, rdb).Add(d)
-	if err := rdb.ZAdd(ctx, k.Readers, redis.Z{Score: float64(dl.UnixMilli()), Member: tok}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.HSet(ctx, k.ReaderData, tok, "1 foreign-call").Err(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rdb.ZAdd(ctx, k.Readers, redis.Z{Score: float64(dl.UnixMilli()), Member: tok}).Err())
+	must(t, rdb.HSet(ctx, k.ReaderData, tok, "1 foreign-call").Err())
 	rsExpire(t, rdb, d, persist, k.Readers, k.ReaderData)
 	return []string{k.Readers, k.ReaderData}
 }
@@ -355,13 +349,9 @@ var rsPrims = []*rsPrim{
 			ctx := context.Background()
 			k := semKeys(name)
 			now := rsNow(t, rdb)
-			if err := rdb.HSet(ctx, k.State, ":size", rsSemSize, ":used", rsSemSize, tok, rsSemSize,
-				":f:"+tok, strconv.FormatInt(now.UnixMicro(), 10), ":c:"+tok, "foreign-call").Err(); err != nil {
-				t.Fatal(err)
-			}
-			if err := rdb.ZAdd(ctx, k.Holders, redis.Z{Score: float64(now.Add(d).UnixMilli()), Member: tok}).Err(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rdb.HSet(ctx, k.State, ":size", rsSemSize, ":used", rsSemSize, tok, rsSemSize,
+				":f:"+tok, strconv.FormatInt(now.UnixMicro(), 10), ":c:"+tok, "foreign-call").Err())
+			must(t, rdb.ZAdd(ctx, k.Holders, redis.Z{Score: float64(now.Add(d).UnixMilli()), Member: tok}).Err())
 			rsExpire(t, rdb, d, persist, k.State, k.Holders)
 			return []string{k.State, k.Holders}
 		},
@@ -422,9 +412,7 @@ var rsPrims = []*rsPrim{
 		foreign: func(t testing.TB, rdb redis.UniversalClient, name, tok string, d time.Duration, persist bool) []string {
 			ctx := context.Background()
 			k := onceKeys(name)
-			if err := rdb.HSet(ctx, k.Run, "t", tok).Err(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rdb.HSet(ctx, k.Run, "t", tok).Err())
 			rsExpire(t, rdb, d, persist, k.Run)
 			return []string{k.Run}
 		},

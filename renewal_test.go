@@ -106,16 +106,12 @@ func TestRenewalNeverRevivesALostHold(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := rdb.Del(ctx, p.keys(name)...).Err(); err != nil {
-					t.Fatal(err)
-				}
+				must(t, rdb.Del(ctx, p.keys(name)...).Err())
 				ok, release, err := p.try(ctx, newClient(t, b), name)
 				if !ok || err != nil {
 					t.Fatalf("another owner's try after the loss = %v, %v; want true", ok, err)
 				}
-				if err := release(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, release(ctx))
 				bctx := dsync.WithOwnerToken(ctx, dsync.OwnerToken(octx))
 				lb, unlockB, err := p.take(bctx, newClient(t, b), name)
 				if err != nil {

@@ -17,12 +17,8 @@ func BenchmarkRWMutexRead(b *testing.B) {
 	rw := c.RWMutex(redistest.Key(b))
 	ctx := context.Background()
 	reportRoundTrips(b, counter, func() {
-		if err := rw.RLock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := rw.RUnlock(ctx); err != nil {
-			b.Fatal(err)
-		}
+		must(b, rw.RLock(ctx))
+		must(b, rw.RUnlock(ctx))
 	})
 }
 
@@ -41,17 +37,11 @@ func BenchmarkRWMutexReentry(b *testing.B) {
 				if lock == "write" {
 					acquire, release = rw.Lock, rw.Unlock
 				}
-				if err := acquire(ctx); err != nil {
-					b.Fatal(err)
-				}
+				must(b, acquire(ctx))
 				defer release(ctx)
 				reportRoundTrips(b, counter, func() {
-					if err := acquire(ctx); err != nil {
-						b.Fatal(err)
-					}
-					if err := release(ctx); err != nil {
-						b.Fatal(err)
-					}
+					must(b, acquire(ctx))
+					must(b, release(ctx))
 				})
 			})
 		}
@@ -76,12 +66,8 @@ func BenchmarkRWMutexReadHeavy(b *testing.B) {
 	}
 	ctx := context.Background()
 	for _, rw := range handles { // warm up: connections, script cache
-		if err := rw.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := rw.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
+		must(b, rw.Lock(ctx))
+		must(b, rw.Unlock(ctx))
 	}
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -86,9 +86,7 @@ func TestRWMutexReentrantOwner(t *testing.T) {
 		if l.Token() <= fence {
 			t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
 		}
-		if err := other.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Unlock(octx))
 		assertRWReleased(t, b, name)
 	})
 }
@@ -100,22 +98,16 @@ func TestRWMutexOwnerAcrossProcesses(t *testing.T) {
 		bm := newClient(t, b).RWMutex(name)
 		ctxA := dsync.WithOwner(ctxT(t))
 		ctxB := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctxA))
-		if err := a.RLock(ctxA); err != nil {
-			t.Fatal(err)
-		}
+		must(t, a.RLock(ctxA))
 		if ok, err := bm.TryRLock(ctxB); !ok || err != nil {
 			t.Fatalf("read re-entry from another process = %v, %v", ok, err)
 		}
-		if err := bm.RUnlock(ctxB); err != nil {
-			t.Fatal(err)
-		}
+		must(t, bm.RUnlock(ctxB))
 		// The first process's share is still held and renewed.
 		if ok, _ := newClient(t, b).RWMutex(name).TryLock(context.Background()); ok {
 			t.Fatal("write lock free while the owner still reads")
 		}
-		if err := a.RUnlock(ctxA); err != nil {
-			t.Fatal(err)
-		}
+		must(t, a.RUnlock(ctxA))
 		assertRWReleased(t, b, name)
 	})
 }
@@ -126,9 +118,7 @@ func TestRWMutexDowngrade(t *testing.T) {
 		name := redistest.Key(t)
 		rw := newClient(t, b).RWMutex(name)
 		other := newClient(t, b).RWMutex(name)
-		if err := rw.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Lock(ctx))
 		// A reader waits for the writer.
 		got := make(chan error, 1)
 		go func() { got <- other.RLock(ctxT(t)) }()
@@ -142,17 +132,13 @@ func TestRWMutexDowngrade(t *testing.T) {
 		if err := rw.Lock(ctx); err != nil {
 			t.Fatalf("Lock while writing and reading = %v, want a re-entry", err)
 		}
-		if err := rw.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Unlock(ctx))
 		select {
 		case err := <-got:
 			t.Fatalf("reader got in while the writer re-entered: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
-		if err := rw.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Unlock(ctx))
 		// The writer still reads; the waiting reader shares with it.
 		select {
 		case err := <-got:
@@ -173,18 +159,12 @@ func TestRWMutexDowngrade(t *testing.T) {
 		if ok, _ := w.TryLock(octx); ok {
 			t.Fatal("write lock free while the downgraded owner reads")
 		}
-		if err := other.RUnlock(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.RUnlock(context.Background()))
+		must(t, rw.RUnlock(ctx))
 		if ok, err := w.TryLock(octx); !ok || err != nil {
 			t.Fatalf("TryLock after the readers left = %v, %v", ok, err)
 		}
-		if err := w.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, w.Unlock(octx))
 	})
 }
 
@@ -193,9 +173,7 @@ func TestRWMutexUpgradeRefused(t *testing.T) {
 		ctx := dsync.WithOwner(ctxT(t))
 		name := redistest.Key(t)
 		rw := newClient(t, b).RWMutex(name)
-		if err := rw.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RLock(ctx))
 		start := time.Now()
 		if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
 			t.Fatalf("Lock while reading = %v, want ErrUpgrade", err)
@@ -211,20 +189,14 @@ func TestRWMutexUpgradeRefused(t *testing.T) {
 		if ok, err := newClient(t, b).RWMutex(name).TryRLock(context.Background()); !ok || err != nil {
 			t.Fatalf("TryRLock after the refused upgrade = %v, %v; want true", ok, err)
 		}
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RUnlock(ctx))
 		// Another process of the same owner reads: still an upgrade.
 		other := newClient(t, b).RWMutex(name)
-		if err := other.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.RLock(ctx))
 		if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
 			t.Fatalf("Lock while the owner reads elsewhere = %v, want ErrUpgrade", err)
 		}
-		if err := other.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.RUnlock(ctx))
 	})
 }
 
@@ -250,9 +222,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 				tok := dsync.OwnerToken(ctx)
 				// Load the scripts where the name lives.
 				for _, f := range []func(context.Context) error{rw.RLock, rw.RUnlock, rw.Lock, rw.Unlock} {
-					if err := f(ctx); err != nil {
-						t.Fatal(err)
-					}
+					must(t, f(ctx))
 				}
 
 				// step runs one call of the owner and checks its error and
@@ -283,9 +253,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 						t.Fatal(err)
 					}
 					if ok {
-						if err := other.Unlock(octx); err != nil {
-							t.Fatal(err)
-						}
+						must(t, other.Unlock(octx))
 					}
 					return ok
 				}
@@ -361,9 +329,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 				if l, _ := other.Lease(octx); l.Token() <= fence {
 					t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
 				}
-				if err := other.Unlock(octx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, other.Unlock(octx))
 				assertRWReleased(t, b, name)
 			})
 		}

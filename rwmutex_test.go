@@ -98,9 +98,7 @@ func TestRWMutexReadersShareWriterExcludes(t *testing.T) {
 		if ok, err := readers[0].TryRLock(ctx); ok || err != nil {
 			t.Fatalf("TryRLock while written = %v, %v; want false, nil", ok, err)
 		}
-		if err := w.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, w.Unlock(ctx))
 		assertRWReleased(t, b, name)
 	})
 }
@@ -235,25 +233,17 @@ func TestRWMutexNotHeld(t *testing.T) {
 			}
 		}
 		// The modes do not stand in for each other.
-		if err := rw.Lock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Lock(octx))
 		if err := rw.RUnlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
 			t.Errorf("RUnlock while only writing = %v, want ErrNotHeld", err)
 		}
-		if err := rw.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Unlock(octx))
+		must(t, rw.RLock(ctx))
 		if err := rw.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 			t.Errorf("Unlock while only reading = %v, want ErrNotHeld", err)
 		}
 		// A reader whose share was deleted behind its back is told.
-		if err := b.NewClient(t).Del(ctx, rwk(name).Readers, rwk(name).ReaderData).Err(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, b.NewClient(t).Del(ctx, rwk(name).Readers, rwk(name).ReaderData).Err())
 		if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
 			t.Errorf("RUnlock of a deleted share = %v, want ErrLeaseLost", err)
 		}
@@ -272,9 +262,7 @@ func TestRWMutexLostUnlockReplyRetried(t *testing.T) {
 		rw := c.RWMutex(name)
 		octx := dsync.WithOwner(ctx)
 		for i := 0; i < 2; i++ {
-			if err := rw.RLock(octx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rw.RLock(octx))
 		}
 		// The first RUnlock runs on the server, its reply is lost; the
 		// caller retries, which must not lower the count again.
@@ -312,19 +300,11 @@ func TestRWMutexUncontendedRoundTrips(t *testing.T) {
 		defer c.Close()
 		rw := c.RWMutex(redistest.Key(t))
 		// Load the scripts.
-		if err := rw.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RLock(ctx))
+		must(t, rw.RUnlock(ctx))
 		counter.Reset()
-		if err := rw.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RLock(ctx))
+		must(t, rw.RUnlock(ctx))
 		if n := counter.RoundTrips(); n != 2 {
 			t.Errorf("RLock+RUnlock took %d round trips, want 2", n)
 		}

@@ -22,9 +22,7 @@ func TestRWMutexWriterPreference(t *testing.T) {
 		rdb := b.NewClient(t)
 		octx := dsync.WithOwner(ctx)
 		reader := newClient(t, b).RWMutex(name)
-		if err := reader.RLock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, reader.RLock(octx))
 		writer := newClient(t, b).RWMutex(name)
 		wgot := make(chan error, 1)
 		go func() { wgot <- writer.Lock(ctx) }()
@@ -43,9 +41,7 @@ func TestRWMutexWriterPreference(t *testing.T) {
 			t.Fatalf("read re-entry while a writer waits = %v, %v; want true", ok, err)
 		}
 		for i := 0; i < 2; i++ {
-			if err := reader.RUnlock(octx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, reader.RUnlock(octx))
 		}
 		select {
 		case err := <-wgot:
@@ -60,9 +56,7 @@ func TestRWMutexWriterPreference(t *testing.T) {
 			t.Fatalf("late reader got in with the writer: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
-		if err := writer.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, writer.Unlock(ctx))
 		select {
 		case err := <-rgot:
 			if err != nil {
@@ -71,9 +65,7 @@ func TestRWMutexWriterPreference(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("late reader not admitted by the writer's Unlock")
 		}
-		if err := late.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, late.RUnlock(ctx))
 		assertRWReleased(t, b, name)
 	})
 }
@@ -123,9 +115,7 @@ func TestRWMutexReadersCannotStarveWriter(t *testing.T) {
 			}
 			t.Logf("writer %d waited %v", i, time.Since(start))
 			time.Sleep(2 * time.Millisecond)
-			if err := w.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, w.Unlock(ctx))
 			time.Sleep(20 * time.Millisecond)
 		}
 	})
@@ -137,9 +127,7 @@ func TestRWMutexWriterGivingUpUnblocksReaders(t *testing.T) {
 		name := redistest.Key(t)
 		rdb := b.NewClient(t)
 		holder := newClient(t, b).RWMutex(name)
-		if err := holder.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.RLock(ctx))
 		wctx, cancel := context.WithCancel(ctx)
 		werr := make(chan error, 1)
 		go func() { werr <- newClient(t, b).RWMutex(name).Lock(wctx) }()
@@ -187,9 +175,7 @@ func TestRWMutexWriterGivingUpUnblocksReaders(t *testing.T) {
 				t.Fatal("reader still blocked after the writer gave up")
 			}
 		}
-		if err := holder.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.RUnlock(ctx))
 		waitFor(t, 5*time.Second, "readers to leave", func() bool {
 			n, _ := rdb.Exists(ctx, rwk(name).Readers).Result()
 			return n == 0
@@ -211,9 +197,7 @@ func TestRWMutexWaitersWokenByRelease(t *testing.T) {
 		var rlat, wlat []time.Duration
 		for i := 0; i < rounds; i++ {
 			// Readers wait for a writer: all wake at once.
-			if err := writer.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, writer.Lock(ctx))
 			got := make(chan time.Time, len(readers))
 			for _, r := range readers {
 				go func() {
@@ -225,9 +209,7 @@ func TestRWMutexWaitersWokenByRelease(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 			released := time.Now()
-			if err := writer.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, writer.Unlock(ctx))
 			for range readers {
 				rlat = append(rlat, (<-got).Sub(released))
 			}
@@ -241,15 +223,11 @@ func TestRWMutexWaitersWokenByRelease(t *testing.T) {
 			}()
 			time.Sleep(20 * time.Millisecond)
 			for _, r := range readers {
-				if err := r.RUnlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, r.RUnlock(ctx))
 			}
 			released = time.Now()
 			wlat = append(wlat, (<-wgot).Sub(released))
-			if err := writer.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, writer.Unlock(ctx))
 		}
 		for _, l := range [][]time.Duration{rlat, wlat} {
 			slices.Sort(l)

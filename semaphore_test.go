@@ -132,9 +132,7 @@ func TestSemaphoreWeighted(t *testing.T) {
 		try(y, 3, false)
 		try(y, 2, true)
 		try(z, 1, false)
-		if err := x.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, x.Release(ctx, 1))
 		try(z, 2, false)
 		try(z, 1, true)
 		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name).State, ":used").Int(); n != 5 {
@@ -149,9 +147,7 @@ func TestSemaphoreWeighted(t *testing.T) {
 			}
 		}
 		try(z, 5, true)
-		if err := z.Release(ctx, 5); err != nil {
-			t.Fatal(err)
-		}
+		must(t, z.Release(ctx, 5))
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -199,9 +195,7 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 		if l2, _ := s.Lease(ctx); l2 == nil || l2.Token() != l.Token() {
 			t.Errorf("Lease after a partial release = %v, want the same token %d", l2, l.Token())
 		}
-		if err := s.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Release(ctx, 1))
 		select {
 		case <-l.Done():
 		case <-time.After(5 * time.Second):
@@ -214,15 +208,11 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 			t.Errorf("Lease after release = %v, want ErrNotHeld", err)
 		}
 		// A fresh holding gets a larger fencing token.
-		if err := s.Acquire(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Acquire(ctx, 1))
 		if l3, _ := s.Lease(ctx); l3 == nil || l3.Token() <= l.Token() {
 			t.Errorf("fresh holding token %v, want > %d", l3, l.Token())
 		}
-		if err := s.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Release(ctx, 1))
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -234,9 +224,7 @@ func TestSemaphoreOwner(t *testing.T) {
 		s := newClient(t, b).Semaphore(name, 4)
 		other := newClient(t, b).Semaphore(name, 4) // another process
 		for i := 0; i < 2; i++ {
-			if err := s.Acquire(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, s.Acquire(ctx, 1))
 		}
 		// The owner crosses a process boundary and adds to its holding.
 		ctxB := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctx))
@@ -262,12 +250,8 @@ func TestSemaphoreOwner(t *testing.T) {
 		if ok, _ := other.TryAcquire(dsync.WithOwner(ctx), 2); ok {
 			t.Fatal("2 permits free with 3 of 4 held")
 		}
-		if err := other.Release(ctxB, 1); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Release(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Release(ctxB, 1))
+		must(t, s.Release(ctx, 2))
 		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
 			t.Fatalf("Release after all = %v, want ErrNotHeld", err)
 		}
@@ -287,9 +271,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		holder := newClient(t, b).Semaphore(name, 4)
-		if err := holder.Acquire(ctx, 4); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Acquire(ctx, 4))
 		type served struct {
 			who   int
 			token uint64
@@ -336,24 +318,16 @@ func TestSemaphoreFIFO(t *testing.T) {
 		}
 		// One permit free: the small waiters behind the large one fit but
 		// must not pass it.
-		if err := holder.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Release(ctx, 1))
 		expect()
 		if ok, _ := newClient(t, b).Semaphore(name, 4).TryAcquire(ctx, 1); ok {
 			t.Fatal("TryAcquire passed the queue")
 		}
-		if err := holder.Release(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Release(ctx, 2))
 		expect(0)
-		if err := holder.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Release(ctx, 1))
 		expect(1)
-		if err := handles[0].Release(ctx, 3); err != nil {
-			t.Fatal(err)
-		}
+		must(t, handles[0].Release(ctx, 3))
 		// 3 free: waiter 2 (1 permit) and waiter 3 (2 permits) in one go.
 		var order []served
 		for range 2 {
@@ -370,9 +344,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 		}
 		wg.Wait()
 		for i, n := range want[1:] {
-			if err := handles[i+1].Release(ctx, n); err != nil {
-				t.Fatal(err)
-			}
+			must(t, handles[i+1].Release(ctx, n))
 		}
 		assertNoSemKeys(t, b, name)
 	})
@@ -384,9 +356,7 @@ func TestSemaphoreDeadHolderPermitsReturn(t *testing.T) {
 		name := redistest.Key(t)
 		const ttl = 400 * time.Millisecond
 		dead := dsync.New(b.NewClient(t), dsync.TTL(ttl))
-		if err := dead.Semaphore(name, 4).Acquire(ctx, 3); err != nil {
-			t.Fatal(err)
-		}
+		must(t, dead.Semaphore(name, 4).Acquire(ctx, 3))
 		dead.Close() // the process dies: nobody renews or releases
 		s := newClient(t, b).Semaphore(name, 4)
 		if ok, _ := s.TryAcquire(ctx, 2); ok {
@@ -406,9 +376,7 @@ func TestSemaphoreDeadHolderPermitsReturn(t *testing.T) {
 			t.Fatal("dead holder's permits never came back")
 		}
 		t.Logf("served after %v", time.Since(start))
-		if err := s.Release(ctx, 4); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Release(ctx, 4))
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -421,9 +389,7 @@ func TestSemaphoreRenewalKeepsPermits(t *testing.T) {
 		// loaded machine before the lease runs out.
 		const ttl = 1500 * time.Millisecond
 		s := newClient(t, b, dsync.TTL(ttl)).Semaphore(name, 2)
-		if err := s.Acquire(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Acquire(ctx, 2))
 		time.Sleep(2 * ttl) // several renewals; TIME follows the wall clock
 		if ok, _ := newClient(t, b).Semaphore(name, 2).TryAcquire(ctx, 1); ok {
 			t.Fatal("permits free while renewed")
@@ -432,9 +398,7 @@ func TestSemaphoreRenewalKeepsPermits(t *testing.T) {
 		if l == nil || l.Err() != nil {
 			t.Fatalf("lease %v lost", l)
 		}
-		if err := s.Release(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Release(ctx, 2))
 	})
 }
 
@@ -443,9 +407,7 @@ func TestSemaphoreWaiterGivingUpUnblocksOthers(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		holder := newClient(t, b).Semaphore(name, 2)
-		if err := holder.Acquire(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Acquire(ctx, 1))
 		bigCtx, giveUp := context.WithCancel(ctx)
 		big := make(chan error, 1)
 		go func() { big <- newClient(t, b).Semaphore(name, 2).Acquire(bigCtx, 2) }()
@@ -472,12 +434,8 @@ func TestSemaphoreWaiterGivingUpUnblocksOthers(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("waiter behind one that gave up not served")
 		}
-		if err := small.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
-		if err := holder.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, small.Release(ctx, 1))
+		must(t, holder.Release(ctx, 1))
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -490,9 +448,7 @@ func TestSemaphoreWokenByRelease(t *testing.T) {
 		waiter := newClient(t, b).Semaphore(name, 1)
 		var lat []time.Duration
 		for i := 0; i < 10; i++ {
-			if err := holder.Acquire(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, holder.Acquire(ctx, 1))
 			got := make(chan time.Time, 1)
 			go func() {
 				if err := waiter.Acquire(ctx, 1); err != nil {
@@ -502,13 +458,9 @@ func TestSemaphoreWokenByRelease(t *testing.T) {
 			}()
 			waitQueued(t, b, name, 1)
 			released := time.Now()
-			if err := holder.Release(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, holder.Release(ctx, 1))
 			lat = append(lat, (<-got).Sub(released))
-			if err := waiter.Release(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, waiter.Release(ctx, 1))
 		}
 		slices.Sort(lat)
 		t.Logf("hand-over latency: median %v, max %v", lat[len(lat)/2], lat[len(lat)-1])
@@ -532,14 +484,10 @@ func TestSemaphoreLostReleaseReply(t *testing.T) {
 		defer c.Close()
 		s := c.Semaphore(name, 2)
 		other := newClient(t, b).Semaphore(name, 2)
-		if err := other.Acquire(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Acquire(ctx, 2))
 		// This Release also loads the script: the reply lost below is
 		// the script's, not a NOSCRIPT's.
-		if err := other.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Release(ctx, 1))
 		if ok, _ := s.TryAcquire(ctx, 1); !ok {
 			t.Fatal("TryAcquire(1) with 1 free failed")
 		}
@@ -547,9 +495,7 @@ func TestSemaphoreLostReleaseReply(t *testing.T) {
 		if err := s.Release(ctx, 1); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Release = %v, want the injected error", err)
 		}
-		if err := other.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Release(ctx, 1))
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -623,9 +569,7 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 		name := redistest.Key(t)
 		four := newClient(t, b).Semaphore(name, 4)
 		five := newClient(t, b).Semaphore(name, 5)
-		if err := four.Acquire(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, four.Acquire(ctx, 1))
 		if err := five.Acquire(ctx, 1); !errors.Is(err, dsync.ErrSizeMismatch) {
 			t.Errorf("Acquire with another size = %v, want ErrSizeMismatch", err)
 		}
@@ -638,15 +582,11 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name).State, dsync.OwnerToken(ctx)).Int(); n != 1 {
 			t.Errorf("permits held after mismatches = %d, want 1", n)
 		}
-		if err := four.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, four.Release(ctx, 1))
 		// Nothing in force any more: the new size takes over.
 		if ok, err := five.TryAcquire(ctx, 5); !ok || err != nil {
 			t.Fatalf("TryAcquire(5) once size 4 is gone = %v, %v", ok, err)
 		}
-		if err := five.Release(ctx, 5); err != nil {
-			t.Fatal(err)
-		}
+		must(t, five.Release(ctx, 5))
 	})
 }

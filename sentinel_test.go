@@ -172,9 +172,7 @@ func TestSentinelFailoverLosesUnreplicatedHold(t *testing.T) {
 
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.SentinelAddrs()[0]})
 	defer sc.Close()
-	if err := sc.Failover(ctx, redistest.SentinelMaster).Err(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, sc.Failover(ctx, redistest.SentinelMaster).Err())
 	rrep := replica.Client(t)
 	promoted := time.Now().Add(10 * time.Second)
 	for time.Now().Before(promoted) {
@@ -227,12 +225,8 @@ func BenchmarkWaitReplicas(b *testing.B) {
 			m := c.Mutex(redistest.Key(b))
 			ctx := context.Background()
 			reportRoundTrips(b, counter, func() {
-				if err := m.Lock(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if err := m.Unlock(ctx); err != nil {
-					b.Fatal(err)
-				}
+				must(b, m.Lock(ctx))
+				must(b, m.Unlock(ctx))
 			})
 		})
 	}
