@@ -53,3 +53,17 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+// recvNil waits up to limit for the error ch delivers and stops the test if
+// it is not nil, or with msg if none comes by then.
+func recvNil(t testing.TB, ch <-chan error, limit time.Duration, msg string) {
+	t.Helper()
+	select {
+	case err := <-ch:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(limit):
+		t.Fatal(msg)
+	}
+}

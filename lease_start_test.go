@@ -307,14 +307,7 @@ func TestLateHandoverAfterTheHoldEndedGrantsNothing(t *testing.T) {
 					t.Fatalf("B's lease: %v", err)
 				}
 				must(t, bside.unlock(ctx))
-				select {
-				case err := <-got:
-					if err != nil {
-						t.Fatal(err)
-					}
-				case <-time.After(15 * time.Second):
-					t.Fatal("W did not get the name after B released it")
-				}
+				recvNil(t, got, 15*time.Second, "W did not get the name after B released it")
 				wl, err := w.lease(ctx)
 				if err != nil {
 					t.Fatal(err)

@@ -219,14 +219,7 @@ func TestQuorumMutexMiniredis(t *testing.T) {
 			t.Fatalf("Unlock %d: %v", i, err)
 		}
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("waiter not woken by the release")
-	}
+	recvNil(t, got, 5*time.Second, "waiter not woken by the release")
 	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 		t.Fatalf("extra Unlock = %v, want ErrNotHeld", err)
 	}

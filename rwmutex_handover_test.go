@@ -159,14 +159,7 @@ func TestRWMutexCancelledQueuedWriterLeavesNothing(t *testing.T) {
 		}
 		// The next in line gets the lock from the holder's Unlock.
 		must(t, holder.Unlock(ctx))
-		select {
-		case err := <-sgot:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("the second writer did not get the lock")
-		}
+		recvNil(t, sgot, 5*time.Second, "the second writer did not get the lock")
 		must(t, second.Unlock(sctx))
 		assertRWReleased(t, b, name)
 	})

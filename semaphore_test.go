@@ -367,14 +367,7 @@ func TestSemaphoreDeadHolderPermitsReturn(t *testing.T) {
 		go func() { done <- s.Acquire(ctx, 4) }()
 		waitQueued(t, b, name, 1)
 		b.Advance(ttl + 50*time.Millisecond)
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("dead holder's permits never came back")
-		}
+		recvNil(t, done, 10*time.Second, "dead holder's permits never came back")
 		t.Logf("served after %v", time.Since(start))
 		must(t, s.Release(ctx, 4))
 		assertNoSemKeys(t, b, name)
@@ -426,14 +419,7 @@ func TestSemaphoreWaiterGivingUpUnblocksOthers(t *testing.T) {
 			t.Fatalf("Acquire of the waiter that gave up = %v, want Canceled", err)
 		}
 		// The TTL is 30 s: only the cleanup's hand-over explains this.
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("waiter behind one that gave up not served")
-		}
+		recvNil(t, done, 5*time.Second, "waiter behind one that gave up not served")
 		must(t, small.Release(ctx, 1))
 		must(t, holder.Release(ctx, 1))
 		assertNoSemKeys(t, b, name)

@@ -97,14 +97,7 @@ func TestWaiterSurvivesPubSubKill(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // the notifier reconnects meanwhile
 	released := time.Now()
 	must(t, holder.Unlock(ctx))
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter was not woken within 10 s of the release")
-	}
+	recvNil(t, got, 10*time.Second, "the waiter was not woken within 10 s of the release")
 	if d := time.Since(released); d > 2*time.Second {
 		t.Errorf("the waiter got the lock %v after the release, want well under 2s", d)
 	}
@@ -130,14 +123,7 @@ func TestWaiterAfterServerRestart(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // the waiter subscribes and sleeps
 	srv.Restart()
 	restarted := time.Now()
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the waiter did not get the lock within 15 s of the restart")
-	}
+	recvNil(t, got, 15*time.Second, "the waiter did not get the lock within 15 s of the restart")
 	if d := time.Since(restarted); d > 5*time.Second {
 		t.Errorf("the waiter got the lock %v after the restart, want well under 5s", d)
 	}
