@@ -523,35 +523,11 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 		mine  func(c *dsync.Client, name string) (lock, unlock func(context.Context) error)
 		other func(c *dsync.Client, name string) func(context.Context) (bool, error)
 	}{
-		{"Mutex", "mutex_unlock",
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				m := c.Mutex(n)
-				return m.Lock, m.Unlock
-			},
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				m := c.Mutex(n)
-				return m.Lock, m.Unlock
-			},
+		{"Mutex", "mutex_unlock", mutexCalls, mutexCalls,
 			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.Mutex(n).TryLock }},
-		{"RWMutex.Lock", "rwmutex_unlock",
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				rw := c.RWMutex(n)
-				return rw.Lock, rw.Unlock
-			},
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				rw := c.RWMutex(n)
-				return rw.Lock, rw.Unlock
-			},
+		{"RWMutex.Lock", "rwmutex_unlock", writeCalls, writeCalls,
 			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.RWMutex(n).TryRLock }},
-		{"RWMutex.RLock", "rwmutex_unlock",
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				rw := c.RWMutex(n)
-				return rw.Lock, rw.Unlock
-			},
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				rw := c.RWMutex(n)
-				return rw.RLock, rw.RUnlock
-			},
+		{"RWMutex.RLock", "rwmutex_unlock", writeCalls, readCalls,
 			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.RWMutex(n).TryLock }},
 	}
 	for _, tc := range cases {

@@ -67,3 +67,21 @@ func recvNil(t testing.TB, ch <-chan error, limit time.Duration, msg string) {
 		t.Fatal(msg)
 	}
 }
+
+// mutexCalls, writeCalls and readCalls return the Lock and Unlock of a
+// handle on name made through c: a Mutex's, and an RWMutex's write and
+// read ones.
+func mutexCalls(c *dsync.Client, name string) (lock, unlock func(context.Context) error) {
+	m := c.Mutex(name)
+	return m.Lock, m.Unlock
+}
+
+func writeCalls(c *dsync.Client, name string) (lock, unlock func(context.Context) error) {
+	rw := c.RWMutex(name)
+	return rw.Lock, rw.Unlock
+}
+
+func readCalls(c *dsync.Client, name string) (lock, unlock func(context.Context) error) {
+	rw := c.RWMutex(name)
+	return rw.RLock, rw.RUnlock
+}

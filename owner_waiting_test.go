@@ -30,18 +30,20 @@ type ownerWaits struct {
 	placed func(rdb redis.UniversalClient, n string) bool
 }
 
+// blockWith returns the block of a hold that calls take and give back.
+func blockWith(calls func(c *dsync.Client, n string) (lock, unlock func(context.Context) error)) func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error) {
+	return func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error) {
+		lock, unlock := calls(c, n)
+		return unlock, lock(ctx)
+	}
+}
+
 var ownerWaitCases = []ownerWaits{
 	{
-		name: "RWMutex.Lock",
-		block: func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error) {
-			rw := c.RWMutex(n)
-			return rw.Unlock, rw.Lock(ctx)
-		},
-		calls: func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-			rw := c.RWMutex(n)
-			return rw.Lock, rw.Unlock
-		},
-		try: func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.RWMutex(n).TryRLock(ctx) },
+		name:  "RWMutex.Lock",
+		block: blockWith(writeCalls),
+		calls: writeCalls,
+		try:   func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.RWMutex(n).TryRLock(ctx) },
 		count: func(rdb redis.UniversalClient, n, tok string) string {
 			return ownerField(rdb, rwk(n).Writer, tok)
 		},
@@ -50,16 +52,10 @@ var ownerWaitCases = []ownerWaits{
 		},
 	},
 	{
-		name: "RWMutex.RLock",
-		block: func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error) {
-			rw := c.RWMutex(n)
-			return rw.Unlock, rw.Lock(ctx)
-		},
-		calls: func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-			rw := c.RWMutex(n)
-			return rw.RLock, rw.RUnlock
-		},
-		try: func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.RWMutex(n).TryLock(ctx) },
+		name:  "RWMutex.RLock",
+		block: blockWith(writeCalls),
+		calls: readCalls,
+		try:   func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.RWMutex(n).TryLock(ctx) },
 		count: func(rdb redis.UniversalClient, n, tok string) string {
 			// "<count> <hold id> <call ids>"
 			return strings.SplitN(ownerField(rdb, rwk(n).ReaderData, tok), " ", 2)[0]
