@@ -85,3 +85,29 @@ func readCalls(c *dsync.Client, name string) (lock, unlock func(context.Context)
 	rw := c.RWMutex(name)
 	return rw.RLock, rw.RUnlock
 }
+
+// assertBookkeepingOnly checks that of a free name's keys ks only fence (the
+// fencing counter) and calls (the call ids) are left, each with an expiry,
+// the call ids' within the replay window.
+func assertBookkeepingOnly(t *testing.T, b redistest.Backend, ks []string, fence, calls string) {
+	t.Helper()
+	rdb := b.NewClient(t)
+	ctx := context.Background()
+	for _, k := range ks {
+		n, err := rdb.Exists(ctx, k).Result()
+		must(t, err)
+		if n == 0 {
+			continue
+		}
+		if k != fence && k != calls {
+			dump, _ := rdb.Dump(ctx, k).Result()
+			t.Errorf("key %s left after release (%q), want only the fence hash and the call ids", k, dump)
+			continue
+		}
+		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
+			t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
+		} else if k == calls && ttl > replayWindow {
+			t.Errorf("%s expires in %v, want within the replay window %v", k, ttl, replayWindow)
+		}
+	}
+}

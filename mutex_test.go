@@ -70,34 +70,12 @@ func mutexKeys(name string) keys.Mutex { return keys.ForMutex(dsync.DefaultPrefi
 // lua/lib.lua).
 const replayWindow = 60 * time.Second
 
-// assertNoLockKeys checks that a released lock left only bookkeeping behind,
-// each key with an expiry: the fence hash, and the call ids, which expire
-// within the replay window.
+// assertNoLockKeys checks that a released lock left only bookkeeping behind:
+// see assertBookkeepingOnly.
 func assertNoLockKeys(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
-	rdb := b.NewClient(t)
-	ctx := context.Background()
 	ks := mutexKeys(name)
-	var left []string
-	for _, k := range ks.Keys() {
-		n, err := rdb.Exists(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			left = append(left, k)
-		}
-	}
-	if slices.ContainsFunc(left, func(k string) bool { return k != ks.Fence && k != ks.Calls }) {
-		t.Errorf("keys left after release: %v, want only the fence hash and the call ids", left)
-	}
-	for _, k := range left {
-		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
-			t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
-		} else if k == ks.Calls && ttl > replayWindow {
-			t.Errorf("%s expires in %v, want within the replay window %v", k, ttl, replayWindow)
-		}
-	}
+	assertBookkeepingOnly(t, b, ks.Keys(), ks.Fence, ks.Calls)
 }
 
 func TestMutexTryLock(t *testing.T) {

@@ -19,28 +19,12 @@ import (
 // rwk returns the keys of the RWMutex called name.
 func rwk(name string) keys.RWMutex { return keys.ForRWMutex(dsync.DefaultPrefix, name) }
 
-// assertRWReleased checks that a free RWMutex left only bookkeeping with an
-// expiry behind: the fence hash and the call ids.
+// assertRWReleased checks that a free RWMutex left only bookkeeping behind:
+// see assertBookkeepingOnly.
 func assertRWReleased(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
-	rdb := b.NewClient(t)
-	ctx := context.Background()
 	ks := rwk(name)
-	for _, k := range ks.Keys() {
-		n, err := rdb.Exists(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			continue
-		}
-		if k != ks.Fence && k != ks.Calls {
-			t.Errorf("%s left after release", k)
-		}
-		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
-			t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
-		}
-	}
+	assertBookkeepingOnly(t, b, ks.Keys(), ks.Fence, ks.Calls)
 }
 
 // waitFor polls cond every few ms for at most d.
