@@ -41,11 +41,8 @@ type replayRig struct {
 
 func newReplayRig(t *testing.T, b redistest.Backend) *replayRig {
 	t.Helper()
-	rdb := b.NewClient(t)
 	rec := &redistest.Recorder{}
-	rdb.AddHook(rec)
-	c := dsync.New(rdb, dsync.TTL(replayTTL))
-	t.Cleanup(func() { c.Close() })
+	c, rdb := hookedClient(t, b, rec, dsync.TTL(replayTTL))
 	return &replayRig{
 		b:     b,
 		rdb:   rdb,

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
@@ -110,4 +112,15 @@ func assertBookkeepingOnly(t *testing.T, b redistest.Backend, ks []string, fence
 			t.Errorf("%s expires in %v, want within the replay window %v", k, ttl, replayWindow)
 		}
 	}
+}
+
+// hookedClient returns a dsync Client made with opts on a fresh connection
+// to b with hook added, closed at cleanup, and that connection.
+func hookedClient(t *testing.T, b redistest.Backend, hook redis.Hook, opts ...dsync.Option) (*dsync.Client, redis.UniversalClient) {
+	t.Helper()
+	rdb := b.NewClient(t)
+	rdb.AddHook(hook)
+	c := dsync.New(rdb, opts...)
+	t.Cleanup(func() { c.Close() })
+	return c, rdb
 }

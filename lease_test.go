@@ -286,10 +286,7 @@ func TestFixedLeaseRunsOut(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Key(t)
 	counter := &redistest.Counter{}
-	rdb := b.NewClient(t)
-	rdb.AddHook(counter)
-	c := dsync.New(rdb, dsync.TTL(500*time.Millisecond), dsync.FixedLease())
-	defer c.Close()
+	c, _ := hookedClient(t, b, counter, dsync.TTL(500*time.Millisecond), dsync.FixedLease())
 	m := c.Mutex(name)
 	start := time.Now()
 	must(t, m.Lock(ctx))

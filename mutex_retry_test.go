@@ -19,11 +19,8 @@ import (
 // replay them on, and the recorder.
 func recorded(t *testing.T, b redistest.Backend) (*dsync.Client, redis.UniversalClient, *redistest.Recorder) {
 	t.Helper()
-	rdb := b.NewClient(t)
 	rec := &redistest.Recorder{}
-	rdb.AddHook(rec)
-	c := dsync.New(rdb)
-	t.Cleanup(func() { c.Close() })
+	c, rdb := hookedClient(t, b, rec)
 	return c, rdb, rec
 }
 

@@ -274,11 +274,8 @@ func TestMutexClientReentrancy(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := dsync.WithOwner(ctxT(t))
 		name := redistest.Key(t)
-		rdb := b.NewClient(t)
 		counter := &redistest.Counter{}
-		rdb.AddHook(counter)
-		c := dsync.New(rdb, dsync.ClientReentrancy())
-		defer c.Close()
+		c, _ := hookedClient(t, b, counter, dsync.ClientReentrancy())
 		m := c.Mutex(name)
 		must(t, m.Lock(ctx))
 		counter.Reset()

@@ -379,11 +379,8 @@ func TestOnceDoneCheckIsOneRoundTrip(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		must(t, newClient(t, b).Once(name).Do(ctx, func(context.Context) error { return nil }))
-		rdb := b.NewClient(t)
 		counter := &redistest.Counter{}
-		rdb.AddHook(counter)
-		c := dsync.New(rdb)
-		defer c.Close()
+		c, _ := hookedClient(t, b, counter)
 		must(t, c.Once(name).Do(ctx, func(context.Context) error {
 			t.Error("f ran")
 			return nil
@@ -398,11 +395,8 @@ func TestOnceLostReplyOfTheDoneMark(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		rdb := b.NewClient(t)
 		faults := &redistest.Faults{}
-		rdb.AddHook(faults)
-		c := dsync.New(rdb)
-		defer c.Close()
+		c, _ := hookedClient(t, b, faults)
 		// The reply of the script that sets the done mark is lost (on a
 		// fresh server, possibly only its NOSCRIPT answer): the release is
 		// made again, and the caller learns the outcome.

@@ -210,11 +210,8 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 			t.Run(mode.name, func(t *testing.T) {
 				ctx := dsync.WithOwner(ctxT(t))
 				name := redistest.Key(t)
-				rdb := b.NewClient(t)
 				counter := &redistest.Counter{}
-				rdb.AddHook(counter)
-				c := dsync.New(rdb, mode.opts...)
-				defer c.Close()
+				c, _ := hookedClient(t, b, counter, mode.opts...)
 				rw := c.RWMutex(name)
 				other := newClient(t, b).RWMutex(name)
 				octx := dsync.WithOwner(context.Background())

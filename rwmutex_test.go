@@ -238,11 +238,8 @@ func TestRWMutexLostUnlockReplyRetried(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		rdb := b.NewClient(t)
 		faults := &redistest.Faults{}
-		rdb.AddHook(faults)
-		c := dsync.New(rdb)
-		defer c.Close()
+		c, _ := hookedClient(t, b, faults)
 		rw := c.RWMutex(name)
 		octx := dsync.WithOwner(ctx)
 		for i := 0; i < 2; i++ {
@@ -277,11 +274,8 @@ func TestRWMutexLostUnlockReplyRetried(t *testing.T) {
 func TestRWMutexUncontendedRoundTrips(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
-		rdb := b.NewClient(t)
 		counter := &redistest.Counter{}
-		rdb.AddHook(counter)
-		c := dsync.New(rdb)
-		defer c.Close()
+		c, _ := hookedClient(t, b, counter)
 		rw := c.RWMutex(redistest.Key(t))
 		// Load the scripts.
 		must(t, rw.RLock(ctx))

@@ -442,11 +442,8 @@ func TestSemaphoreLostReleaseReply(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		rdb := b.NewClient(t)
 		faults := &redistest.Faults{}
-		rdb.AddHook(faults)
-		c := dsync.New(rdb)
-		defer c.Close()
+		c, _ := hookedClient(t, b, faults)
 		s := c.Semaphore(name, 2)
 		other := newClient(t, b).Semaphore(name, 2)
 		must(t, other.Acquire(ctx, 2))
