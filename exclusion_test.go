@@ -519,16 +519,11 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 		name, script string
 		// first: the other process's hold that A waits for; mine: A and
 		// B; other: another process's attempt while B holds.
-		first func(c *dsync.Client, name string) (lock, unlock func(context.Context) error)
-		mine  func(c *dsync.Client, name string) (lock, unlock func(context.Context) error)
-		other func(c *dsync.Client, name string) func(context.Context) (bool, error)
+		first, mine, other holdKind
 	}{
-		{"Mutex", "mutex_unlock", mutexCalls, mutexCalls,
-			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.Mutex(n).TryLock }},
-		{"RWMutex.Lock", "rwmutex_unlock", writeCalls, writeCalls,
-			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.RWMutex(n).TryRLock }},
-		{"RWMutex.RLock", "rwmutex_unlock", writeCalls, readCalls,
-			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.RWMutex(n).TryLock }},
+		{"Mutex", "mutex_unlock", mutexHold, mutexHold, mutexHold},
+		{"RWMutex.Lock", "rwmutex_unlock", writeHold, writeHold, readHold},
+		{"RWMutex.RLock", "rwmutex_unlock", writeHold, readHold, writeHold},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -559,9 +554,9 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 					<-let
 				})
 				octx := dsync.WithOwner(ctx)
-				firstLock, firstUnlock := tc.first(newClient(t, b), name)
-				lock, unlock := tc.mine(wc, name)
-				other := tc.other(newClient(t, b), name)
+				first, mine := tc.first(newClient(t, b), name), tc.mine(wc, name)
+				firstLock, firstUnlock, lock, unlock := first.lock, first.unlock, mine.lock, mine.unlock
+				other := tc.other(newClient(t, b), name).try
 				rdb := b.NewClient(t)
 
 				must(t, firstLock(ctx))

@@ -70,22 +70,47 @@ func recvNil(t testing.TB, ch <-chan error, limit time.Duration, msg string) {
 	}
 }
 
-// mutexCalls, writeCalls and readCalls return the Lock and Unlock of a
-// handle on name made through c: a Mutex's, and an RWMutex's write and
-// read ones.
-func mutexCalls(c *dsync.Client, name string) (lock, unlock func(context.Context) error) {
+// holdCalls are the calls of one kind of hold on a name through one
+// handle: take it waiting or trying, give it back, read its Lease.
+type holdCalls struct {
+	lock   func(context.Context) error
+	try    func(context.Context) (bool, error)
+	unlock func(context.Context) error
+	lease  func(context.Context) (*dsync.Lease, error)
+}
+
+// holdKind returns the holdCalls of one kind of hold on name through a new
+// handle of c.
+type holdKind func(c *dsync.Client, name string) holdCalls
+
+// mutexHold, writeHold and readHold are the holdKinds of a Mutex and of an
+// RWMutex's write and read holds.
+func mutexHold(c *dsync.Client, name string) holdCalls {
 	m := c.Mutex(name)
-	return m.Lock, m.Unlock
+	return holdCalls{m.Lock, m.TryLock, m.Unlock, m.Lease}
 }
 
-func writeCalls(c *dsync.Client, name string) (lock, unlock func(context.Context) error) {
+func writeHold(c *dsync.Client, name string) holdCalls {
 	rw := c.RWMutex(name)
-	return rw.Lock, rw.Unlock
+	return holdCalls{rw.Lock, rw.TryLock, rw.Unlock, rw.Lease}
 }
 
-func readCalls(c *dsync.Client, name string) (lock, unlock func(context.Context) error) {
+func readHold(c *dsync.Client, name string) holdCalls {
 	rw := c.RWMutex(name)
-	return rw.RLock, rw.RUnlock
+	return holdCalls{rw.RLock, rw.TryRLock, rw.RUnlock, rw.RLease}
+}
+
+// semHold returns the holdKind of n permits of a Semaphore of size.
+func semHold(size, n int64) holdKind {
+	return func(c *dsync.Client, name string) holdCalls {
+		s := c.Semaphore(name, size)
+		return holdCalls{
+			lock:   func(ctx context.Context) error { return s.Acquire(ctx, n) },
+			try:    func(ctx context.Context) (bool, error) { return s.TryAcquire(ctx, n) },
+			unlock: func(ctx context.Context) error { return s.Release(ctx, n) },
+			lease:  s.Lease,
+		}
+	}
 }
 
 // assertBookkeepingOnly checks that of a free name's keys ks only fence (the

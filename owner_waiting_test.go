@@ -17,33 +17,22 @@ import (
 // below runs in two goroutines.
 type ownerWaits struct {
 	name string
-	// block takes what makes the owner's calls wait, through a Client of
-	// its own, and returns its release.
-	block func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error)
-	// calls returns the owner's lock and unlock calls on a handle made
-	// through c, and another owner's try.
-	calls func(c *dsync.Client, n string) (lock, unlock func(context.Context) error)
-	try   func(ctx context.Context, c *dsync.Client, n string) (bool, error)
+	// block is the hold, taken through a Client of its own, that makes
+	// the owner's calls wait; calls is the owner's hold; try is another
+	// owner's attempt (its try call).
+	block, calls, try holdKind
 	// count returns the owner's count as Redis holds it ("" if none), and
 	// placed whether the owner has a waiting place.
 	count  func(rdb redis.UniversalClient, n, tok string) string
 	placed func(rdb redis.UniversalClient, n string) bool
 }
 
-// blockWith returns the block of a hold that calls take and give back.
-func blockWith(calls func(c *dsync.Client, n string) (lock, unlock func(context.Context) error)) func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error) {
-	return func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error) {
-		lock, unlock := calls(c, n)
-		return unlock, lock(ctx)
-	}
-}
-
 var ownerWaitCases = []ownerWaits{
 	{
 		name:  "RWMutex.Lock",
-		block: blockWith(writeCalls),
-		calls: writeCalls,
-		try:   func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.RWMutex(n).TryRLock(ctx) },
+		block: writeHold,
+		calls: writeHold,
+		try:   readHold,
 		count: func(rdb redis.UniversalClient, n, tok string) string {
 			return ownerField(rdb, rwk(n).Writer, tok)
 		},
@@ -53,9 +42,9 @@ var ownerWaitCases = []ownerWaits{
 	},
 	{
 		name:  "RWMutex.RLock",
-		block: blockWith(writeCalls),
-		calls: readCalls,
-		try:   func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.RWMutex(n).TryLock(ctx) },
+		block: writeHold,
+		calls: readHold,
+		try:   writeHold,
 		count: func(rdb redis.UniversalClient, n, tok string) string {
 			// "<count> <hold id> <call ids>"
 			return strings.SplitN(ownerField(rdb, rwk(n).ReaderData, tok), " ", 2)[0]
@@ -65,19 +54,10 @@ var ownerWaitCases = []ownerWaits{
 		},
 	},
 	{
-		name: "Semaphore",
-		block: func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error) {
-			s := c.Semaphore(n, 2)
-			return func(ctx context.Context) error { return s.Release(ctx, 2) }, s.Acquire(ctx, 2)
-		},
-		calls: func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-			s := c.Semaphore(n, 2)
-			return func(ctx context.Context) error { return s.Acquire(ctx, 1) },
-				func(ctx context.Context) error { return s.Release(ctx, 1) }
-		},
-		try: func(ctx context.Context, c *dsync.Client, n string) (bool, error) {
-			return c.Semaphore(n, 2).TryAcquire(ctx, 2)
-		},
+		name:  "Semaphore",
+		block: semHold(2, 2),
+		calls: semHold(2, 1),
+		try:   semHold(2, 2),
 		count: func(rdb redis.UniversalClient, n, tok string) string {
 			return ownerField(rdb, semKeys(n).State, tok)
 		},
@@ -118,13 +98,13 @@ func TestOwnerWaitingInTwoGoroutinesEveryPrimitive(t *testing.T) {
 					ctx := ctxT(t)
 					name := redistest.Key(t)
 					rdb := b.NewClient(t)
-					release, err := p.block(ctx, newClient(t, b), name)
-					if err != nil {
-						t.Fatal(err)
-					}
+					block := p.block(newClient(t, b), name)
+					must(t, block.lock(ctx))
+					release := block.unlock
 					octx := dsync.WithOwner(ctx)
 					tok := dsync.OwnerToken(octx)
-					lock, unlock := p.calls(newClient(t, b, mode.opts...), name)
+					calls := p.calls(newClient(t, b, mode.opts...), name)
+					lock, unlock := calls.lock, calls.unlock
 					var wg sync.WaitGroup
 					errs := make(chan error, 2)
 					for range 2 {
@@ -157,11 +137,11 @@ func TestOwnerWaitingInTwoGoroutinesEveryPrimitive(t *testing.T) {
 						t.Fatalf("count in Redis = %q, want %s", v, want)
 					}
 					must(t, unlock(octx))
-					if ok, err := p.try(ctx, newClient(t, b), name); ok || err != nil {
+					if ok, err := p.try(newClient(t, b), name).try(ctx); ok || err != nil {
 						t.Fatalf("another owner's try after one of two releases = %v, %v; want false", ok, err)
 					}
 					must(t, unlock(octx))
-					if ok, err := p.try(ctx, newClient(t, b), name); !ok || err != nil {
+					if ok, err := p.try(newClient(t, b), name).try(ctx); !ok || err != nil {
 						t.Fatalf("another owner's try after both releases = %v, %v; want true", ok, err)
 					}
 				})
