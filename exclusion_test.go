@@ -105,16 +105,12 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		m := newClient(t, b).Mutex(name)
-		must(t, m.Lock(ctx))
-		l, err := m.Lease(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := lockLease(t, ctx, m)
 		must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err())
 		// The handle was not unlocked: a second Lock through it waits,
 		// although the name is free in Redis.
 		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		err = m.Lock(wctx)
+		err := m.Lock(wctx)
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("second Lock through the handle = %v, want DeadlineExceeded", err)
@@ -352,11 +348,7 @@ func TestForgedHandoverGrantsNothing(t *testing.T) {
 		name := redistest.Key(t)
 		rdb := b.NewClient(t)
 		holder := newClient(t, b).Mutex(name)
-		must(t, holder.Lock(ctx))
-		hl, err := holder.Lease(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		hl := lockLease(t, ctx, holder)
 		waiter := newClient(t, b).Mutex(name)
 		done := make(chan error, 1)
 		go func() { done <- waiter.Lock(ctx) }()

@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -148,4 +149,28 @@ func hookedClient(t *testing.T, b redistest.Backend, hook redis.Hook, opts ...ds
 	c := dsync.New(rdb, opts...)
 	t.Cleanup(func() { c.Close() })
 	return c, rdb
+}
+
+// lockLeaser is a handle that write-locks and has a Lease: a Mutex or an
+// RWMutex.
+type lockLeaser interface {
+	Lock(context.Context) error
+	Lease(context.Context) (*dsync.Lease, error)
+}
+
+// lockLease locks h and returns its Lease, stopping the test on an error.
+func lockLease(t testing.TB, ctx context.Context, h lockLeaser) *dsync.Lease {
+	t.Helper()
+	must(t, h.Lock(ctx))
+	l, err := h.Lease(ctx)
+	must(t, err)
+	return l
+}
+
+// assertLeaseLost checks that l reports ErrLeaseLost.
+func assertLeaseLost(t testing.TB, l *dsync.Lease) {
+	t.Helper()
+	if err := l.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
+		t.Errorf("Err = %v, want ErrLeaseLost", err)
+	}
 }

@@ -26,11 +26,7 @@ func TestLeaseRenewalKeepsHold(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Key(t)
 	m := newClient(t, b, dsync.TTL(time.Second)).Mutex(name)
-	must(t, m.Lock(ctx))
-	l, err := m.Lease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := lockLease(t, ctx, m)
 	other := newClient(t, b).Mutex(name)
 	for i := 0; i < 7; i++ { // 3.5 s, three and a half TTLs
 		time.Sleep(500 * time.Millisecond)
@@ -82,15 +78,12 @@ func TestLeaseLossReported(t *testing.T) {
 				name := redistest.Key(t)
 				const ttl = 900 * time.Millisecond
 				m := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
-				must(t, m.Lock(ctx))
-				l, _ := m.Lease(ctx)
+				l := lockLease(t, ctx, m)
 				must(t, do(ctx, b, name))
 				at := time.Now()
 				waitDone(t, l, 3*ttl) // one interval is ttl/3; generous bound
 				t.Logf("loss reported after %v", time.Since(at))
-				if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-					t.Errorf("Err = %v, want ErrLeaseLost", l.Err())
-				}
+				assertLeaseLost(t, l)
 				if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
 					t.Errorf("Unlock = %v, want ErrLeaseLost", err)
 				}
@@ -105,19 +98,15 @@ func TestLeaseLostOnServerRestart(t *testing.T) {
 	c := dsync.New(srv.Client(t), dsync.TTL(900*time.Millisecond))
 	defer c.Close()
 	m := c.Mutex("restart")
-	must(t, m.Lock(ctx))
-	l, _ := m.Lease(ctx)
+	l := lockLease(t, ctx, m)
 	srv.Restart() // no persistence: the hold is gone
 	waitDone(t, l, 5*time.Second)
-	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
-	}
+	assertLeaseLost(t, l)
 	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
 		t.Errorf("Unlock = %v, want ErrLeaseLost", err)
 	}
 	// The lock works again, with a larger fencing token than before.
-	must(t, m.Lock(ctx))
-	l2, _ := m.Lease(ctx)
+	l2 := lockLease(t, ctx, m)
 	if l2.Token() <= l.Token() {
 		t.Errorf("token after restart %d, want > %d", l2.Token(), l.Token())
 	}
@@ -133,8 +122,7 @@ func TestLeaseSurvivesConnectionsCut(t *testing.T) {
 	c2 := dsync.New(srv.Client(t), dsync.TTL(ttl))
 	defer c2.Close()
 	m1, m2 := c1.Mutex("cut"), c2.Mutex("cut")
-	must(t, m1.Lock(ctx))
-	l, _ := m1.Lease(ctx)
+	l := lockLease(t, ctx, m1)
 	got := make(chan error, 1)
 	go func() { got <- m2.Lock(ctx) }()
 	time.Sleep(50 * time.Millisecond)
@@ -174,8 +162,7 @@ func TestLeaseStalledRenewerReportsLossBeforeExpiry(t *testing.T) {
 	m := c.Mutex(name)
 	release := make(chan struct{})
 	stall := func() { <-release }
-	must(t, m.Lock(ctx))
-	l, _ := m.Lease(ctx)
+	l := lockLease(t, ctx, m)
 	dsync.SetRenewStall(c, stall)
 	defer dsync.SetRenewStall(c, nil)
 	defer close(release)
@@ -189,9 +176,7 @@ func TestLeaseStalledRenewerReportsLossBeforeExpiry(t *testing.T) {
 	default:
 		t.Fatal("another process holds the lock, and the stalled holder was not told")
 	}
-	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
-	}
+	assertLeaseLost(t, l)
 	t.Logf("other acquired %v after the hold began", acquired.Sub(time.Now().Add(-time.Since(acquired))))
 	_ = other.Unlock(ctx)
 }
@@ -203,11 +188,7 @@ func TestFencingTokensIncrease(t *testing.T) {
 		var last uint64
 		check := func(m *dsync.Mutex, what string) {
 			t.Helper()
-			must(t, m.Lock(ctx))
-			l, err := m.Lease(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := lockLease(t, ctx, m)
 			if l.Token() <= last {
 				t.Fatalf("%s: token %d, want > %d", what, l.Token(), last)
 			}
@@ -289,8 +270,7 @@ func TestFixedLeaseRunsOut(t *testing.T) {
 	c, _ := hookedClient(t, b, counter, dsync.TTL(500*time.Millisecond), dsync.FixedLease())
 	m := c.Mutex(name)
 	start := time.Now()
-	must(t, m.Lock(ctx))
-	l, _ := m.Lease(ctx)
+	l := lockLease(t, ctx, m)
 	counter.Reset()
 	// Reported lost no later than the server's expiry: the local deadline
 	// at which the loss is reported is within the TTL of the Lock call's
@@ -300,9 +280,7 @@ func TestFixedLeaseRunsOut(t *testing.T) {
 		t.Errorf("loss due %v after Lock, after the TTL", d.Sub(start))
 	}
 	waitDone(t, l, 2*time.Second)
-	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
-	}
+	assertLeaseLost(t, l)
 	if n := counter.RoundTrips(); n != 0 {
 		t.Errorf("a fixed lease sent %d commands while held, want 0", n)
 	}
@@ -317,8 +295,7 @@ func TestMaxHoldBoundsRenewal(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Key(t)
 	m := newClient(t, b, dsync.TTL(300*time.Millisecond), dsync.MaxHold(600*time.Millisecond)).Mutex(name)
-	must(t, m.Lock(ctx))
-	l, _ := m.Lease(ctx)
+	l := lockLease(t, ctx, m)
 	start := time.Now()
 	waitDone(t, l, 3*time.Second)
 	// Renewal stops short of MaxHold: the hold ends after MaxHold less
@@ -326,9 +303,7 @@ func TestMaxHoldBoundsRenewal(t *testing.T) {
 	if held := time.Since(start); held < 300*time.Millisecond || held > 700*time.Millisecond {
 		t.Errorf("hold lasted %v, want within (MaxHold - TTL, MaxHold] = (0.3 s, 0.6 s] plus slack", held)
 	}
-	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
-	}
+	assertLeaseLost(t, l)
 }
 
 func TestLeaseAfterLongWaitIsLive(t *testing.T) {

@@ -165,11 +165,7 @@ func TestQuorumMutexLeaseLostWithMajority(t *testing.T) {
 	ss, rdbs := masters(t, 3)
 	ctx := ctxT(t)
 	m := newQuorum(t, rdbs, dsync.TTL(time.Second)).Mutex(redistest.Key(t))
-	must(t, m.Lock(ctx))
-	l, err := m.Lease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := lockLease(t, ctx, m)
 	ss[1].Stop() // one of three: still a majority
 	select {
 	case <-l.Done():
@@ -309,18 +305,10 @@ func TestQuorumFencingWithSkewedClock(t *testing.T) {
 	}
 	ctx := ctxT(t)
 	m := newQuorum(t, rdbs).Mutex(redistest.Key(t))
-	must(t, m.Lock(ctx))
-	l1, err := m.Lease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l1 := lockLease(t, ctx, m)
 	must(t, m.Unlock(ctx))
 	bs[0].Mini.Close() // the fast master is gone
-	must(t, m.Lock(ctx))
-	l2, err := m.Lease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l2 := lockLease(t, ctx, m)
 	if l2.Token() <= l1.Token() {
 		t.Fatalf("token after a skewed master left = %d, want > %d", l2.Token(), l1.Token())
 	}
