@@ -53,15 +53,21 @@ func reportRoundTrips(b *testing.B, counter *redistest.Counter, op func()) {
 	b.ReportMetric(float64(counter.RoundTrips())/float64(b.N), "roundtrips/op")
 }
 
+// reportLockUnlock is reportRoundTrips of one lock and its unlock.
+func reportLockUnlock(b *testing.B, counter *redistest.Counter, ctx context.Context, lock, unlock func(context.Context) error) {
+	b.Helper()
+	reportRoundTrips(b, counter, func() {
+		must(b, lock(ctx))
+		must(b, unlock(ctx))
+	})
+}
+
 // BenchmarkMutex is one uncontended Lock+Unlock: two round trips.
 func BenchmarkMutex(b *testing.B) {
 	c, counter := benchClient(b)
 	m := c.Mutex(redistest.Key(b))
 	ctx := context.Background()
-	reportRoundTrips(b, counter, func() {
-		must(b, m.Lock(ctx))
-		must(b, m.Unlock(ctx))
-	})
+	reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 }
 
 // BenchmarkMutexCancelCtx is BenchmarkMutex with a ctx that can be
@@ -72,10 +78,7 @@ func BenchmarkMutexCancelCtx(b *testing.B) {
 	m := c.Mutex(redistest.Key(b))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	reportRoundTrips(b, counter, func() {
-		must(b, m.Lock(ctx))
-		must(b, m.Unlock(ctx))
-	})
+	reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 }
 
 // BenchmarkRawFloor is the floor for a correct lock: SET NX PX and a
@@ -101,10 +104,7 @@ func BenchmarkMutexFixed(b *testing.B) {
 	c, counter := benchClient(b, dsync.FixedLease())
 	m := c.Mutex(redistest.Key(b))
 	ctx := context.Background()
-	reportRoundTrips(b, counter, func() {
-		must(b, m.Lock(ctx))
-		must(b, m.Unlock(ctx))
-	})
+	reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 }
 
 // reentrancyModes are the reentrancy modes the re-entry benchmarks run in:
@@ -128,10 +128,7 @@ func BenchmarkMutexReentry(b *testing.B) {
 			ctx := dsync.WithOwner(context.Background())
 			must(b, m.Lock(ctx))
 			defer m.Unlock(ctx)
-			reportRoundTrips(b, counter, func() {
-				must(b, m.Lock(ctx))
-				must(b, m.Unlock(ctx))
-			})
+			reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 		})
 	}
 }
@@ -142,10 +139,7 @@ func BenchmarkRWMutexWrite(b *testing.B) {
 	c, counter := benchClient(b)
 	rw := c.RWMutex(redistest.Key(b))
 	ctx := context.Background()
-	reportRoundTrips(b, counter, func() {
-		must(b, rw.Lock(ctx))
-		must(b, rw.Unlock(ctx))
-	})
+	reportLockUnlock(b, counter, ctx, rw.Lock, rw.Unlock)
 }
 
 // BenchmarkOnceDone is Once.Do on a name that is already done: one round

@@ -16,10 +16,7 @@ func BenchmarkRWMutexRead(b *testing.B) {
 	c, counter := benchClient(b)
 	rw := c.RWMutex(redistest.Key(b))
 	ctx := context.Background()
-	reportRoundTrips(b, counter, func() {
-		must(b, rw.RLock(ctx))
-		must(b, rw.RUnlock(ctx))
-	})
+	reportLockUnlock(b, counter, ctx, rw.RLock, rw.RUnlock)
 }
 
 // BenchmarkRWMutexReentry is one re-entry of an RWMutex by an owner that
@@ -39,10 +36,7 @@ func BenchmarkRWMutexReentry(b *testing.B) {
 				}
 				must(b, acquire(ctx))
 				defer release(ctx)
-				reportRoundTrips(b, counter, func() {
-					must(b, acquire(ctx))
-					must(b, release(ctx))
-				})
+				reportLockUnlock(b, counter, ctx, acquire, release)
 			})
 		}
 	}

@@ -224,10 +224,7 @@ func BenchmarkWaitReplicas(b *testing.B) {
 			defer c.Close()
 			m := c.Mutex(redistest.Key(b))
 			ctx := context.Background()
-			reportRoundTrips(b, counter, func() {
-				must(b, m.Lock(ctx))
-				must(b, m.Unlock(ctx))
-			})
+			reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 		})
 	}
 }
