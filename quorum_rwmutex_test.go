@@ -254,54 +254,6 @@ func TestQuorumRWMutexWakesOnRelease(t *testing.T) {
 
 func TestQuorumRWMutexMinorityDown(t *testing.T) { minorityDown(t, rwHammer, 6) }
 
-func TestQuorumRWMutexMajorityDownFails(t *testing.T) {
-	ss, rdbs, c := majorityDown(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
-	rw := c.RWMutex(name)
-	try := func(f func(context.Context) (bool, error)) func(context.Context) error {
-		return func(ctx context.Context) error {
-			ok, err := f(ctx)
-			if ok {
-				return errors.New("granted")
-			}
-			return err
-		}
-	}
-	for what, call := range map[string]func(context.Context) error{
-		"Lock": rw.Lock, "RLock": rw.RLock, "TryLock": try(rw.TryLock), "TryRLock": try(rw.TryRLock),
-	} {
-		if err := call(ctx); !errors.Is(err, dsync.ErrNoQuorum) {
-			t.Fatalf("%s with 3 of 5 masters down = %v, want ErrNoQuorum", what, err)
-		}
-	}
-	for what, lease := range map[string]func(context.Context) (*dsync.Lease, error){"Lease": rw.Lease, "RLease": rw.RLease} {
-		if _, err := lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("%s after the failed calls = %v, want ErrNotHeld", what, err)
-		}
-	}
-	// The two live masters hold nothing of it: no writer, reader or place.
-	k := rwk(name)
-	for _, i := range []int{1, 3} {
-		for _, key := range []string{k.Writer, k.Readers, k.WaitingWriters, k.WaitingReaders} {
-			if n, err := rdbs[i].Exists(ctx, key).Result(); n != 0 || err != nil {
-				t.Errorf("master %d: %s exists = %d, %v; want 0", i, key, n, err)
-			}
-		}
-	}
-	// A restarted master rejoins: three of five answer again.
-	ss[2].Start()
-	if err := rw.RLock(ctx); err != nil {
-		t.Fatalf("RLock after a master rejoined = %v", err)
-	}
-	if ok, _ := newQuorum(t, rdbs).RWMutex(name).TryLock(ctx); ok {
-		t.Fatal("another client took the write lock beside a reader")
-	}
-	if err := rw.RUnlock(ctx); err != nil {
-		t.Fatalf("RUnlock = %v", err)
-	}
-}
-
 func TestQuorumRWMutexClientReentrancy(t *testing.T) {
 	rdbs := miniMasters(t, 3)
 	counters := make([]*redistest.Counter, len(rdbs))
