@@ -117,12 +117,8 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 		}
 		other := newClient(t, b).Mutex(name)
 		must(t, other.Lock(ctx))
-		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Fatalf("Unlock of the lost hold = %v, want ErrLeaseLost", err)
-		}
-		if err := l.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Fatalf("lost Lease Err = %v, want ErrLeaseLost", err)
-		}
+		mustIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock of the lost hold = %v, want ErrLeaseLost")
+		mustIs(t, l.Err(), dsync.ErrLeaseLost, "lost Lease Err = %v, want ErrLeaseLost")
 		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); ok || err != nil {
 			t.Fatalf("TryLock while the other holder holds = %v, %v; the lost hold's Unlock released it", ok, err)
 		}
@@ -130,9 +126,7 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 			t.Fatalf("the other holder's Unlock = %v", err)
 		}
 		must(t, m.Lock(ctx))
-		if err := l.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Fatalf("lost Lease Err after the handle locked again = %v, want ErrLeaseLost", err)
-		}
+		mustIs(t, l.Err(), dsync.ErrLeaseLost, "lost Lease Err after the handle locked again = %v, want ErrLeaseLost")
 		must(t, m.Unlock(ctx))
 	})
 }
@@ -273,13 +267,9 @@ func TestSemaphoreHandleOwesLostPermits(t *testing.T) {
 		if err := s.Acquire(ctx, 1); err != nil { // G2, through the same handle
 			t.Fatal(err)
 		}
-		if err := lost.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Fatalf("the first holding's Lease Err = %v, want ErrLeaseLost", err)
-		}
+		mustIs(t, lost.Err(), dsync.ErrLeaseLost, "the first holding's Lease Err = %v, want ErrLeaseLost")
 		// G1 releases its permit: the loss is reported, G2's permit stays.
-		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Fatalf("Release of the lost permit = %v, want ErrLeaseLost", err)
-		}
+		mustIs(t, s.Release(ctx, 1), dsync.ErrLeaseLost, "Release of the lost permit = %v, want ErrLeaseLost")
 		if ok, err := other.TryAcquire(ctx, 1); err != nil || ok {
 			t.Fatalf("another process's TryAcquire while G2 holds = %v, %v; want false", ok, err)
 		}
@@ -294,9 +284,7 @@ func TestSemaphoreHandleOwesLostPermits(t *testing.T) {
 			t.Fatalf("TryAcquire after both Releases = %v, %v; want true", ok, err)
 		}
 		must(t, other.Release(ctx, 1))
-		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("a third Release = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, s.Release(ctx, 1), dsync.ErrNotHeld, "a third Release = %v, want ErrNotHeld")
 	})
 }
 
@@ -569,9 +557,7 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 				// The hold goes to A, which does not learn of it.
 				must(t, firstUnlock(ctx))
 				cancel()
-				if err := <-got; !errors.Is(err, context.Canceled) {
-					t.Fatalf("A = %v, want context.Canceled", err)
-				}
+				mustIs(t, <-got, context.Canceled, "A = %v, want context.Canceled")
 				waitFor(t, 10*time.Second, "A's clean-up held back", func() bool { return gate.held.Load() > 0 })
 				if err := lock(octx); err != nil { // B
 					t.Fatalf("B = %v", err)

@@ -174,3 +174,20 @@ func assertLeaseLost(t testing.TB, l *dsync.Lease) {
 		t.Errorf("Err = %v, want ErrLeaseLost", err)
 	}
 }
+
+// mustIs stops the test with msg, a format whose one verb is for err,
+// unless errors.Is(err, target); checkIs reports the same and lets the test
+// go on.
+func mustIs(t testing.TB, err, target error, msg string) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf(msg, err)
+	}
+}
+
+func checkIs(t testing.TB, err, target error, msg string) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Errorf(msg, err)
+	}
+}

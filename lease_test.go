@@ -2,7 +2,6 @@ package dsync_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -84,9 +83,7 @@ func TestLeaseLossReported(t *testing.T) {
 				waitDone(t, l, 3*ttl) // one interval is ttl/3; generous bound
 				t.Logf("loss reported after %v", time.Since(at))
 				assertLeaseLost(t, l)
-				if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-					t.Errorf("Unlock = %v, want ErrLeaseLost", err)
-				}
+				checkIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock = %v, want ErrLeaseLost")
 			})
 		})
 	}
@@ -102,9 +99,7 @@ func TestLeaseLostOnServerRestart(t *testing.T) {
 	srv.Restart() // no persistence: the hold is gone
 	waitDone(t, l, 5*time.Second)
 	assertLeaseLost(t, l)
-	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-		t.Errorf("Unlock = %v, want ErrLeaseLost", err)
-	}
+	checkIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock = %v, want ErrLeaseLost")
 	// The lock works again, with a larger fencing token than before.
 	l2 := lockLease(t, ctx, m)
 	if l2.Token() <= l.Token() {
@@ -285,9 +280,7 @@ func TestFixedLeaseRunsOut(t *testing.T) {
 		t.Errorf("a fixed lease sent %d commands while held, want 0", n)
 	}
 	time.Sleep(300 * time.Millisecond) // now the server has expired it too
-	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-		t.Errorf("Unlock = %v, want ErrLeaseLost", err)
-	}
+	checkIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock = %v, want ErrLeaseLost")
 }
 
 func TestMaxHoldBoundsRenewal(t *testing.T) {

@@ -121,9 +121,7 @@ func TestMutexUnlockOfNothingRetriedLateEndsNothing(t *testing.T) {
 		ctx := dsync.WithOwner(ctxT(t))
 		m := c.Mutex(name)
 		// An Unlock with nothing held names no hold.
-		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Unlock of nothing = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "Unlock of nothing = %v, want ErrNotHeld")
 		unlock := rec.Last()
 		must(t, m.Lock(ctx))
 		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 0 {

@@ -2,7 +2,6 @@ package dsync_test
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -103,9 +102,7 @@ func TestMutexTryLock(t *testing.T) {
 		if err := m2.Unlock(ctx); err != nil {
 			t.Fatalf("Unlock: %v", err)
 		}
-		if err := m2.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("second Unlock = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, m2.Unlock(ctx), dsync.ErrNotHeld, "second Unlock = %v, want ErrNotHeld")
 	})
 }
 
@@ -146,13 +143,9 @@ func TestMutexReentrantOwner(t *testing.T) {
 		if ok, _ := other.TryLock(octx); ok {
 			t.Fatal("another owner took a held lock")
 		}
-		if err := other.Unlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Unlock by another owner = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, other.Unlock(octx), dsync.ErrNotHeld, "Unlock by another owner = %v, want ErrNotHeld")
 		// Nor may a caller without owner, even on the same handle.
-		if err := m.Unlock(context.Background()); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Unlock without owner = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, m.Unlock(context.Background()), dsync.ErrNotHeld, "Unlock without owner = %v, want ErrNotHeld")
 		for i := 0; i < 3; i++ {
 			if ok, _ := other.TryLock(octx); ok {
 				t.Fatalf("lock free after %d of 3 unlocks", i)
@@ -161,9 +154,7 @@ func TestMutexReentrantOwner(t *testing.T) {
 				t.Fatalf("Unlock %d: %v", i, err)
 			}
 		}
-		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("fourth Unlock = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "fourth Unlock = %v, want ErrNotHeld")
 		if ok, err := other.TryLock(octx); !ok || err != nil {
 			t.Fatalf("TryLock after the last Unlock = %v, %v", ok, err)
 		}
@@ -303,9 +294,7 @@ func TestMutexClientReentrancy(t *testing.T) {
 			t.Fatalf("TryLock with the token carried to another process = %v, %v; want false", ok, err)
 		}
 		must(t, m.Unlock(ctx))
-		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("extra Unlock = %v, want ErrNotHeld", err)
-		}
+		checkIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "extra Unlock = %v, want ErrNotHeld")
 	})
 }
 

@@ -173,9 +173,7 @@ func TestOnceFailureWithoutWaitersLetsNextCallRun(t *testing.T) {
 		ctx := ctxT(t)
 		o := newClient(t, b).Once(redistest.Key(t))
 		errBoom := errors.New("boom")
-		if err := o.Do(ctx, func(context.Context) error { return errBoom }); !errors.Is(err, errBoom) {
-			t.Fatalf("Do = %v, want boom", err)
-		}
+		mustIs(t, o.Do(ctx, func(context.Context) error { return errBoom }), errBoom, "Do = %v, want boom")
 		ran := false
 		if err := o.Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
 			t.Fatalf("second Do = %v, ran %v; want nil, true", err, ran)
@@ -215,9 +213,7 @@ func TestOnceKilledRunnerHandsOverAfterTTL(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // let it wait
 		closedAt.Store(time.Now().UnixNano())
 		dying.Close()
-		if err := <-dyingErr; !errors.Is(err, dsync.ErrClosed) {
-			t.Errorf("dying runner's Do = %v, want ErrClosed", err)
-		}
+		checkIs(t, <-dyingErr, dsync.ErrClosed, "dying runner's Do = %v, want ErrClosed")
 		select {
 		case at := <-tookOver:
 			t.Fatalf("took over %v after the close, before the lease ran out", at.Sub(time.Unix(0, closedAt.Load())))

@@ -108,9 +108,7 @@ func TestQuorumRWMutexMiniredisHammer(t *testing.T) {
 		t.Fatalf("TryRLock while a writer holds = %v, %v; want false, nil", ok, err)
 	}
 	must(t, a.Unlock(ctx))
-	if err := a.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-		t.Fatalf("extra Unlock = %v, want ErrNotHeld", err)
-	}
+	mustIs(t, a.Unlock(ctx), dsync.ErrNotHeld, "extra Unlock = %v, want ErrNotHeld")
 }
 
 func TestQuorumRWMutexReentrancyAndLeases(t *testing.T) {
@@ -167,9 +165,7 @@ func TestQuorumRWMutexReentrancyAndLeases(t *testing.T) {
 	if _, err := rw.RLease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 		t.Fatalf("RLease after the last RUnlock = %v, want ErrNotHeld", err)
 	}
-	if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-		t.Fatalf("extra RUnlock = %v, want ErrNotHeld", err)
-	}
+	mustIs(t, rw.RUnlock(ctx), dsync.ErrNotHeld, "extra RUnlock = %v, want ErrNotHeld")
 	if ok, err := other.TryLock(ctxT(t)); !ok || err != nil {
 		t.Fatalf("TryLock after every hold was released = %v, %v", ok, err)
 	}
@@ -182,9 +178,7 @@ func TestQuorumRWMutexUpgrade(t *testing.T) {
 	name := redistest.Key(t)
 	rw := newQuorum(t, rdbs).RWMutex(name)
 	must(t, rw.RLock(ctx))
-	if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
-		t.Fatalf("Lock while reading = %v, want ErrUpgrade", err)
-	}
+	mustIs(t, rw.Lock(ctx), dsync.ErrUpgrade, "Lock while reading = %v, want ErrUpgrade")
 	if ok, err := rw.TryLock(ctx); ok || !errors.Is(err, dsync.ErrUpgrade) {
 		t.Fatalf("TryLock while reading = %v, %v; want false, ErrUpgrade", ok, err)
 	}
@@ -242,9 +236,7 @@ func TestQuorumRWMutexWakesOnRelease(t *testing.T) {
 	must(t, w.Lock(ctx))
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
-	if err := r.RLock(short); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("RLock with a short ctx = %v, want DeadlineExceeded", err)
-	}
+	mustIs(t, r.RLock(short), context.DeadlineExceeded, "RLock with a short ctx = %v, want DeadlineExceeded")
 	must(t, w.Unlock(ctx))
 	if ok, err := w.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("TryLock after the cancelled reader = %v, %v; want true", ok, err)

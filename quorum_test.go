@@ -285,9 +285,7 @@ func TestQuorumMutexMiniredis(t *testing.T) {
 		}
 	}
 	recvNil(t, got, 5*time.Second, "waiter not woken by the release")
-	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-		t.Fatalf("extra Unlock = %v, want ErrNotHeld", err)
-	}
+	mustIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "extra Unlock = %v, want ErrNotHeld")
 }
 
 // A Quorum has only Mutex and RWMutex: Semaphore and Once on it do not
@@ -326,12 +324,8 @@ func TestQuorumRefusesOtherPrimitives(t *testing.T) {
 		qc.Close()
 	}
 	c := newQuorum(t, rdbs)
-	if err := c.Mutex("x", dsync.WaitReplicas(1, time.Second)).Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
-		t.Errorf("Lock of a handle with WaitReplicas = %v, want ErrInvalid", err)
-	}
-	if err := c.RWMutex("x", dsync.WaitReplicas(1, time.Second)).Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
-		t.Errorf("RWMutex Lock of a handle with WaitReplicas = %v, want ErrInvalid", err)
-	}
+	checkIs(t, c.Mutex("x", dsync.WaitReplicas(1, time.Second)).Lock(ctx), dsync.ErrInvalid, "Lock of a handle with WaitReplicas = %v, want ErrInvalid")
+	checkIs(t, c.RWMutex("x", dsync.WaitReplicas(1, time.Second)).Lock(ctx), dsync.ErrInvalid, "RWMutex Lock of a handle with WaitReplicas = %v, want ErrInvalid")
 	if n := counter.RoundTrips(); n != 0 {
 		t.Errorf("refused calls sent %d commands, want 0", n)
 	}

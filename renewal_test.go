@@ -75,9 +75,7 @@ func TestRenewalNeverRevivesALostHold(t *testing.T) {
 				if lb.Err() != nil {
 					t.Fatalf("B's lease = %v, want live", lb.Err())
 				}
-				if err := a.unlock(octx); !errors.Is(err, dsync.ErrLeaseLost) {
-					t.Errorf("A's release = %v, want ErrLeaseLost", err)
-				}
+				checkIs(t, a.unlock(octx), dsync.ErrLeaseLost, "A's release = %v, want ErrLeaseLost")
 				if err := bh.unlock(bctx); err != nil {
 					t.Errorf("B's release = %v", err)
 				}

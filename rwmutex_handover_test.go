@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -144,16 +143,10 @@ func TestRWMutexCancelledQueuedWriterLeavesNothing(t *testing.T) {
 		}
 
 		cancel()
-		if err := <-fgot; !errors.Is(err, context.Canceled) {
-			t.Fatalf("Lock = %v, want Canceled", err)
-		}
+		mustIs(t, <-fgot, context.Canceled, "Lock = %v, want Canceled")
 		dsync.WaitCleanups(fc) // the clean-up may outlive the call
-		if err := rdb.ZScore(ctx, rwk(name).WriterQueue, ftok).Err(); !errors.Is(err, redis.Nil) {
-			t.Errorf("the cancelled writer's queue place is left: %v", err)
-		}
-		if err := rdb.ZScore(ctx, rwk(name).WaitingWriters, ftok).Err(); !errors.Is(err, redis.Nil) {
-			t.Errorf("the cancelled writer's waiting place is left: %v", err)
-		}
+		checkIs(t, rdb.ZScore(ctx, rwk(name).WriterQueue, ftok).Err(), redis.Nil, "the cancelled writer's queue place is left: %v")
+		checkIs(t, rdb.ZScore(ctx, rwk(name).WaitingWriters, ftok).Err(), redis.Nil, "the cancelled writer's waiting place is left: %v")
 		if ok, _ := rdb.HExists(ctx, rwk(name).WriterQueueData, ftok).Result(); ok {
 			t.Error("the cancelled writer's queue record is left")
 		}

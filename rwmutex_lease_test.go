@@ -69,9 +69,7 @@ func TestRWMutexFixedLeaseRunsOut(t *testing.T) {
 			t.Fatal("fixed read lease did not end")
 		}
 		assertLeaseLost(t, l)
-		if err := short.RUnlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Errorf("RUnlock after the lease ran out = %v, want ErrLeaseLost", err)
-		}
+		checkIs(t, short.RUnlock(ctx), dsync.ErrLeaseLost, "RUnlock after the lease ran out = %v, want ErrLeaseLost")
 		if l, err := long.RLease(ctx); err != nil || l.Err() != nil {
 			t.Fatalf("the other reader's lease = %v, %v; want live", l, err)
 		}
@@ -154,9 +152,7 @@ func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
 					assertLeaseLost(t, l)
 					// Each of the three levels is gone: the first unlock says
 					// so, the others find nothing.
-					if err := release(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-						t.Errorf("first unlock after the loss = %v, want ErrLeaseLost", err)
-					}
+					checkIs(t, release(ctx), dsync.ErrLeaseLost, "first unlock after the loss = %v, want ErrLeaseLost")
 					for i := 0; i < 2; i++ {
 						if err := release(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 							t.Errorf("unlock %d after the loss = %v, want ErrNotHeld", i+2, err)
@@ -171,9 +167,7 @@ func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
 						t.Fatalf("lease of the new hold = %v, %v; want live", l2, err)
 					}
 					must(t, release(ctx))
-					if err := release(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-						t.Errorf("extra unlock = %v, want ErrNotHeld", err)
-					}
+					checkIs(t, release(ctx), dsync.ErrNotHeld, "extra unlock = %v, want ErrNotHeld")
 					assertRWReleased(t, b, name)
 				})
 			}

@@ -34,9 +34,7 @@ func TestRWMutexReentrantOwner(t *testing.T) {
 		if v, _ := rdb.HGet(ctx, rwk(name).ReaderData, tok).Result(); !strings.HasPrefix(v, "3 ") {
 			t.Errorf("read count in Redis = %q, want 3", v)
 		}
-		if err := other.RUnlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("RUnlock by another owner = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, other.RUnlock(octx), dsync.ErrNotHeld, "RUnlock by another owner = %v, want ErrNotHeld")
 		for i := 0; i < 3; i++ {
 			if ok, _ := other.TryLock(octx); ok {
 				t.Fatalf("write lock free after %d of 3 RUnlocks", i)
@@ -45,9 +43,7 @@ func TestRWMutexReentrantOwner(t *testing.T) {
 				t.Fatalf("RUnlock %d: %v", i, err)
 			}
 		}
-		if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("fourth RUnlock = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, rw.RUnlock(ctx), dsync.ErrNotHeld, "fourth RUnlock = %v, want ErrNotHeld")
 
 		// Write, three levels, with one fencing token.
 		var fence uint64
@@ -65,12 +61,8 @@ func TestRWMutexReentrantOwner(t *testing.T) {
 				t.Errorf("re-entry %d changed the fencing token: %d, want %d", i, l.Token(), fence)
 			}
 		}
-		if err := other.Unlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Unlock by another owner = %v, want ErrNotHeld", err)
-		}
-		if err := rw.Unlock(context.Background()); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Unlock without owner = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, other.Unlock(octx), dsync.ErrNotHeld, "Unlock by another owner = %v, want ErrNotHeld")
+		mustIs(t, rw.Unlock(context.Background()), dsync.ErrNotHeld, "Unlock without owner = %v, want ErrNotHeld")
 		for i := 0; i < 3; i++ {
 			if ok, _ := other.TryRLock(octx); ok {
 				t.Fatalf("read lock free after %d of 3 Unlocks", i)
@@ -175,9 +167,7 @@ func TestRWMutexUpgradeRefused(t *testing.T) {
 		rw := newClient(t, b).RWMutex(name)
 		must(t, rw.RLock(ctx))
 		start := time.Now()
-		if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
-			t.Fatalf("Lock while reading = %v, want ErrUpgrade", err)
-		}
+		mustIs(t, rw.Lock(ctx), dsync.ErrUpgrade, "Lock while reading = %v, want ErrUpgrade")
 		if d := time.Since(start); d > 2*time.Second {
 			t.Errorf("ErrUpgrade took %v, want at once", d)
 		}
@@ -193,9 +183,7 @@ func TestRWMutexUpgradeRefused(t *testing.T) {
 		// Another process of the same owner reads: still an upgrade.
 		other := newClient(t, b).RWMutex(name)
 		must(t, other.RLock(ctx))
-		if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
-			t.Fatalf("Lock while the owner reads elsewhere = %v, want ErrUpgrade", err)
-		}
+		mustIs(t, rw.Lock(ctx), dsync.ErrUpgrade, "Lock while the owner reads elsewhere = %v, want ErrUpgrade")
 		must(t, other.RUnlock(ctx))
 	})
 }

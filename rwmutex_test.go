@@ -189,9 +189,7 @@ func TestRWMutexOneHandleManyReaders(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("extra RUnlock = %v, want ErrNotHeld", err)
-		}
+		checkIs(t, rw.RUnlock(ctx), dsync.ErrNotHeld, "extra RUnlock = %v, want ErrNotHeld")
 		assertRWReleased(t, b, name)
 	})
 }
@@ -203,12 +201,8 @@ func TestRWMutexNotHeld(t *testing.T) {
 		rw := newClient(t, b).RWMutex(name)
 		octx := dsync.WithOwner(ctx)
 		for _, c := range []context.Context{ctx, octx} {
-			if err := rw.RUnlock(c); !errors.Is(err, dsync.ErrNotHeld) {
-				t.Errorf("RUnlock of nothing = %v, want ErrNotHeld", err)
-			}
-			if err := rw.Unlock(c); !errors.Is(err, dsync.ErrNotHeld) {
-				t.Errorf("Unlock of nothing = %v, want ErrNotHeld", err)
-			}
+			checkIs(t, rw.RUnlock(c), dsync.ErrNotHeld, "RUnlock of nothing = %v, want ErrNotHeld")
+			checkIs(t, rw.Unlock(c), dsync.ErrNotHeld, "Unlock of nothing = %v, want ErrNotHeld")
 			if _, err := rw.Lease(c); !errors.Is(err, dsync.ErrNotHeld) {
 				t.Errorf("Lease of nothing = %v, want ErrNotHeld", err)
 			}
@@ -218,19 +212,13 @@ func TestRWMutexNotHeld(t *testing.T) {
 		}
 		// The modes do not stand in for each other.
 		must(t, rw.Lock(octx))
-		if err := rw.RUnlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("RUnlock while only writing = %v, want ErrNotHeld", err)
-		}
+		checkIs(t, rw.RUnlock(octx), dsync.ErrNotHeld, "RUnlock while only writing = %v, want ErrNotHeld")
 		must(t, rw.Unlock(octx))
 		must(t, rw.RLock(ctx))
-		if err := rw.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("Unlock while only reading = %v, want ErrNotHeld", err)
-		}
+		checkIs(t, rw.Unlock(ctx), dsync.ErrNotHeld, "Unlock while only reading = %v, want ErrNotHeld")
 		// A reader whose share was deleted behind its back is told.
 		must(t, b.NewClient(t).Del(ctx, rwk(name).Readers, rwk(name).ReaderData).Err())
-		if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Errorf("RUnlock of a deleted share = %v, want ErrLeaseLost", err)
-		}
+		checkIs(t, rw.RUnlock(ctx), dsync.ErrLeaseLost, "RUnlock of a deleted share = %v, want ErrLeaseLost")
 	})
 }
 
@@ -248,9 +236,7 @@ func TestRWMutexLostUnlockReplyRetried(t *testing.T) {
 		// The first RUnlock runs on the server, its reply is lost; the
 		// caller retries, which must not lower the count again.
 		faults.DropReplyNext(1, context.DeadlineExceeded)
-		if err := rw.RUnlock(octx); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("RUnlock = %v, want the injected error", err)
-		}
+		mustIs(t, rw.RUnlock(octx), context.DeadlineExceeded, "RUnlock = %v, want the injected error")
 		if err := rw.RUnlock(octx); err != nil {
 			t.Fatalf("retried RUnlock = %v", err)
 		}
@@ -259,15 +245,11 @@ func TestRWMutexLostUnlockReplyRetried(t *testing.T) {
 		}
 		// A full release whose reply is lost, retried: answers as before.
 		faults.DropReplyNext(1, context.DeadlineExceeded)
-		if err := rw.RUnlock(octx); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("RUnlock = %v, want the injected error", err)
-		}
+		mustIs(t, rw.RUnlock(octx), context.DeadlineExceeded, "RUnlock = %v, want the injected error")
 		if err := rw.RUnlock(octx); err != nil {
 			t.Fatalf("retried last RUnlock = %v, want nil", err)
 		}
-		if err := rw.RUnlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("RUnlock after release = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, rw.RUnlock(octx), dsync.ErrNotHeld, "RUnlock after release = %v, want ErrNotHeld")
 	})
 }
 

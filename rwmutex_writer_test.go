@@ -2,7 +2,6 @@ package dsync_test
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -160,9 +159,7 @@ func TestRWMutexWriterGivingUpUnblocksReaders(t *testing.T) {
 		}
 		gaveUp := time.Now()
 		cancel()
-		if err := <-werr; !errors.Is(err, context.Canceled) {
-			t.Fatalf("Lock = %v, want Canceled", err)
-		}
+		mustIs(t, <-werr, context.Canceled, "Lock = %v, want Canceled")
 		for i := 0; i < R; i++ {
 			select {
 			case at := <-rgot:

@@ -139,9 +139,7 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 		if _, err := s.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 			t.Fatalf("Lease before Acquire = %v, want ErrNotHeld", err)
 		}
-		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Release before Acquire = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, s.Release(ctx, 1), dsync.ErrNotHeld, "Release before Acquire = %v, want ErrNotHeld")
 		// Goroutines sharing the handle add to one holding, as with a
 		// shared semaphore.Weighted, and any of them may release.
 		var wg sync.WaitGroup
@@ -220,20 +218,14 @@ func TestSemaphoreOwner(t *testing.T) {
 			t.Fatalf("leases of one holding: %v, %v, %v", la, lb, err)
 		}
 		// Neither another owner nor the handle without owner may release.
-		if err := s.Release(dsync.WithOwner(ctx), 1); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("Release by another owner = %v, want ErrNotHeld", err)
-		}
-		if err := s.Release(context.Background(), 1); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("Release without owner = %v, want ErrNotHeld", err)
-		}
+		checkIs(t, s.Release(dsync.WithOwner(ctx), 1), dsync.ErrNotHeld, "Release by another owner = %v, want ErrNotHeld")
+		checkIs(t, s.Release(context.Background(), 1), dsync.ErrNotHeld, "Release without owner = %v, want ErrNotHeld")
 		if ok, _ := other.TryAcquire(dsync.WithOwner(ctx), 2); ok {
 			t.Fatal("2 permits free with 3 of 4 held")
 		}
 		must(t, other.Release(ctxB, 1))
 		must(t, s.Release(ctx, 2))
-		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Release after all = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, s.Release(ctx, 1), dsync.ErrNotHeld, "Release after all = %v, want ErrNotHeld")
 		select {
 		case <-la.Done():
 		case <-time.After(5 * time.Second):
@@ -394,9 +386,7 @@ func TestSemaphoreWaiterGivingUpUnblocksOthers(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 		giveUp()
-		if err := <-big; !errors.Is(err, context.Canceled) {
-			t.Fatalf("Acquire of the waiter that gave up = %v, want Canceled", err)
-		}
+		mustIs(t, <-big, context.Canceled, "Acquire of the waiter that gave up = %v, want Canceled")
 		// The TTL is 30 s: only the cleanup's hand-over explains this.
 		recvNil(t, done, 5*time.Second, "waiter behind one that gave up not served")
 		must(t, small.Release(ctx, 1))
@@ -454,9 +444,7 @@ func TestSemaphoreLostReleaseReply(t *testing.T) {
 			t.Fatal("TryAcquire(1) with 1 free failed")
 		}
 		faults.DropReplyNext(1, context.DeadlineExceeded)
-		if err := s.Release(ctx, 1); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Release = %v, want the injected error", err)
-		}
+		mustIs(t, s.Release(ctx, 1), context.DeadlineExceeded, "Release = %v, want the injected error")
 		must(t, other.Release(ctx, 1))
 		assertNoSemKeys(t, b, name)
 	})
@@ -532,15 +520,11 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 		four := newClient(t, b).Semaphore(name, 4)
 		five := newClient(t, b).Semaphore(name, 5)
 		must(t, four.Acquire(ctx, 1))
-		if err := five.Acquire(ctx, 1); !errors.Is(err, dsync.ErrSizeMismatch) {
-			t.Errorf("Acquire with another size = %v, want ErrSizeMismatch", err)
-		}
+		checkIs(t, five.Acquire(ctx, 1), dsync.ErrSizeMismatch, "Acquire with another size = %v, want ErrSizeMismatch")
 		if _, err := five.TryAcquire(context.Background(), 1); !errors.Is(err, dsync.ErrSizeMismatch) {
 			t.Errorf("TryAcquire with another size = %v, want ErrSizeMismatch", err)
 		}
-		if err := five.Release(ctx, 1); !errors.Is(err, dsync.ErrSizeMismatch) {
-			t.Errorf("Release with another size = %v, want ErrSizeMismatch", err)
-		}
+		checkIs(t, five.Release(ctx, 1), dsync.ErrSizeMismatch, "Release with another size = %v, want ErrSizeMismatch")
 		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name).State, dsync.OwnerToken(ctx)).Int(); n != 1 {
 			t.Errorf("permits held after mismatches = %d, want 1", n)
 		}

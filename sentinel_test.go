@@ -199,9 +199,7 @@ func TestSentinelFailoverLosesUnreplicatedHold(t *testing.T) {
 	case <-lease.Done():
 	case <-time.After(3 * ttl):
 	}
-	if err := lease.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
-		t.Errorf("Lease.Err of the vanished hold = %v, want ErrLeaseLost", err)
-	}
+	checkIs(t, lease.Err(), dsync.ErrLeaseLost, "Lease.Err of the vanished hold = %v, want ErrLeaseLost")
 	if !errors.Is(werr, dsync.ErrNotReplicated) {
 		t.Errorf("Lock with WaitReplicas in the window = %v, want ErrNotReplicated", werr)
 	}
