@@ -157,10 +157,7 @@ func TestOnceLateCopyOfAnAttemptTakesNothing(t *testing.T) {
 			t.Helper()
 			qctx, cancel := context.WithTimeout(ctxT(t), 5*time.Second)
 			defer cancel()
-			ran := false
-			if err := newClient(t, b).Once(name).Do(qctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
-				t.Errorf("next Do = %v, ran %v; want nil, true", err, ran)
-			}
+			assertDoRuns(t, qctx, newClient(t, b).Once(name), "next Do")
 		}
 		// run runs f through a logged Once and returns the once_do call
 		// that granted the run and Do's error.

@@ -168,16 +168,22 @@ func TestOnceFailureHandsOver(t *testing.T) {
 	})
 }
 
+// assertDoRuns checks that o.Do runs f and returns nil; what names the call.
+func assertDoRuns(t *testing.T, ctx context.Context, o *dsync.Once, what string) {
+	t.Helper()
+	ran := false
+	if err := o.Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+		t.Errorf("%s = %v, ran %v; want nil, true", what, err, ran)
+	}
+}
+
 func TestOnceFailureWithoutWaitersLetsNextCallRun(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		o := newClient(t, b).Once(redistest.Key(t))
 		errBoom := errors.New("boom")
 		mustIs(t, o.Do(ctx, func(context.Context) error { return errBoom }), errBoom, "Do = %v, want boom")
-		ran := false
-		if err := o.Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
-			t.Fatalf("second Do = %v, ran %v; want nil, true", err, ran)
-		}
+		assertDoRuns(t, ctx, o, "second Do")
 	})
 }
 
@@ -288,10 +294,7 @@ func TestOnceCallerCtxCancelsF(t *testing.T) {
 			t.Errorf("Do = %v, want context.Canceled", err)
 		}
 		// The run lease was released: the next call runs at once.
-		ran := false
-		if err := c.Once(name).Do(ctxT(t), func(context.Context) error { ran = true; return nil }); err != nil || !ran {
-			t.Errorf("next Do = %v, ran %v; want nil, true", err, ran)
-		}
+		assertDoRuns(t, ctxT(t), c.Once(name), "next Do")
 	})
 }
 
@@ -308,10 +311,7 @@ func TestOncePanicReleasesTheRun(t *testing.T) {
 			}()
 			_ = c.Once(name).Do(ctx, func(context.Context) error { panic("oops") })
 		}()
-		ran := false
-		if err := newClient(t, b).Once(name).Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
-			t.Errorf("Do after a panic = %v, ran %v; want nil, true", err, ran)
-		}
+		assertDoRuns(t, ctx, newClient(t, b).Once(name), "Do after a panic")
 	})
 }
 

@@ -15,6 +15,23 @@ import (
 // RWMutex owners: re-entry, tokens across processes, downgrade and upgrade,
 // client reentrancy.
 
+// assertNextWriter checks that other's TryLock (for the owner of ctx) now
+// takes the name, with a fencing token above fence, and that once it
+// unlocks the name is left free.
+func assertNextWriter(t *testing.T, ctx context.Context, b redistest.Backend, other *dsync.RWMutex, name string, fence uint64, after string) {
+	t.Helper()
+	if ok, err := other.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock %s = %v, %v", after, ok, err)
+	}
+	l, err := other.Lease(ctx)
+	must(t, err)
+	if l.Token() <= fence {
+		t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
+	}
+	must(t, other.Unlock(ctx))
+	assertRWReleased(t, b, name)
+}
+
 func TestRWMutexReentrantOwner(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := dsync.WithOwner(ctxT(t))
@@ -71,15 +88,7 @@ func TestRWMutexReentrantOwner(t *testing.T) {
 				t.Fatalf("Unlock %d: %v", i, err)
 			}
 		}
-		if ok, err := other.TryLock(octx); !ok || err != nil {
-			t.Fatalf("TryLock after the last Unlock = %v, %v", ok, err)
-		}
-		l, _ := other.Lease(octx)
-		if l.Token() <= fence {
-			t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
-		}
-		must(t, other.Unlock(octx))
-		assertRWReleased(t, b, name)
+		assertNextWriter(t, octx, b, other, name, fence, "after the last Unlock")
 	})
 }
 
@@ -307,15 +316,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 				step("TryLock while reading", [2]int64{1, 1}, dsync.ErrUpgrade, try(rw.TryLock, false))
 				step("inner RUnlock", [2]int64{1, 0}, nil, func() error { return rw.RUnlock(ctx) })
 				step("last RUnlock", [2]int64{1, 1}, nil, func() error { return rw.RUnlock(ctx) })
-				ok, err := other.TryLock(octx)
-				if !ok || err != nil {
-					t.Fatalf("TryLock after the owner left = %v, %v", ok, err)
-				}
-				if l, _ := other.Lease(octx); l.Token() <= fence {
-					t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
-				}
-				must(t, other.Unlock(octx))
-				assertRWReleased(t, b, name)
+				assertNextWriter(t, octx, b, other, name, fence, "after the owner left")
 			})
 		}
 	})
