@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -136,15 +137,7 @@ func (r *replayRig) rwCount(t *testing.T, mode string) int {
 // and leaves it free.
 func (r *replayRig) otherWrites(t *testing.T) bool {
 	t.Helper()
-	rw := r.other.RWMutex(r.name)
-	ok, err := rw.TryLock(r.octx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok {
-		must(t, rw.Unlock(r.octx))
-	}
-	return ok
+	return writeFree(t, r.octx, r.other.RWMutex(r.name))
 }
 
 func rwOps(rw *dsync.RWMutex, mode string) (lock, unlock func(context.Context) error) {
@@ -187,15 +180,8 @@ func TestRWMutexLateUnlockCopyAfter40Holds(t *testing.T) {
 				if got := r.rwCount(t, mode); got != want {
 					t.Errorf("%s within=%v: count after the late copy = %d, want %d", mode, within, got, want)
 				}
-				for i := 0; i < want; i++ {
-					if r.otherWrites(t) {
-						t.Fatalf("%s within=%v: another owner took the write lock while the owner holds %d of %d levels", mode, within, want-i, want)
-					}
-					must(t, unlock(r.ctx))
-				}
-				if !r.otherWrites(t) {
-					t.Fatalf("%s within=%v: write lock not free after the owner's last unlock", mode, within)
-				}
+				unlockLevels(t, want, func() bool { return r.otherWrites(t) }, func() error { return unlock(r.ctx) },
+					fmt.Sprintf("%s within=%v", mode, within))
 				assertRWReleased(t, b, r.name)
 			}
 		}

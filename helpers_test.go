@@ -191,3 +191,31 @@ func checkIs(t testing.TB, err, target error, msg string) {
 		t.Errorf(msg, err)
 	}
 }
+
+// writeFree reports whether rw's TryLock for ctx's owner takes the name,
+// and gives it back if it did.
+func writeFree(t *testing.T, ctx context.Context, rw *dsync.RWMutex) bool {
+	t.Helper()
+	ok, err := rw.TryLock(ctx)
+	must(t, err)
+	if ok {
+		must(t, rw.Unlock(ctx))
+	}
+	return ok
+}
+
+// unlockLevels gives back n levels of an owner's hold through unlock,
+// checking before each that another owner does not get in (getsIn) and
+// after the last that it does: no level is lost or leaked.
+func unlockLevels(t *testing.T, n int, getsIn func() bool, unlock func() error, what string) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if getsIn() {
+			t.Fatalf("%s: another owner took the write lock while the owner holds %d of %d levels", what, n-i, n)
+		}
+		must(t, unlock())
+	}
+	if !getsIn() {
+		t.Fatalf("%s: write lock not free after the owner's last unlock (a level leaked)", what)
+	}
+}

@@ -133,14 +133,7 @@ func (r *rwRetryRig) count(t *testing.T, mode string) string {
 // leaves it free.
 func (r *rwRetryRig) otherGetsIn(t *testing.T) bool {
 	t.Helper()
-	ok, err := r.other.TryLock(r.octx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok {
-		must(t, r.other.Unlock(r.octx))
-	}
-	return ok
+	return writeFree(t, r.octx, r.other)
 }
 
 // lockUnlock runs n lock/unlock pairs of the owner in mode.
@@ -182,15 +175,8 @@ func TestRWMutexLateUnlockRetryAfterReentry(t *testing.T) {
 				if got := r.count(t, mode); got != "2" {
 					t.Errorf("%s gap %d: count after the repeat = %q, want 2", mode, gap, got)
 				}
-				for i := 0; i < 2; i++ {
-					if r.otherGetsIn(t) {
-						t.Fatalf("%s gap %d: another owner took the write lock while the owner holds %d of 2 levels", mode, gap, 2-i)
-					}
-					must(t, unlock(r.ctx))
-				}
-				if !r.otherGetsIn(t) {
-					t.Fatalf("%s gap %d: write lock not free after the last unlock", mode, gap)
-				}
+				unlockLevels(t, 2, func() bool { return r.otherGetsIn(t) }, func() error { return unlock(r.ctx) },
+					fmt.Sprintf("%s gap %d", mode, gap))
 			}
 		}
 	})
@@ -287,15 +273,7 @@ func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
 				t.Errorf("%s: count after the late arrival = %q, want 2", mode, got)
 			}
 			// The owner's two successful calls need two unlocks.
-			for i := 0; i < 2; i++ {
-				if r.otherGetsIn(t) {
-					t.Fatalf("%s: another owner took the write lock while the owner holds it", mode)
-				}
-				must(t, unlock(r.ctx))
-			}
-			if !r.otherGetsIn(t) {
-				t.Fatalf("%s: hold leaked after the abandoned call's cleanup", mode)
-			}
+			unlockLevels(t, 2, func() bool { return r.otherGetsIn(t) }, func() error { return unlock(r.ctx) }, mode)
 			assertRWReleased(t, b, r.name)
 		}
 	})
