@@ -219,3 +219,18 @@ func unlockLevels(t *testing.T, n int, getsIn func() bool, unlock func() error, 
 		t.Fatalf("%s: write lock not free after the owner's last unlock (a level leaked)", what)
 	}
 }
+
+// untilClosed runs step at most n times, until stop is closed or step
+// returns false.
+func untilClosed(stop <-chan struct{}, n int, step func() bool) {
+	for i := 0; i < n; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if !step() {
+			return
+		}
+	}
+}

@@ -83,15 +83,10 @@ func contend(t *testing.T, ctx context.Context, lockers []locker, d time.Duratio
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; i < 100000; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			untilClosed(stop, 100000, func() bool {
 				if err := l.Lock(ctx); err != nil {
 					t.Error(err)
-					return
+					return false
 				}
 				if inside.Add(1) != 1 {
 					bad.Add(1)
@@ -100,9 +95,10 @@ func contend(t *testing.T, ctx context.Context, lockers []locker, d time.Duratio
 				inside.Add(-1)
 				if err := l.Unlock(ctx); err != nil {
 					t.Error(err)
-					return
+					return false
 				}
-			}
+				return true
+			})
 		}()
 	}
 	time.Sleep(d)

@@ -82,23 +82,19 @@ func TestRWMutexReadersCannotStarveWriter(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for i := 0; i < 100000; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
+				untilClosed(stop, 100000, func() bool {
 					if err := rw.RLock(ctx); err != nil {
 						t.Error(err)
-						return
+						return false
 					}
 					reads.Add(1)
 					time.Sleep(5 * time.Millisecond)
 					if err := rw.RUnlock(ctx); err != nil {
 						t.Error(err)
-						return
+						return false
 					}
-				}
+					return true
+				})
 			}()
 		}
 		defer func() { close(stop); wg.Wait() }()

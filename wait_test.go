@@ -202,16 +202,12 @@ func TestNotificationFloodBoundsAttempts(t *testing.T) {
 				done := make(chan struct{})
 				go func() {
 					defer close(done)
-					for i := 0; i < 50000; i++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
+					untilClosed(stop, 50000, func() bool {
 						if pub.Publish(ctx, p.ch(name), "").Err() == nil {
 							sent.Add(1)
 						}
-					}
+						return true
+					})
 				}()
 				wctx, cancel := context.WithTimeout(ctx, wait)
 				err := p.wait(wctx, wc, name)
