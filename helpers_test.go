@@ -192,16 +192,25 @@ func checkIs(t testing.TB, err, target error, msg string) {
 	}
 }
 
+// gotIn returns a probe that reports whether try takes the name for ctx's
+// owner, giving it back through release if it did.
+func gotIn(t *testing.T, ctx context.Context, try func(context.Context) (bool, error), release func(context.Context) error) func() bool {
+	return func() bool {
+		t.Helper()
+		ok, err := try(ctx)
+		must(t, err)
+		if ok {
+			must(t, release(ctx))
+		}
+		return ok
+	}
+}
+
 // writeFree reports whether rw's TryLock for ctx's owner takes the name,
 // and gives it back if it did.
 func writeFree(t *testing.T, ctx context.Context, rw *dsync.RWMutex) bool {
 	t.Helper()
-	ok, err := rw.TryLock(ctx)
-	must(t, err)
-	if ok {
-		must(t, rw.Unlock(ctx))
-	}
-	return ok
+	return gotIn(t, ctx, rw.TryLock, rw.Unlock)()
 }
 
 // unlockLevels gives back n levels of an owner's hold through unlock,
@@ -211,12 +220,12 @@ func unlockLevels(t *testing.T, n int, getsIn func() bool, unlock func() error, 
 	t.Helper()
 	for i := 0; i < n; i++ {
 		if getsIn() {
-			t.Fatalf("%s: another owner took the write lock while the owner holds %d of %d levels", what, n-i, n)
+			t.Fatalf("%s: another owner got in while the owner holds %d of %d levels", what, n-i, n)
 		}
 		must(t, unlock())
 	}
 	if !getsIn() {
-		t.Fatalf("%s: write lock not free after the owner's last unlock (a level leaked)", what)
+		t.Fatalf("%s: not free for another owner after the owner's last unlock (a level leaked)", what)
 	}
 }
 
