@@ -53,19 +53,21 @@ func reportRoundTrips(b *testing.B, counter *redistest.Counter, op func()) {
 	b.ReportMetric(float64(counter.RoundTrips())/float64(b.N), "roundtrips/op")
 }
 
+// reportLockUnlock is reportRoundTrips of one lock and its unlock.
+func reportLockUnlock(b *testing.B, counter *redistest.Counter, ctx context.Context, lock, unlock func(context.Context) error) {
+	b.Helper()
+	reportRoundTrips(b, counter, func() {
+		must(b, lock(ctx))
+		must(b, unlock(ctx))
+	})
+}
+
 // BenchmarkMutex is one uncontended Lock+Unlock: two round trips.
 func BenchmarkMutex(b *testing.B) {
 	c, counter := benchClient(b)
 	m := c.Mutex(redistest.Key(b))
 	ctx := context.Background()
-	reportRoundTrips(b, counter, func() {
-		if err := m.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
-	})
+	reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 }
 
 // BenchmarkMutexCancelCtx is BenchmarkMutex with a ctx that can be
@@ -76,14 +78,7 @@ func BenchmarkMutexCancelCtx(b *testing.B) {
 	m := c.Mutex(redistest.Key(b))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	reportRoundTrips(b, counter, func() {
-		if err := m.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
-	})
+	reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 }
 
 // BenchmarkRawFloor is the floor for a correct lock: SET NX PX and a
@@ -99,9 +94,7 @@ func BenchmarkRawFloor(b *testing.B) {
 		if ok, err := rdb.SetNX(ctx, key, "token", 30e9).Result(); !ok || err != nil {
 			b.Fatal(ok, err)
 		}
-		if err := del.Run(ctx, rdb, []string{key}, "token").Err(); err != nil {
-			b.Fatal(err)
-		}
+		must(b, del.Run(ctx, rdb, []string{key}, "token").Err())
 	})
 }
 
@@ -111,14 +104,7 @@ func BenchmarkMutexFixed(b *testing.B) {
 	c, counter := benchClient(b, dsync.FixedLease())
 	m := c.Mutex(redistest.Key(b))
 	ctx := context.Background()
-	reportRoundTrips(b, counter, func() {
-		if err := m.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
-	})
+	reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 }
 
 // reentrancyModes are the reentrancy modes the re-entry benchmarks run in:
@@ -140,18 +126,9 @@ func BenchmarkMutexReentry(b *testing.B) {
 			c, counter := benchClient(b, mode.opts...)
 			m := c.Mutex(redistest.Key(b))
 			ctx := dsync.WithOwner(context.Background())
-			if err := m.Lock(ctx); err != nil {
-				b.Fatal(err)
-			}
+			must(b, m.Lock(ctx))
 			defer m.Unlock(ctx)
-			reportRoundTrips(b, counter, func() {
-				if err := m.Lock(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if err := m.Unlock(ctx); err != nil {
-					b.Fatal(err)
-				}
-			})
+			reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 		})
 	}
 }
@@ -162,14 +139,7 @@ func BenchmarkRWMutexWrite(b *testing.B) {
 	c, counter := benchClient(b)
 	rw := c.RWMutex(redistest.Key(b))
 	ctx := context.Background()
-	reportRoundTrips(b, counter, func() {
-		if err := rw.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := rw.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
-	})
+	reportLockUnlock(b, counter, ctx, rw.Lock, rw.Unlock)
 }
 
 // BenchmarkOnceDone is Once.Do on a name that is already done: one round
@@ -178,16 +148,12 @@ func BenchmarkOnceDone(b *testing.B) {
 	c, counter := benchClient(b)
 	o := c.Once(redistest.Key(b))
 	ctx := context.Background()
-	if err := o.Do(ctx, func(context.Context) error { return nil }); err != nil {
-		b.Fatal(err)
-	}
+	must(b, o.Do(ctx, func(context.Context) error { return nil }))
 	f := func(context.Context) error {
 		b.Fatal("f called on a done Once")
 		return nil
 	}
 	reportRoundTrips(b, counter, func() {
-		if err := o.Do(ctx, f); err != nil {
-			b.Fatal(err)
-		}
+		must(b, o.Do(ctx, f))
 	})
 }

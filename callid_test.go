@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -41,11 +42,8 @@ type replayRig struct {
 
 func newReplayRig(t *testing.T, b redistest.Backend) *replayRig {
 	t.Helper()
-	rdb := b.NewClient(t)
 	rec := &redistest.Recorder{}
-	rdb.AddHook(rec)
-	c := dsync.New(rdb, dsync.TTL(replayTTL))
-	t.Cleanup(func() { c.Close() })
+	c, rdb := hookedClient(t, b, rec, dsync.TTL(replayTTL))
 	return &replayRig{
 		b:     b,
 		rdb:   rdb,
@@ -63,9 +61,7 @@ func newReplayRig(t *testing.T, b redistest.Backend) *replayRig {
 func (r *replayRig) record(t *testing.T, script *redis.Script, call func(context.Context) error) []any {
 	t.Helper()
 	return r.recordErr(t, script, func(ctx context.Context) error {
-		if err := call(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, call(ctx))
 		return nil
 	})
 }
@@ -141,17 +137,7 @@ func (r *replayRig) rwCount(t *testing.T, mode string) int {
 // and leaves it free.
 func (r *replayRig) otherWrites(t *testing.T) bool {
 	t.Helper()
-	rw := r.other.RWMutex(r.name)
-	ok, err := rw.TryLock(r.octx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok {
-		if err := rw.Unlock(r.octx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return ok
+	return writeFree(t, r.octx, r.other.RWMutex(r.name))
 }
 
 func rwOps(rw *dsync.RWMutex, mode string) (lock, unlock func(context.Context) error) {
@@ -194,15 +180,8 @@ func TestRWMutexLateUnlockCopyAfter40Holds(t *testing.T) {
 				if got := r.rwCount(t, mode); got != want {
 					t.Errorf("%s within=%v: count after the late copy = %d, want %d", mode, within, got, want)
 				}
-				for i := 0; i < want; i++ {
-					if r.otherWrites(t) {
-						t.Fatalf("%s within=%v: another owner took the write lock while the owner holds %d of %d levels", mode, within, want-i, want)
-					}
-					must(t, unlock(r.ctx))
-				}
-				if !r.otherWrites(t) {
-					t.Fatalf("%s within=%v: write lock not free after the owner's last unlock", mode, within)
-				}
+				unlockLevels(t, want, func() bool { return r.otherWrites(t) }, func() error { return unlock(r.ctx) },
+					fmt.Sprintf("%s within=%v", mode, within))
 				assertRWReleased(t, b, r.name)
 			}
 		}

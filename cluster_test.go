@@ -60,9 +60,7 @@ func BenchmarkClusterNotify(b *testing.B) {
 			}
 			msgs := ps.Channel()
 			send := func() {
-				if err := rdb.Do(ctx, cmd, ch, "").Err(); err != nil {
-					b.Fatal(err)
-				}
+				must(b, rdb.Do(ctx, cmd, ch, "").Err())
 				select {
 				case <-msgs:
 				case <-time.After(5 * time.Second):
@@ -97,9 +95,7 @@ func BenchmarkClusterMutexWakeup(b *testing.B) {
 	holder, waiter := c1.Mutex(name), c2.Mutex(name)
 	var total time.Duration
 	for range b.N {
-		if err := holder.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
+		must(b, holder.Lock(ctx))
 		got := make(chan time.Time, 1)
 		go func() {
 			if err := waiter.Lock(ctx); err != nil {
@@ -109,13 +105,9 @@ func BenchmarkClusterMutexWakeup(b *testing.B) {
 		}()
 		time.Sleep(5 * time.Millisecond)
 		released := time.Now()
-		if err := holder.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
+		must(b, holder.Unlock(ctx))
 		total += (<-got).Sub(released)
-		if err := waiter.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
+		must(b, waiter.Unlock(ctx))
 	}
 	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "µs-wakeup/op")
 }

@@ -113,9 +113,7 @@ func concurrentUnlocks(t *testing.T, cases func(name string) []unlockCase) {
 					t.Errorf("%s, %d levels: after two concurrent releases another owner's try = %v, %v; want the name free", tc.name, levels, ok, err)
 					continue
 				}
-				if err := tc.done(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, tc.done(ctx))
 			}
 		}
 	}

@@ -68,9 +68,7 @@ func TestDeadWaiterDelaysOthersByItsOwnTTL(t *testing.T) {
 					name := redistest.Key(t)
 					rdb := b.NewClient(t)
 					holder := p.calls(newClient(t, b), name)
-					if err := holder.lock(ctx); err != nil {
-						t.Fatal(err)
-					}
+					must(t, holder.lock(ctx))
 					// The waiter's process dies once it has its place: every
 					// command it would send from then on fails.
 					drdb := b.NewClient(t)
@@ -102,16 +100,12 @@ func TestDeadWaiterDelaysOthersByItsOwnTTL(t *testing.T) {
 						n, _ := rdb.ZCard(ctx, p.queue(name)).Result()
 						return n > 1
 					})
-					if err := holder.unlock(ctx); err != nil {
-						t.Fatal(err)
-					}
+					must(t, holder.unlock(ctx))
 					if err := <-ngot; err != nil {
 						t.Fatalf("newcomer after a dead waiter with a %v TTL = %v after %v; want the hold",
 							deadTTL, err, time.Since(start).Round(time.Millisecond))
 					}
-					if err := newcomer.unlock(ctx); err != nil {
-						t.Fatal(err)
-					}
+					must(t, newcomer.unlock(ctx))
 				})
 			}
 		})

@@ -332,9 +332,7 @@ func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
 				octx := mode.ctx()
 				lctx, lcancel := context.WithTimeout(octx, 10*time.Second)
 				defer lcancel()
-				if err := p.lock(lctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, p.lock(lctx))
 				lease, err := p.lease(lctx)
 				if err != nil {
 					t.Fatal(err)
@@ -401,9 +399,7 @@ func TestOnceDoCancelledWhileMarkingDone(t *testing.T) {
 	c := ps.client(t)
 	name := redistest.Key(t)
 	// Warm up: a connection in the pool, the scripts loaded.
-	if err := c.Once(name+"-warm").Do(context.Background(), func(context.Context) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
+	must(t, c.Once(name+"-warm").Do(context.Background(), func(context.Context) error { return nil }))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var paused, start time.Time
@@ -428,9 +424,7 @@ func TestOnceDoCancelledWhileMarkingDone(t *testing.T) {
 	ran := false
 	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer dcancel()
-	if err := ps.client(t).Once(name).Do(dctx, func(context.Context) error { ran = true; return nil }); err != nil {
-		t.Fatal(err)
-	}
+	must(t, ps.client(t).Once(name).Do(dctx, func(context.Context) error { ran = true; return nil }))
 	if ran {
 		t.Error("f ran again: the done mark of the cancelled call was lost")
 	}

@@ -33,25 +33,15 @@ func TestReentryNeverShortensExpiry(t *testing.T) {
 			}
 		}
 		long, short := c.Mutex(name, dsync.TTL(30*time.Second)), c.Mutex(name, dsync.TTL(200*time.Millisecond))
-		if err := long.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := short.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, long.Lock(ctx))
+		must(t, short.Lock(ctx))
 		check("Mutex", mutexKeys(name).Lock)
 		rwLong, rwShort := c.RWMutex(name, dsync.TTL(30*time.Second)), c.RWMutex(name, dsync.TTL(200*time.Millisecond))
-		if err := rwLong.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rwShort.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rwLong.Lock(ctx))
+		must(t, rwShort.Lock(ctx))
 		check("RWMutex", rwk(name).Writer)
 		for _, f := range []func(context.Context) error{short.Unlock, long.Unlock, rwShort.Unlock, rwLong.Unlock} {
-			if err := f(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, f(ctx))
 		}
 	})
 }
@@ -86,12 +76,8 @@ func TestReentryRenewalNeverShortensExpiry(t *testing.T) {
 			{"Mutex", c1.Mutex(name), c2.Mutex(name), mutexKeys(name).Lock},
 			{"RWMutex", c1.RWMutex(name + "rw"), c2.RWMutex(name + "rw"), rwk(name + "rw").Writer},
 		} {
-			if err := tc.first.Lock(own); err != nil {
-				t.Fatal(err)
-			}
-			if err := tc.reentry.Lock(there); err != nil {
-				t.Fatal(err)
-			}
+			must(t, tc.first.Lock(own))
+			must(t, tc.reentry.Lock(there))
 			// Wait for two renewals by the re-entering process.
 			rec.Reset()
 			deadline := time.Now().Add(20 * time.Second)
@@ -101,15 +87,11 @@ func TestReentryRenewalNeverShortensExpiry(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			if err := tc.reentry.Unlock(there); err != nil {
-				t.Fatal(err)
-			}
+			must(t, tc.reentry.Unlock(there))
 			if d, err := rdb.PTTL(ctx, tc.key).Result(); err != nil || d < 20*time.Second {
 				t.Fatalf("%s: PTTL after a re-entry with TTL 150ms was renewed and unlocked = %v, %v; want the 30s hold's", tc.what, d, err)
 			}
-			if err := tc.first.Unlock(own); err != nil {
-				t.Fatal(err)
-			}
+			must(t, tc.first.Unlock(own))
 		}
 	})
 }
@@ -123,49 +105,29 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		m := newClient(t, b).Mutex(name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		l, err := m.Lease(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err(); err != nil {
-			t.Fatal(err)
-		}
+		l := lockLease(t, ctx, m)
+		must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err())
 		// The handle was not unlocked: a second Lock through it waits,
 		// although the name is free in Redis.
 		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		err = m.Lock(wctx)
+		err := m.Lock(wctx)
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("second Lock through the handle = %v, want DeadlineExceeded", err)
 		}
 		other := newClient(t, b).Mutex(name)
-		if err := other.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Fatalf("Unlock of the lost hold = %v, want ErrLeaseLost", err)
-		}
-		if err := l.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Fatalf("lost Lease Err = %v, want ErrLeaseLost", err)
-		}
+		must(t, other.Lock(ctx))
+		mustIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock of the lost hold = %v, want ErrLeaseLost")
+		mustIs(t, l.Err(), dsync.ErrLeaseLost, "lost Lease Err = %v, want ErrLeaseLost")
 		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); ok || err != nil {
 			t.Fatalf("TryLock while the other holder holds = %v, %v; the lost hold's Unlock released it", ok, err)
 		}
 		if err := other.Unlock(ctx); err != nil {
 			t.Fatalf("the other holder's Unlock = %v", err)
 		}
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Fatalf("lost Lease Err after the handle locked again = %v, want ErrLeaseLost", err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
+		mustIs(t, l.Err(), dsync.ErrLeaseLost, "lost Lease Err after the handle locked again = %v, want ErrLeaseLost")
+		must(t, m.Unlock(ctx))
 	})
 }
 
@@ -258,9 +220,7 @@ func TestOwnerHoldReplacedAfterLossIsLost(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", tc.what, err)
 			}
-			if err := rdb.Del(ctx, tc.keys...).Err(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rdb.Del(ctx, tc.keys...).Err())
 			// Another goroutine of the owner takes the name afresh.
 			if err := tc.lock(); err != nil {
 				t.Fatalf("%s: lock after the loss: %v", tc.what, err)
@@ -303,19 +263,13 @@ func TestSemaphoreHandleOwesLostPermits(t *testing.T) {
 			t.Fatal(err)
 		}
 		k := semKeys(name)
-		if err := b.NewClient(t).Del(ctx, k.State, k.Holders).Err(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, b.NewClient(t).Del(ctx, k.State, k.Holders).Err())
 		if err := s.Acquire(ctx, 1); err != nil { // G2, through the same handle
 			t.Fatal(err)
 		}
-		if err := lost.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Fatalf("the first holding's Lease Err = %v, want ErrLeaseLost", err)
-		}
+		mustIs(t, lost.Err(), dsync.ErrLeaseLost, "the first holding's Lease Err = %v, want ErrLeaseLost")
 		// G1 releases its permit: the loss is reported, G2's permit stays.
-		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Fatalf("Release of the lost permit = %v, want ErrLeaseLost", err)
-		}
+		mustIs(t, s.Release(ctx, 1), dsync.ErrLeaseLost, "Release of the lost permit = %v, want ErrLeaseLost")
 		if ok, err := other.TryAcquire(ctx, 1); err != nil || ok {
 			t.Fatalf("another process's TryAcquire while G2 holds = %v, %v; want false", ok, err)
 		}
@@ -329,12 +283,8 @@ func TestSemaphoreHandleOwesLostPermits(t *testing.T) {
 		if ok, err := other.TryAcquire(ctx, 1); err != nil || !ok {
 			t.Fatalf("TryAcquire after both Releases = %v, %v; want true", ok, err)
 		}
-		if err := other.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("a third Release = %v, want ErrNotHeld", err)
-		}
+		must(t, other.Release(ctx, 1))
+		mustIs(t, s.Release(ctx, 1), dsync.ErrNotHeld, "a third Release = %v, want ErrNotHeld")
 	})
 }
 
@@ -374,9 +324,7 @@ func TestSemaphoreHandleSharedWithoutLoss(t *testing.T) {
 		if ok, err := other.TryAcquire(ctx, 2); err != nil || !ok {
 			t.Fatalf("TryAcquire(2) after every Release = %v, %v; want true", ok, err)
 		}
-		if err := other.Release(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Release(ctx, 2))
 	})
 }
 
@@ -388,13 +336,7 @@ func TestForgedHandoverGrantsNothing(t *testing.T) {
 		name := redistest.Key(t)
 		rdb := b.NewClient(t)
 		holder := newClient(t, b).Mutex(name)
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		hl, err := holder.Lease(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		hl := lockLease(t, ctx, holder)
 		waiter := newClient(t, b).Mutex(name)
 		done := make(chan error, 1)
 		go func() { done <- waiter.Lock(ctx) }()
@@ -417,18 +359,14 @@ func TestForgedHandoverGrantsNothing(t *testing.T) {
 			cid + " " + sha1hex(tok) + " 9223372036854775808 x",
 			cid + " 424242",
 		} {
-			if err := rdb.Publish(ctx, mutexKeys(name).Channel(), p).Err(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rdb.Publish(ctx, mutexKeys(name).Channel(), p).Err())
 		}
 		select {
 		case err := <-done:
 			t.Fatalf("Lock returned %v after forged hand-overs while another holds", err)
 		case <-time.After(300 * time.Millisecond):
 		}
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Unlock(ctx))
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
@@ -439,9 +377,7 @@ func TestForgedHandoverGrantsNothing(t *testing.T) {
 		if l.Token() <= hl.Token() || l.Token() == 424242 {
 			t.Fatalf("token after the real hand-over = %d, want above the holder's %d", l.Token(), hl.Token())
 		}
-		if err := waiter.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, waiter.Unlock(ctx))
 	})
 }
 
@@ -452,9 +388,7 @@ func TestOwnerWaitingInTwoGoroutinesCountsTwice(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		holder := newClient(t, b).Mutex(name)
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Lock(ctx))
 		octx := dsync.WithOwner(ctx)
 		m := newClient(t, b).Mutex(name)
 		var wg sync.WaitGroup
@@ -471,9 +405,7 @@ func TestOwnerWaitingInTwoGoroutinesCountsTwice(t *testing.T) {
 			n, _ := rdb.Exists(ctx, mutexKeys(name).QueueData).Result()
 			return n == 1
 		})
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Unlock(ctx))
 		wg.Wait()
 		close(errs)
 		for err := range errs {
@@ -484,15 +416,11 @@ func TestOwnerWaitingInTwoGoroutinesCountsTwice(t *testing.T) {
 		if v := holderField(t, rdb, mutexKeys(name).Lock, dsync.OwnerToken(octx)); v != "2" {
 			t.Fatalf("count in Redis = %q, want 2", v)
 		}
-		if err := m.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(octx))
 		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); ok || err != nil {
 			t.Fatalf("TryLock by another after one of two Unlocks = %v, %v; want false", ok, err)
 		}
-		if err := m.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(octx))
 		if ok, err := newClient(t, b).Mutex(name).TryLock(ctx); !ok || err != nil {
 			t.Fatalf("TryLock by another after both Unlocks = %v, %v; want true", ok, err)
 		}
@@ -571,40 +499,11 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 		name, script string
 		// first: the other process's hold that A waits for; mine: A and
 		// B; other: another process's attempt while B holds.
-		first func(c *dsync.Client, name string) (lock, unlock func(context.Context) error)
-		mine  func(c *dsync.Client, name string) (lock, unlock func(context.Context) error)
-		other func(c *dsync.Client, name string) func(context.Context) (bool, error)
+		first, mine, other holdKind
 	}{
-		{"Mutex", "mutex_unlock",
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				m := c.Mutex(n)
-				return m.Lock, m.Unlock
-			},
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				m := c.Mutex(n)
-				return m.Lock, m.Unlock
-			},
-			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.Mutex(n).TryLock }},
-		{"RWMutex.Lock", "rwmutex_unlock",
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				rw := c.RWMutex(n)
-				return rw.Lock, rw.Unlock
-			},
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				rw := c.RWMutex(n)
-				return rw.Lock, rw.Unlock
-			},
-			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.RWMutex(n).TryRLock }},
-		{"RWMutex.RLock", "rwmutex_unlock",
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				rw := c.RWMutex(n)
-				return rw.Lock, rw.Unlock
-			},
-			func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-				rw := c.RWMutex(n)
-				return rw.RLock, rw.RUnlock
-			},
-			func(c *dsync.Client, n string) func(context.Context) (bool, error) { return c.RWMutex(n).TryLock }},
+		{"Mutex", "mutex_unlock", mutexHold, mutexHold, mutexHold},
+		{"RWMutex.Lock", "rwmutex_unlock", writeHold, writeHold, readHold},
+		{"RWMutex.RLock", "rwmutex_unlock", writeHold, readHold, writeHold},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -635,14 +534,12 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 					<-let
 				})
 				octx := dsync.WithOwner(ctx)
-				firstLock, firstUnlock := tc.first(newClient(t, b), name)
-				lock, unlock := tc.mine(wc, name)
-				other := tc.other(newClient(t, b), name)
+				first, mine := tc.first(newClient(t, b), name), tc.mine(wc, name)
+				firstLock, firstUnlock, lock, unlock := first.lock, first.unlock, mine.lock, mine.unlock
+				other := tc.other(newClient(t, b), name).try
 				rdb := b.NewClient(t)
 
-				if err := firstLock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, firstLock(ctx))
 				actx, cancel := context.WithCancel(octx)
 				got := make(chan error, 1)
 				go func() { got <- lock(actx) }() // A
@@ -658,13 +555,9 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 				waitFor(t, 10*time.Second, "A's attempt after its subscription", func() bool { return gate.others.Load() >= 2 })
 				gate.close()
 				// The hold goes to A, which does not learn of it.
-				if err := firstUnlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, firstUnlock(ctx))
 				cancel()
-				if err := <-got; !errors.Is(err, context.Canceled) {
-					t.Fatalf("A = %v, want context.Canceled", err)
-				}
+				mustIs(t, <-got, context.Canceled, "A = %v, want context.Canceled")
 				waitFor(t, 10*time.Second, "A's clean-up held back", func() bool { return gate.held.Load() > 0 })
 				if err := lock(octx); err != nil { // B
 					t.Fatalf("B = %v", err)

@@ -99,18 +99,14 @@ func TestLeaseStartAfterMissedHandover(t *testing.T) {
 				dsync.SetRenewStall(wc, func() { <-stall })
 				waiter := tc.make(wc, name, 3*time.Second)
 
-				if err := first.lock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, first.lock(ctx))
 				restore := dsync.SwapScript(tc.script, muted(t, tc.script))
 				defer restore()
 				got := make(chan error, 1)
 				go func() { got <- waiter.lock(ctx) }()
 				// Let the waiter make its first attempt and queue.
 				time.Sleep(300 * time.Millisecond)
-				if err := first.unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, first.unlock(ctx))
 				handover := time.Now()
 				if err := <-got; err != nil {
 					t.Fatal(err)
@@ -139,9 +135,7 @@ func TestLeaseStartAfterMissedHandover(t *testing.T) {
 				if learned < 100*time.Millisecond {
 					t.Fatalf("the waiter learned of the hand-over %v after it: it was not missed", learned)
 				}
-				if err := waiter.unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, waiter.unlock(ctx))
 			})
 		})
 	}
@@ -262,9 +256,7 @@ func TestLateHandoverAfterTheHoldEndedGrantsNothing(t *testing.T) {
 				})
 				w := tc.make(wc, name, ttl)
 
-				if err := a.lock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, a.lock(ctx))
 				got := make(chan error, 1)
 				go func() { got <- w.lock(ctx) }()
 				// W's first attempt is refused and queues; W subscribes.
@@ -275,15 +267,11 @@ func TestLateHandoverAfterTheHoldEndedGrantsNothing(t *testing.T) {
 					return probed.Load() > 0
 				})
 				gate.close()
-				if err := a.unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, a.unlock(ctx))
 				waitFor(t, 10*time.Second, "hand-over message to the waiter", func() bool { return held.Load() > 0 })
 				// W holds in Redis without knowing it. Its hold runs out
 				// (nobody renews it); B waits for that and gets in.
-				if err := bside.lock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, bside.lock(ctx))
 				bl, err := bside.lease(ctx)
 				if err != nil {
 					t.Fatal(err)
@@ -318,17 +306,8 @@ func TestLateHandoverAfterTheHoldEndedGrantsNothing(t *testing.T) {
 				if err := bl.Err(); err != nil {
 					t.Fatalf("B's lease: %v", err)
 				}
-				if err := bside.unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
-				select {
-				case err := <-got:
-					if err != nil {
-						t.Fatal(err)
-					}
-				case <-time.After(15 * time.Second):
-					t.Fatal("W did not get the name after B released it")
-				}
+				must(t, bside.unlock(ctx))
+				recvNil(t, got, 15*time.Second, "W did not get the name after B released it")
 				wl, err := w.lease(ctx)
 				if err != nil {
 					t.Fatal(err)
@@ -336,9 +315,7 @@ func TestLateHandoverAfterTheHoldEndedGrantsNothing(t *testing.T) {
 				if wl.Token() <= bl.Token() {
 					t.Errorf("W's fencing token %d is not above B's %d", wl.Token(), bl.Token())
 				}
-				if err := w.unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, w.unlock(ctx))
 			})
 		})
 	}

@@ -2,7 +2,6 @@ package dsync_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -26,13 +25,7 @@ func TestLeaseRenewalKeepsHold(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Key(t)
 	m := newClient(t, b, dsync.TTL(time.Second)).Mutex(name)
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l, err := m.Lease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := lockLease(t, ctx, m)
 	other := newClient(t, b).Mutex(name)
 	for i := 0; i < 7; i++ { // 3.5 s, three and a half TTLs
 		time.Sleep(500 * time.Millisecond)
@@ -43,9 +36,7 @@ func TestLeaseRenewalKeepsHold(t *testing.T) {
 	if err := l.Err(); err != nil {
 		t.Fatalf("lease Err = %v while held", err)
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, m.Unlock(ctx))
 	waitDone(t, l, time.Second)
 	if err := l.Err(); err != nil {
 		t.Errorf("Err after Unlock = %v, want nil", err)
@@ -86,22 +77,13 @@ func TestLeaseLossReported(t *testing.T) {
 				name := redistest.Key(t)
 				const ttl = 900 * time.Millisecond
 				m := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
-				if err := m.Lock(ctx); err != nil {
-					t.Fatal(err)
-				}
-				l, _ := m.Lease(ctx)
-				if err := do(ctx, b, name); err != nil {
-					t.Fatal(err)
-				}
+				l := lockLease(t, ctx, m)
+				must(t, do(ctx, b, name))
 				at := time.Now()
 				waitDone(t, l, 3*ttl) // one interval is ttl/3; generous bound
 				t.Logf("loss reported after %v", time.Since(at))
-				if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-					t.Errorf("Err = %v, want ErrLeaseLost", l.Err())
-				}
-				if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-					t.Errorf("Unlock = %v, want ErrLeaseLost", err)
-				}
+				assertLeaseLost(t, l)
+				checkIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock = %v, want ErrLeaseLost")
 			})
 		})
 	}
@@ -113,23 +95,13 @@ func TestLeaseLostOnServerRestart(t *testing.T) {
 	c := dsync.New(srv.Client(t), dsync.TTL(900*time.Millisecond))
 	defer c.Close()
 	m := c.Mutex("restart")
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l, _ := m.Lease(ctx)
+	l := lockLease(t, ctx, m)
 	srv.Restart() // no persistence: the hold is gone
 	waitDone(t, l, 5*time.Second)
-	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
-	}
-	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-		t.Errorf("Unlock = %v, want ErrLeaseLost", err)
-	}
+	assertLeaseLost(t, l)
+	checkIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock = %v, want ErrLeaseLost")
 	// The lock works again, with a larger fencing token than before.
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l2, _ := m.Lease(ctx)
+	l2 := lockLease(t, ctx, m)
 	if l2.Token() <= l.Token() {
 		t.Errorf("token after restart %d, want > %d", l2.Token(), l.Token())
 	}
@@ -145,18 +117,13 @@ func TestLeaseSurvivesConnectionsCut(t *testing.T) {
 	c2 := dsync.New(srv.Client(t), dsync.TTL(ttl))
 	defer c2.Close()
 	m1, m2 := c1.Mutex("cut"), c2.Mutex("cut")
-	if err := m1.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l, _ := m1.Lease(ctx)
+	l := lockLease(t, ctx, m1)
 	got := make(chan error, 1)
 	go func() { got <- m2.Lock(ctx) }()
 	time.Sleep(50 * time.Millisecond)
 	// Cut every client connection, the waiter's pub/sub included.
 	admin := srv.Client(t)
-	if err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "normal").Err(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, admin.Do(ctx, "CLIENT", "KILL", "TYPE", "normal").Err())
 	_ = admin.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err()
 	time.Sleep(2 * ttl) // renewal must reconnect
 	if err := l.Err(); err != nil {
@@ -168,9 +135,7 @@ func TestLeaseSurvivesConnectionsCut(t *testing.T) {
 	default:
 	}
 	released := time.Now()
-	if err := m1.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, m1.Unlock(ctx))
 	select {
 	case err := <-got:
 		if err != nil {
@@ -192,28 +157,21 @@ func TestLeaseStalledRenewerReportsLossBeforeExpiry(t *testing.T) {
 	m := c.Mutex(name)
 	release := make(chan struct{})
 	stall := func() { <-release }
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l, _ := m.Lease(ctx)
+	l := lockLease(t, ctx, m)
 	dsync.SetRenewStall(c, stall)
 	defer dsync.SetRenewStall(c, nil)
 	defer close(release)
 	// Another process waits; it may take the lock only once the server
 	// expired the hold, and the holder must have been told by then.
 	other := newClient(t, b).Mutex(name)
-	if err := other.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, other.Lock(ctx))
 	acquired := time.Now()
 	select {
 	case <-l.Done():
 	default:
 		t.Fatal("another process holds the lock, and the stalled holder was not told")
 	}
-	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
-	}
+	assertLeaseLost(t, l)
 	t.Logf("other acquired %v after the hold began", acquired.Sub(time.Now().Add(-time.Since(acquired))))
 	_ = other.Unlock(ctx)
 }
@@ -225,20 +183,12 @@ func TestFencingTokensIncrease(t *testing.T) {
 		var last uint64
 		check := func(m *dsync.Mutex, what string) {
 			t.Helper()
-			if err := m.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
-			l, err := m.Lease(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := lockLease(t, ctx, m)
 			if l.Token() <= last {
 				t.Fatalf("%s: token %d, want > %d", what, l.Token(), last)
 			}
 			last = l.Token()
-			if err := m.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, m.Unlock(ctx))
 		}
 		c := newClient(t, b)
 		m := c.Mutex(name)
@@ -251,15 +201,11 @@ func TestFencingTokensIncrease(t *testing.T) {
 		c.Close()
 		check(newClient(t, b).Mutex(name), "restarted client")
 		// Even when the bookkeeping expired (or was deleted), tokens rise.
-		if err := b.NewClient(t).Del(ctx, mutexKeys(name).Fence).Err(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Fence).Err())
 		check(m2(newClient(t, b), name), "after the fence hash expired")
 		// And when the counter lags behind the last token, as on a promoted
 		// replica that missed the last writes.
-		if err := b.NewClient(t).HSet(ctx, mutexKeys(name).Fence, "n", 1).Err(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, b.NewClient(t).HSet(ctx, mutexKeys(name).Fence, "n", 1).Err())
 		check(m2(newClient(t, b), name), "after the counter fell behind")
 		// Re-entry keeps the token.
 		octx := dsync.WithOwner(ctx)
@@ -284,14 +230,10 @@ func TestDeadHolderFreesAtTTL(t *testing.T) {
 	name := redistest.Key(t)
 	const ttl = time.Second
 	dead := dsync.New(b.NewClient(t), dsync.TTL(ttl))
-	if err := dead.Mutex(name).Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, dead.Mutex(name).Lock(ctx))
 	start := time.Now()
 	dead.Close() // the process dies: nobody renews or releases
-	if err := newClient(t, b).Mutex(name).Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, newClient(t, b).Mutex(name).Lock(ctx))
 	waited := time.Since(start)
 	t.Logf("waiter acquired %v after the holder died (TTL %v)", waited, ttl)
 	if waited > ttl+500*time.Millisecond {
@@ -303,9 +245,7 @@ func TestDeadHolderOnMiniredis(t *testing.T) {
 	b := redistest.Miniredis(t)
 	ctx := ctxT(t)
 	dead := dsync.New(b.NewClient(t), dsync.TTL(time.Second))
-	if err := dead.Mutex("x").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, dead.Mutex("x").Lock(ctx))
 	dead.Close()
 	m := newClient(t, b).Mutex("x")
 	if ok, _ := m.TryLock(ctx); ok {
@@ -322,16 +262,10 @@ func TestFixedLeaseRunsOut(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Key(t)
 	counter := &redistest.Counter{}
-	rdb := b.NewClient(t)
-	rdb.AddHook(counter)
-	c := dsync.New(rdb, dsync.TTL(500*time.Millisecond), dsync.FixedLease())
-	defer c.Close()
+	c, _ := hookedClient(t, b, counter, dsync.TTL(500*time.Millisecond), dsync.FixedLease())
 	m := c.Mutex(name)
 	start := time.Now()
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l, _ := m.Lease(ctx)
+	l := lockLease(t, ctx, m)
 	counter.Reset()
 	// Reported lost no later than the server's expiry: the local deadline
 	// at which the loss is reported is within the TTL of the Lock call's
@@ -341,16 +275,12 @@ func TestFixedLeaseRunsOut(t *testing.T) {
 		t.Errorf("loss due %v after Lock, after the TTL", d.Sub(start))
 	}
 	waitDone(t, l, 2*time.Second)
-	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
-	}
+	assertLeaseLost(t, l)
 	if n := counter.RoundTrips(); n != 0 {
 		t.Errorf("a fixed lease sent %d commands while held, want 0", n)
 	}
 	time.Sleep(300 * time.Millisecond) // now the server has expired it too
-	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-		t.Errorf("Unlock = %v, want ErrLeaseLost", err)
-	}
+	checkIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock = %v, want ErrLeaseLost")
 }
 
 func TestMaxHoldBoundsRenewal(t *testing.T) {
@@ -358,10 +288,7 @@ func TestMaxHoldBoundsRenewal(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Key(t)
 	m := newClient(t, b, dsync.TTL(300*time.Millisecond), dsync.MaxHold(600*time.Millisecond)).Mutex(name)
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l, _ := m.Lease(ctx)
+	l := lockLease(t, ctx, m)
 	start := time.Now()
 	waitDone(t, l, 3*time.Second)
 	// Renewal stops short of MaxHold: the hold ends after MaxHold less
@@ -369,9 +296,7 @@ func TestMaxHoldBoundsRenewal(t *testing.T) {
 	if held := time.Since(start); held < 300*time.Millisecond || held > 700*time.Millisecond {
 		t.Errorf("hold lasted %v, want within (MaxHold - TTL, MaxHold] = (0.3 s, 0.6 s] plus slack", held)
 	}
-	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", l.Err())
-	}
+	assertLeaseLost(t, l)
 }
 
 func TestLeaseAfterLongWaitIsLive(t *testing.T) {
@@ -381,15 +306,11 @@ func TestLeaseAfterLongWaitIsLive(t *testing.T) {
 	const ttl = 750 * time.Millisecond // renewed every 250 ms: 500 ms of slack
 	holder := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
 	waiter := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, holder.Lock(ctx))
 	got := make(chan error, 1)
 	go func() { got <- waiter.Lock(ctx) }()
 	time.Sleep(3 * ttl) // the waiter waits longer than its TTL
-	if err := holder.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, holder.Unlock(ctx))
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
@@ -401,9 +322,7 @@ func TestLeaseAfterLongWaitIsLive(t *testing.T) {
 	if err := l.Err(); err != nil {
 		t.Fatalf("lease after a long wait: Err = %v, want nil", err)
 	}
-	if err := waiter.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, waiter.Unlock(ctx))
 }
 
 // TestLeaseRenewalManyNames keeps holds on names in many hash slots alive
@@ -417,24 +336,16 @@ func TestLeaseRenewalManyNames(t *testing.T) {
 		var ms []*dsync.Mutex
 		for i := 0; i < 12; i++ {
 			m := c.Mutex(base + "-" + string(rune('a'+i)))
-			if err := m.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, m.Lock(ctx))
 			ms = append(ms, m)
 		}
 		// Holds of the other primitives, renewed by their own batch scripts.
 		rw := c.RWMutex(base + "-rw")
-		if err := rw.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RLock(ctx))
 		rwx := c.RWMutex(base + "-rwx")
-		if err := rwx.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rwx.Lock(ctx))
 		sem := c.Semaphore(base+"-sem", 2)
-		if err := sem.Acquire(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, sem.Acquire(ctx, 2))
 		onceRan := make(chan struct{})
 		onceDone := make(chan error, 1)
 		go func() {
@@ -473,9 +384,7 @@ func TestLeaseRenewalManyNames(t *testing.T) {
 			if ok, _ := other.Mutex(base + "-" + string(rune('a'+i))).TryLock(ctx); ok {
 				t.Fatalf("hold %d expired: renewal failed", i)
 			}
-			if err := m.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, m.Unlock(ctx))
 		}
 	})
 }

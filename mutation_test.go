@@ -67,9 +67,7 @@ func setFlag(t *testing.T, name, value string) {
 	t.Helper()
 	f := flag.Lookup(name)
 	old := f.Value.String()
-	if err := flag.Set(name, value); err != nil {
-		t.Fatal(err)
-	}
+	must(t, flag.Set(name, value))
 	t.Cleanup(func() { _ = flag.Set(name, old) })
 }
 

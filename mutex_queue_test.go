@@ -44,9 +44,7 @@ func TestTryLockTakesNoQueuePlace(t *testing.T) {
 					return n
 				}
 				holder := kind.open(newClient(t, b), name)
-				if err := holder.Lock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, holder.Lock(ctx))
 				waiter := kind.open(newClient(t, b), name)
 				got := make(chan error, 1)
 				go func() { got <- waiter.Lock(ctx) }()
@@ -58,15 +56,11 @@ func TestTryLockTakesNoQueuePlace(t *testing.T) {
 				if n := places(); n != 1 {
 					t.Fatalf("after a failed TryLock the queue has %d places, want 1", n)
 				}
-				if err := holder.Unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, holder.Unlock(ctx))
 				if err := <-got; err != nil {
 					t.Fatal(err)
 				}
-				if err := waiter.Unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, waiter.Unlock(ctx))
 				// The name is free now: nothing was handed to the TryLock caller.
 				if ok, err := kind.open(newClient(t, b), name).TryLock(ctx); !ok || err != nil {
 					t.Fatalf("TryLock after the queue drained = %v, %v; want true, nil", ok, err)
@@ -89,15 +83,10 @@ func contend(t *testing.T, ctx context.Context, lockers []locker, d time.Duratio
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; i < 100000; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			untilClosed(stop, 100000, func() bool {
 				if err := l.Lock(ctx); err != nil {
 					t.Error(err)
-					return
+					return false
 				}
 				if inside.Add(1) != 1 {
 					bad.Add(1)
@@ -106,9 +95,10 @@ func contend(t *testing.T, ctx context.Context, lockers []locker, d time.Duratio
 				inside.Add(-1)
 				if err := l.Unlock(ctx); err != nil {
 					t.Error(err)
-					return
+					return false
 				}
-			}
+				return true
+			})
 		}()
 	}
 	time.Sleep(d)
@@ -132,9 +122,7 @@ func TestMutexWaiterNotStalledByHandOvers(t *testing.T) {
 		name := redistest.Key(t)
 		c := newClient(t, b)
 		first := c.Mutex(name)
-		if err := first.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, first.Lock(ctx))
 		// Late arrives while there is no queue.
 		late := newClient(t, b).Mutex(name)
 		lateDone := make(chan time.Time, 1)
@@ -171,9 +159,7 @@ func TestMutexWaiterNotStalledByHandOvers(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 		released := time.Now()
-		if err := first.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, first.Unlock(ctx))
 		var at time.Time
 		select {
 		case at = <-lateDone:

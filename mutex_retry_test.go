@@ -19,11 +19,8 @@ import (
 // replay them on, and the recorder.
 func recorded(t *testing.T, b redistest.Backend) (*dsync.Client, redis.UniversalClient, *redistest.Recorder) {
 	t.Helper()
-	rdb := b.NewClient(t)
 	rec := &redistest.Recorder{}
-	rdb.AddHook(rec)
-	c := dsync.New(rdb)
-	t.Cleanup(func() { c.Close() })
+	c, rdb := hookedClient(t, b, rec)
 	return c, rdb, rec
 }
 
@@ -43,9 +40,7 @@ func TestMutexUnlockRetriedLateChangesNothing(t *testing.T) {
 		ctx := dsync.WithOwner(ctxT(t))
 		m := c.Mutex(name)
 		for i := 0; i < 2; i++ {
-			if err := m.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, m.Lock(ctx))
 		}
 		if err := m.Unlock(ctx); err != nil { // its reply "times out"
 			t.Fatal(err)
@@ -74,25 +69,19 @@ func TestMutexLockRetriedLateChangesNothing(t *testing.T) {
 		name := redistest.Key(t)
 		ctx := dsync.WithOwner(ctxT(t))
 		m := c.Mutex(name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		if err := m.Lock(ctx); err != nil { // a re-entry whose reply "times out"
 			t.Fatal(err)
 		}
 		lock := rec.Last()
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(ctx))
 		if v, err := rdb.Do(ctx, lock...).Int64Slice(); err != nil || len(v) != 2 || (v[0] != 1 && v[0] != 2) || v[1] <= 0 {
 			t.Fatalf("replayed Lock = %v, %v; want the fencing token (as before)", v, err)
 		}
 		if n := reentryCount(t, b, name, dsync.OwnerToken(ctx)); n != 1 {
 			t.Fatalf("count after the late retry = %d, want 1", n)
 		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(ctx))
 		if ok, _ := newClient(t, b).Mutex(name).TryLock(context.Background()); !ok {
 			t.Fatal("lock leaked by the late retry")
 		}
@@ -105,26 +94,16 @@ func TestMutexReleaseRetriedLateAnswersAsBefore(t *testing.T) {
 		name := redistest.Key(t)
 		ctx := ctxT(t)
 		m := c.Mutex(name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
+		must(t, m.Unlock(ctx))
 		unlock := rec.Last()
 		// Other holders come and go before the retry arrives.
 		other := newClient(t, b).Mutex(name)
 		for i := 0; i < 3; i++ {
-			if err := other.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := other.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, other.Lock(ctx))
+			must(t, other.Unlock(ctx))
 		}
-		if err := other.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Lock(ctx))
 		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 1 {
 			t.Fatalf("replayed releasing Unlock = %v, %v; want 1 (as before)", v, err)
 		}
@@ -142,13 +121,9 @@ func TestMutexUnlockOfNothingRetriedLateEndsNothing(t *testing.T) {
 		ctx := dsync.WithOwner(ctxT(t))
 		m := c.Mutex(name)
 		// An Unlock with nothing held names no hold.
-		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Unlock of nothing = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "Unlock of nothing = %v, want ErrNotHeld")
 		unlock := rec.Last()
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 0 {
 			t.Fatalf("replayed Unlock = %v, %v; want 0 (as before)", v, err)
 		}

@@ -2,7 +2,6 @@ package dsync_test
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -70,34 +69,12 @@ func mutexKeys(name string) keys.Mutex { return keys.ForMutex(dsync.DefaultPrefi
 // lua/lib.lua).
 const replayWindow = 60 * time.Second
 
-// assertNoLockKeys checks that a released lock left only bookkeeping behind,
-// each key with an expiry: the fence hash, and the call ids, which expire
-// within the replay window.
+// assertNoLockKeys checks that a released lock left only bookkeeping behind:
+// see assertBookkeepingOnly.
 func assertNoLockKeys(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
-	rdb := b.NewClient(t)
-	ctx := context.Background()
 	ks := mutexKeys(name)
-	var left []string
-	for _, k := range ks.Keys() {
-		n, err := rdb.Exists(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			left = append(left, k)
-		}
-	}
-	if slices.ContainsFunc(left, func(k string) bool { return k != ks.Fence && k != ks.Calls }) {
-		t.Errorf("keys left after release: %v, want only the fence hash and the call ids", left)
-	}
-	for _, k := range left {
-		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
-			t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
-		} else if k == ks.Calls && ttl > replayWindow {
-			t.Errorf("%s expires in %v, want within the replay window %v", k, ttl, replayWindow)
-		}
-	}
+	assertBookkeepingOnly(t, b, ks.Keys(), ks.Fence, ks.Calls)
 }
 
 func TestMutexTryLock(t *testing.T) {
@@ -125,9 +102,7 @@ func TestMutexTryLock(t *testing.T) {
 		if err := m2.Unlock(ctx); err != nil {
 			t.Fatalf("Unlock: %v", err)
 		}
-		if err := m2.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("second Unlock = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, m2.Unlock(ctx), dsync.ErrNotHeld, "second Unlock = %v, want ErrNotHeld")
 	})
 }
 
@@ -135,9 +110,7 @@ func TestMutexAnyGoroutineMayUnlockHandle(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		m := newClient(t, b).Mutex(redistest.Key(t))
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		errc := make(chan error)
 		go func() { errc <- m.Unlock(context.Background()) }()
 		if err := <-errc; err != nil {
@@ -170,30 +143,11 @@ func TestMutexReentrantOwner(t *testing.T) {
 		if ok, _ := other.TryLock(octx); ok {
 			t.Fatal("another owner took a held lock")
 		}
-		if err := other.Unlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Unlock by another owner = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, other.Unlock(octx), dsync.ErrNotHeld, "Unlock by another owner = %v, want ErrNotHeld")
 		// Nor may a caller without owner, even on the same handle.
-		if err := m.Unlock(context.Background()); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Unlock without owner = %v, want ErrNotHeld", err)
-		}
-		for i := 0; i < 3; i++ {
-			if ok, _ := other.TryLock(octx); ok {
-				t.Fatalf("lock free after %d of 3 unlocks", i)
-			}
-			if err := m.Unlock(ctx); err != nil {
-				t.Fatalf("Unlock %d: %v", i, err)
-			}
-		}
-		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("fourth Unlock = %v, want ErrNotHeld", err)
-		}
-		if ok, err := other.TryLock(octx); !ok || err != nil {
-			t.Fatalf("TryLock after the last Unlock = %v, %v", ok, err)
-		}
-		if err := other.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
+		mustIs(t, m.Unlock(context.Background()), dsync.ErrNotHeld, "Unlock without owner = %v, want ErrNotHeld")
+		unlockLevels(t, 3, gotIn(t, octx, other.TryLock, other.Unlock), func() error { return m.Unlock(ctx) }, "Unlock")
+		mustIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "fourth Unlock = %v, want ErrNotHeld")
 	})
 }
 
@@ -203,9 +157,7 @@ func TestMutexOwnerTokenAcrossProcesses(t *testing.T) {
 		a := newClient(t, b).Mutex(name)
 		bm := newClient(t, b).Mutex(name) // another process
 		ctxA := dsync.WithOwner(ctxT(t))
-		if err := a.Lock(ctxA); err != nil {
-			t.Fatal(err)
-		}
+		must(t, a.Lock(ctxA))
 		// The token crosses a process boundary (RPC metadata, say).
 		ctxB := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctxA))
 		if ok, err := bm.TryLock(ctxB); !ok || err != nil {
@@ -219,12 +171,8 @@ func TestMutexOwnerTokenAcrossProcesses(t *testing.T) {
 		if la.Token() != lb.Token() {
 			t.Errorf("fencing tokens differ on re-entry: %d vs %d", la.Token(), lb.Token())
 		}
-		if err := bm.Unlock(ctxB); err != nil {
-			t.Fatal(err)
-		}
-		if err := a.Unlock(ctxA); err != nil {
-			t.Fatal(err)
-		}
+		must(t, bm.Unlock(ctxB))
+		must(t, a.Unlock(ctxA))
 		if ok, _ := bm.TryLock(context.Background()); !ok {
 			t.Fatal("lock held after both unlocks")
 		}
@@ -240,9 +188,7 @@ func TestMutexWaiterWokenByRelease(t *testing.T) {
 		const rounds = 15
 		var lat []time.Duration
 		for i := 0; i < rounds; i++ {
-			if err := holder.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, holder.Lock(ctx))
 			got := make(chan time.Time, 1)
 			go func() {
 				if err := waiter.Lock(ctx); err != nil {
@@ -252,13 +198,9 @@ func TestMutexWaiterWokenByRelease(t *testing.T) {
 			}()
 			time.Sleep(20 * time.Millisecond) // let the waiter block
 			released := time.Now()
-			if err := holder.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, holder.Unlock(ctx))
 			lat = append(lat, (<-got).Sub(released))
-			if err := waiter.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, waiter.Unlock(ctx))
 		}
 		slices.Sort(lat)
 		med := lat[len(lat)/2]
@@ -295,9 +237,7 @@ func TestMutexUnlockWithDoneContext(t *testing.T) {
 		name := redistest.Key(t)
 		m := newClient(t, b).Mutex(name)
 		ctx, cancel := context.WithCancel(context.Background())
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		cancel()
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatalf("Unlock with a cancelled ctx = %v, want nil", err)
@@ -314,25 +254,16 @@ func TestMutexClientReentrancy(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := dsync.WithOwner(ctxT(t))
 		name := redistest.Key(t)
-		rdb := b.NewClient(t)
 		counter := &redistest.Counter{}
-		rdb.AddHook(counter)
-		c := dsync.New(rdb, dsync.ClientReentrancy())
-		defer c.Close()
+		c, _ := hookedClient(t, b, counter, dsync.ClientReentrancy())
 		m := c.Mutex(name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		counter.Reset()
 		for i := 0; i < 3; i++ {
-			if err := m.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, m.Lock(ctx))
 		}
 		for i := 0; i < 3; i++ {
-			if err := m.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, m.Unlock(ctx))
 		}
 		if n := counter.RoundTrips(); n != 0 {
 			t.Errorf("re-entries and inner unlocks took %d round trips, want 0", n)
@@ -351,12 +282,8 @@ func TestMutexClientReentrancy(t *testing.T) {
 		if ok, err := other.Mutex(name).TryLock(octx); ok || err != nil {
 			t.Fatalf("TryLock with the token carried to another process = %v, %v; want false", ok, err)
 		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("extra Unlock = %v, want ErrNotHeld", err)
-		}
+		must(t, m.Unlock(ctx))
+		checkIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "extra Unlock = %v, want ErrNotHeld")
 	})
 }
 

@@ -2875,9 +2875,7 @@ func TestNemesisNoLateCopyAcrossDeletion(t *testing.T) {
 	op := func(tag string) context.Context { return context.WithValue(ctx, nemOpKey{}, tag) }
 	m0 := w.procs[0].c.Mutex(n.name, dsync.TTL(10*time.Second))
 	m1 := w.procs[1].c.Mutex(n.name, dsync.TTL(10*time.Second))
-	if err := m0.Lock(op("acquire")); err != nil {
-		t.Fatal(err)
-	}
+	must(t, m0.Lock(op("acquire")))
 	if err := m1.Unlock(op("release")); err != nil {
 		t.Fatalf("Unlock on the Client the owner was carried to: %v", err)
 	}
@@ -2886,9 +2884,7 @@ func TestNemesisNoLateCopyAcrossDeletion(t *testing.T) {
 	if w.counts["deletions"] == 0 {
 		t.Fatal("no key deleted")
 	}
-	if err := m0.Lock(op("acquire")); err != nil {
-		t.Fatal(err)
-	}
+	must(t, m0.Lock(op("acquire")))
 	// Until copies of both calls sent before the deletion (or, if they
 	// are delivered, five copies) came up.
 	for i := 0; i < 200 && w.counts["late duplicates"]+w.counts["late duplicates withheld: the keys of their name were deleted since"] < 5; i++ {

@@ -157,10 +157,7 @@ func TestOnceLateCopyOfAnAttemptTakesNothing(t *testing.T) {
 			t.Helper()
 			qctx, cancel := context.WithTimeout(ctxT(t), 5*time.Second)
 			defer cancel()
-			ran := false
-			if err := newClient(t, b).Once(name).Do(qctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
-				t.Errorf("next Do = %v, ran %v; want nil, true", err, ran)
-			}
+			assertDoRuns(t, qctx, newClient(t, b).Once(name), "next Do")
 		}
 		// run runs f through a logged Once and returns the once_do call
 		// that granted the run and Do's error.
@@ -209,9 +206,7 @@ func TestOnceLateCopyOfAnAttemptTakesNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := newClient(t, b).Once(name).Reset(ctxT(t)); err != nil {
-				t.Fatal(err)
-			}
+			must(t, newClient(t, b).Once(name).Reset(ctxT(t)))
 			replayLeavesNoRun(t, name, granted)
 			nextCallRuns(t, name)
 		})
@@ -253,9 +248,7 @@ func TestOnceLateCopyOfAnAttemptTakesNothing(t *testing.T) {
 			if err := <-waiter; err != nil {
 				t.Fatalf("waiter's Do = %v, want nil", err)
 			}
-			if err := o.Reset(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, o.Reset(ctx))
 			// The waiter's first attempt was refused.
 			replayLeavesNoRun(t, name, onceDoCalls(t, rec)[0])
 			nextCallRuns(t, name)

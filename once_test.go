@@ -168,18 +168,22 @@ func TestOnceFailureHandsOver(t *testing.T) {
 	})
 }
 
+// assertDoRuns checks that o.Do runs f and returns nil; what names the call.
+func assertDoRuns(t *testing.T, ctx context.Context, o *dsync.Once, what string) {
+	t.Helper()
+	ran := false
+	if err := o.Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+		t.Errorf("%s = %v, ran %v; want nil, true", what, err, ran)
+	}
+}
+
 func TestOnceFailureWithoutWaitersLetsNextCallRun(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		o := newClient(t, b).Once(redistest.Key(t))
 		errBoom := errors.New("boom")
-		if err := o.Do(ctx, func(context.Context) error { return errBoom }); !errors.Is(err, errBoom) {
-			t.Fatalf("Do = %v, want boom", err)
-		}
-		ran := false
-		if err := o.Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
-			t.Fatalf("second Do = %v, ran %v; want nil, true", err, ran)
-		}
+		mustIs(t, o.Do(ctx, func(context.Context) error { return errBoom }), errBoom, "Do = %v, want boom")
+		assertDoRuns(t, ctx, o, "second Do")
 	})
 }
 
@@ -215,9 +219,7 @@ func TestOnceKilledRunnerHandsOverAfterTTL(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // let it wait
 		closedAt.Store(time.Now().UnixNano())
 		dying.Close()
-		if err := <-dyingErr; !errors.Is(err, dsync.ErrClosed) {
-			t.Errorf("dying runner's Do = %v, want ErrClosed", err)
-		}
+		checkIs(t, <-dyingErr, dsync.ErrClosed, "dying runner's Do = %v, want ErrClosed")
 		select {
 		case at := <-tookOver:
 			t.Fatalf("took over %v after the close, before the lease ran out", at.Sub(time.Unix(0, closedAt.Load())))
@@ -292,10 +294,7 @@ func TestOnceCallerCtxCancelsF(t *testing.T) {
 			t.Errorf("Do = %v, want context.Canceled", err)
 		}
 		// The run lease was released: the next call runs at once.
-		ran := false
-		if err := c.Once(name).Do(ctxT(t), func(context.Context) error { ran = true; return nil }); err != nil || !ran {
-			t.Errorf("next Do = %v, ran %v; want nil, true", err, ran)
-		}
+		assertDoRuns(t, ctxT(t), c.Once(name), "next Do")
 	})
 }
 
@@ -312,10 +311,7 @@ func TestOncePanicReleasesTheRun(t *testing.T) {
 			}()
 			_ = c.Once(name).Do(ctx, func(context.Context) error { panic("oops") })
 		}()
-		ran := false
-		if err := newClient(t, b).Once(name).Do(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
-			t.Errorf("Do after a panic = %v, ran %v; want nil, true", err, ran)
-		}
+		assertDoRuns(t, ctx, newClient(t, b).Once(name), "Do after a panic")
 	})
 }
 
@@ -337,18 +333,14 @@ func TestOnceDoneAndReset(t *testing.T) {
 		if done, err := o.Done(ctx); !done || err != nil {
 			t.Fatalf("Done after Do = %v, %v; want true", done, err)
 		}
-		if err := o.Reset(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, o.Reset(ctx))
 		if done, _ := o.Done(ctx); done {
 			t.Fatal("Done after Reset = true")
 		}
 		if v, err := o.DoValue(ctx, f); err != nil || string(v) != "run 2" {
 			t.Fatalf("DoValue after Reset = %q, %v; want run 2", v, err)
 		}
-		if err := o.Reset(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, o.Reset(ctx))
 		if err := o.Reset(ctx); err != nil {
 			t.Fatalf("Reset of a Once not done = %v", err)
 		}
@@ -363,9 +355,7 @@ func TestOncePeriod(t *testing.T) {
 		runs := 0
 		f := func(context.Context) error { runs++; return nil }
 		for range 3 {
-			if err := o.Do(ctx, f); err != nil {
-				t.Fatal(err)
-			}
+			must(t, o.Do(ctx, f))
 		}
 		if runs != 1 {
 			t.Fatalf("runs within one period = %d, want 1", runs)
@@ -384,20 +374,13 @@ func TestOnceDoneCheckIsOneRoundTrip(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		if err := newClient(t, b).Once(name).Do(ctx, func(context.Context) error { return nil }); err != nil {
-			t.Fatal(err)
-		}
-		rdb := b.NewClient(t)
+		must(t, newClient(t, b).Once(name).Do(ctx, func(context.Context) error { return nil }))
 		counter := &redistest.Counter{}
-		rdb.AddHook(counter)
-		c := dsync.New(rdb)
-		defer c.Close()
-		if err := c.Once(name).Do(ctx, func(context.Context) error {
+		c, _ := hookedClient(t, b, counter)
+		must(t, c.Once(name).Do(ctx, func(context.Context) error {
 			t.Error("f ran")
 			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
+		}))
 		if n := counter.RoundTrips(); n != 1 {
 			t.Errorf("Do of a done Once took %d round trips, want 1", n)
 		}
@@ -408,11 +391,8 @@ func TestOnceLostReplyOfTheDoneMark(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		rdb := b.NewClient(t)
 		faults := &redistest.Faults{}
-		rdb.AddHook(faults)
-		c := dsync.New(rdb)
-		defer c.Close()
+		c, _ := hookedClient(t, b, faults)
 		// The reply of the script that sets the done mark is lost (on a
 		// fresh server, possibly only its NOSCRIPT answer): the release is
 		// made again, and the caller learns the outcome.

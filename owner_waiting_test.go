@@ -17,13 +17,10 @@ import (
 // below runs in two goroutines.
 type ownerWaits struct {
 	name string
-	// block takes what makes the owner's calls wait, through a Client of
-	// its own, and returns its release.
-	block func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error)
-	// calls returns the owner's lock and unlock calls on a handle made
-	// through c, and another owner's try.
-	calls func(c *dsync.Client, n string) (lock, unlock func(context.Context) error)
-	try   func(ctx context.Context, c *dsync.Client, n string) (bool, error)
+	// block is the hold, taken through a Client of its own, that makes
+	// the owner's calls wait; calls is the owner's hold; try is another
+	// owner's attempt (its try call).
+	block, calls, try holdKind
 	// count returns the owner's count as Redis holds it ("" if none), and
 	// placed whether the owner has a waiting place.
 	count  func(rdb redis.UniversalClient, n, tok string) string
@@ -32,16 +29,10 @@ type ownerWaits struct {
 
 var ownerWaitCases = []ownerWaits{
 	{
-		name: "RWMutex.Lock",
-		block: func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error) {
-			rw := c.RWMutex(n)
-			return rw.Unlock, rw.Lock(ctx)
-		},
-		calls: func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-			rw := c.RWMutex(n)
-			return rw.Lock, rw.Unlock
-		},
-		try: func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.RWMutex(n).TryRLock(ctx) },
+		name:  "RWMutex.Lock",
+		block: writeHold,
+		calls: writeHold,
+		try:   readHold,
 		count: func(rdb redis.UniversalClient, n, tok string) string {
 			return ownerField(rdb, rwk(n).Writer, tok)
 		},
@@ -50,16 +41,10 @@ var ownerWaitCases = []ownerWaits{
 		},
 	},
 	{
-		name: "RWMutex.RLock",
-		block: func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error) {
-			rw := c.RWMutex(n)
-			return rw.Unlock, rw.Lock(ctx)
-		},
-		calls: func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-			rw := c.RWMutex(n)
-			return rw.RLock, rw.RUnlock
-		},
-		try: func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.RWMutex(n).TryLock(ctx) },
+		name:  "RWMutex.RLock",
+		block: writeHold,
+		calls: readHold,
+		try:   writeHold,
 		count: func(rdb redis.UniversalClient, n, tok string) string {
 			// "<count> <hold id> <call ids>"
 			return strings.SplitN(ownerField(rdb, rwk(n).ReaderData, tok), " ", 2)[0]
@@ -69,19 +54,10 @@ var ownerWaitCases = []ownerWaits{
 		},
 	},
 	{
-		name: "Semaphore",
-		block: func(ctx context.Context, c *dsync.Client, n string) (func(context.Context) error, error) {
-			s := c.Semaphore(n, 2)
-			return func(ctx context.Context) error { return s.Release(ctx, 2) }, s.Acquire(ctx, 2)
-		},
-		calls: func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
-			s := c.Semaphore(n, 2)
-			return func(ctx context.Context) error { return s.Acquire(ctx, 1) },
-				func(ctx context.Context) error { return s.Release(ctx, 1) }
-		},
-		try: func(ctx context.Context, c *dsync.Client, n string) (bool, error) {
-			return c.Semaphore(n, 2).TryAcquire(ctx, 2)
-		},
+		name:  "Semaphore",
+		block: semHold(2, 2),
+		calls: semHold(2, 1),
+		try:   semHold(2, 2),
 		count: func(rdb redis.UniversalClient, n, tok string) string {
 			return ownerField(rdb, semKeys(n).State, tok)
 		},
@@ -122,13 +98,13 @@ func TestOwnerWaitingInTwoGoroutinesEveryPrimitive(t *testing.T) {
 					ctx := ctxT(t)
 					name := redistest.Key(t)
 					rdb := b.NewClient(t)
-					release, err := p.block(ctx, newClient(t, b), name)
-					if err != nil {
-						t.Fatal(err)
-					}
+					block := p.block(newClient(t, b), name)
+					must(t, block.lock(ctx))
+					release := block.unlock
 					octx := dsync.WithOwner(ctx)
 					tok := dsync.OwnerToken(octx)
-					lock, unlock := p.calls(newClient(t, b, mode.opts...), name)
+					calls := p.calls(newClient(t, b, mode.opts...), name)
+					lock, unlock := calls.lock, calls.unlock
 					var wg sync.WaitGroup
 					errs := make(chan error, 2)
 					for range 2 {
@@ -139,9 +115,7 @@ func TestOwnerWaitingInTwoGoroutinesEveryPrimitive(t *testing.T) {
 						}()
 					}
 					waitFor(t, 5*time.Second, "the owner's waiting place", func() bool { return p.placed(rdb, name) })
-					if err := release(ctx); err != nil {
-						t.Fatal(err)
-					}
+					must(t, release(ctx))
 					done := make(chan struct{})
 					go func() { wg.Wait(); close(done) }()
 					select {
@@ -162,16 +136,12 @@ func TestOwnerWaitingInTwoGoroutinesEveryPrimitive(t *testing.T) {
 					if v := p.count(rdb, name, tok); v != want {
 						t.Fatalf("count in Redis = %q, want %s", v, want)
 					}
-					if err := unlock(octx); err != nil {
-						t.Fatal(err)
-					}
-					if ok, err := p.try(ctx, newClient(t, b), name); ok || err != nil {
+					must(t, unlock(octx))
+					if ok, err := p.try(newClient(t, b), name).try(ctx); ok || err != nil {
 						t.Fatalf("another owner's try after one of two releases = %v, %v; want false", ok, err)
 					}
-					if err := unlock(octx); err != nil {
-						t.Fatal(err)
-					}
-					if ok, err := p.try(ctx, newClient(t, b), name); !ok || err != nil {
+					must(t, unlock(octx))
+					if ok, err := p.try(newClient(t, b), name).try(ctx); !ok || err != nil {
 						t.Fatalf("another owner's try after both releases = %v, %v; want true", ok, err)
 					}
 				})

@@ -62,17 +62,13 @@ func propertyBudget(t testing.TB) int {
 	flag.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	if !given["rapid.steps"] {
 		// Histories long enough to expire a hold among live ones.
-		if err := flag.Set("rapid.steps", "60"); err != nil {
-			t.Fatal(err)
-		}
+		must(t, flag.Set("rapid.steps", "60"))
 	}
 	if given["rapid.checks"] {
 		n, _ = strconv.Atoi(flag.Lookup("rapid.checks").Value.String())
 		return n
 	}
-	if err := flag.Set("rapid.checks", strconv.Itoa(n)); err != nil {
-		t.Fatal(err)
-	}
+	must(t, flag.Set("rapid.checks", strconv.Itoa(n)))
 	return n
 }
 
@@ -181,18 +177,21 @@ func runMachine(t *rapid.T, b redistest.Backend, focus string) {
 	t.Logf("history of %s on %s (Once period %d ms, TTL %d ms):", focus, base, period, propTTLms)
 
 	t.Repeat(map[string]func(*rapid.T){
-		"":                 m.check,
-		"Mutex.TryLock":    m.mutexTryLock,
-		"Mutex.Unlock":     m.mutexUnlock,
+		"":              m.check,
+		"Mutex.TryLock": m.mutexTryLock,
+		"Mutex.Unlock": m.release("mutex", "Mutex.Unlock", m.mm.Unlock,
+			func(ctx context.Context, a *actor) error { return a.m.Unlock(ctx) }),
 		"RWMutex.TryRLock": m.rwTryRLock,
-		"RWMutex.RUnlock":  m.rwRUnlock,
-		"RWMutex.TryLock":  m.rwTryLock,
-		"RWMutex.Unlock":   m.rwUnlock,
-		"Sem.TryAcquire":   m.semTryAcquire,
-		"Sem.Release":      m.semRelease,
-		"Once.Do":          m.onceDo,
-		"Once.Reset":       m.onceReset,
-		"Advance":          m.advance,
+		"RWMutex.RUnlock": m.release("rwmutex", "RWMutex.RUnlock", m.rwm.RUnlock,
+			func(ctx context.Context, a *actor) error { return a.rw.RUnlock(ctx) }),
+		"RWMutex.TryLock": m.rwTryLock,
+		"RWMutex.Unlock": m.release("rwmutex", "RWMutex.Unlock", m.rwm.Unlock,
+			func(ctx context.Context, a *actor) error { return a.rw.Unlock(ctx) }),
+		"Sem.TryAcquire": m.semTryAcquire,
+		"Sem.Release":    m.semRelease,
+		"Once.Do":        m.onceDo,
+		"Once.Reset":     m.onceReset,
+		"Advance":        m.advance,
 	})
 }
 
@@ -220,6 +219,48 @@ func (m *machine) actor(t *rapid.T) *actor {
 
 func (m *machine) ctxOf(a *actor) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(a.ctx, 10*time.Second)
+}
+
+// perform runs one operation of prim for a drawn caller, with a bounded ctx;
+// it skips unless the history is about prim.
+func (m *machine) perform(t *rapid.T, prim string, op func(ctx context.Context, a *actor)) {
+	m.on(t, prim)
+	a := m.actor(t)
+	ctx, cancel := m.ctxOf(a)
+	defer cancel()
+	op(ctx, a)
+}
+
+// release returns the step that releases prim through call and compares
+// the error with the model's outcome.
+func (m *machine) release(prim, op string, modelOp func(model.Holder) model.Err, call func(context.Context, *actor) error) func(*rapid.T) {
+	return func(t *rapid.T) {
+		m.perform(t, prim, func(ctx context.Context, a *actor) {
+			err := call(ctx, a)
+			want := modelOp(a.h)
+			m.logf("%s %s -> %v (model %v)", a.name, op, err, want)
+			m.expect(op, err, want)
+		})
+	}
+}
+
+// tried compares a Try call's result and error with the model's and, when
+// it acquired (fresh, or any acquisition with always), reads the handle's
+// Lease: a fresh acquisition (model fence k) must carry a fencing token
+// above every earlier one of prim.
+func (m *machine) tried(t *rapid.T, prim, op string, got bool, err error, want, isFresh bool, werr model.Err, always bool, lease func() (uint64, *dsync.Lease, error)) {
+	m.expect(op, err, werr)
+	m.expectBool(op, got, want)
+	if !want || !(isFresh || always) {
+		return
+	}
+	k, l, err := lease()
+	if err != nil {
+		t.Fatalf("Lease after %s: %v", op, err)
+	}
+	if isFresh {
+		m.fresh(prim, k, l.Token(), op)
+	}
 }
 
 // expect fails unless err is the outcome want of the model.
@@ -303,123 +344,63 @@ func (m *machine) check(t *rapid.T) {
 }
 
 func (m *machine) mutexTryLock(t *rapid.T) {
-	m.on(t, "mutex")
-	a := m.actor(t)
-	ctx, cancel := m.ctxOf(a)
-	defer cancel()
-	got, err := a.m.TryLock(ctx)
-	want, isFresh := m.mm.TryLock(a.h)
-	m.logf("%s Mutex.TryLock -> %v, %v (model %v, fresh %v)", a.name, got, err, want, isFresh)
-	m.expect("Mutex.TryLock", err, model.OK)
-	m.expectBool("Mutex.TryLock", got, want)
-	if want {
-		k, _ := m.mm.Lease(a.h)
-		l, err := a.m.Lease(a.ctx)
-		if err != nil {
-			t.Fatalf("Mutex.Lease after TryLock: %v", err)
-		}
-		if isFresh {
-			m.fresh("mutex", k, l.Token(), "Mutex.TryLock")
-		}
-	}
-}
-
-func (m *machine) mutexUnlock(t *rapid.T) {
-	m.on(t, "mutex")
-	a := m.actor(t)
-	ctx, cancel := m.ctxOf(a)
-	defer cancel()
-	err := a.m.Unlock(ctx)
-	want := m.mm.Unlock(a.h)
-	m.logf("%s Mutex.Unlock -> %v (model %v)", a.name, err, want)
-	m.expect("Mutex.Unlock", err, want)
+	m.perform(t, "mutex", func(ctx context.Context, a *actor) {
+		got, err := a.m.TryLock(ctx)
+		want, isFresh := m.mm.TryLock(a.h)
+		m.logf("%s Mutex.TryLock -> %v, %v (model %v, fresh %v)", a.name, got, err, want, isFresh)
+		// Lease must answer after a re-entry too.
+		m.tried(t, "mutex", "Mutex.TryLock", got, err, want, isFresh, model.OK, true, func() (uint64, *dsync.Lease, error) {
+			k, _ := m.mm.Lease(a.h)
+			l, err := a.m.Lease(a.ctx)
+			return k, l, err
+		})
+	})
 }
 
 func (m *machine) rwTryRLock(t *rapid.T) {
-	m.on(t, "rwmutex")
-	a := m.actor(t)
-	ctx, cancel := m.ctxOf(a)
-	defer cancel()
-	got, err := a.rw.TryRLock(ctx)
-	want := m.rwm.TryRLock(a.h)
-	m.logf("%s RWMutex.TryRLock -> %v, %v (model %v)", a.name, got, err, want)
-	m.expect("RWMutex.TryRLock", err, model.OK)
-	m.expectBool("RWMutex.TryRLock", got, want)
-}
-
-func (m *machine) rwRUnlock(t *rapid.T) {
-	m.on(t, "rwmutex")
-	a := m.actor(t)
-	ctx, cancel := m.ctxOf(a)
-	defer cancel()
-	err := a.rw.RUnlock(ctx)
-	want := m.rwm.RUnlock(a.h)
-	m.logf("%s RWMutex.RUnlock -> %v (model %v)", a.name, err, want)
-	m.expect("RWMutex.RUnlock", err, want)
+	m.perform(t, "rwmutex", func(ctx context.Context, a *actor) {
+		got, err := a.rw.TryRLock(ctx)
+		want := m.rwm.TryRLock(a.h)
+		m.logf("%s RWMutex.TryRLock -> %v, %v (model %v)", a.name, got, err, want)
+		m.tried(t, "rwmutex", "RWMutex.TryRLock", got, err, want, false, model.OK, false, nil)
+	})
 }
 
 func (m *machine) rwTryLock(t *rapid.T) {
-	m.on(t, "rwmutex")
-	a := m.actor(t)
-	ctx, cancel := m.ctxOf(a)
-	defer cancel()
-	got, err := a.rw.TryLock(ctx)
-	want, isFresh, werr := m.rwm.TryLock(a.h)
-	m.logf("%s RWMutex.TryLock -> %v, %v (model %v, fresh %v, %v)", a.name, got, err, want, isFresh, werr)
-	m.expect("RWMutex.TryLock", err, werr)
-	m.expectBool("RWMutex.TryLock", got, want)
-	if want && isFresh {
-		k, _ := m.rwm.Lease(a.h)
-		l, err := a.rw.Lease(a.ctx)
-		if err != nil {
-			t.Fatalf("RWMutex.Lease after TryLock: %v", err)
-		}
-		m.fresh("rwmutex", k, l.Token(), "RWMutex.TryLock")
-	}
-}
-
-func (m *machine) rwUnlock(t *rapid.T) {
-	m.on(t, "rwmutex")
-	a := m.actor(t)
-	ctx, cancel := m.ctxOf(a)
-	defer cancel()
-	err := a.rw.Unlock(ctx)
-	want := m.rwm.Unlock(a.h)
-	m.logf("%s RWMutex.Unlock -> %v (model %v)", a.name, err, want)
-	m.expect("RWMutex.Unlock", err, want)
+	m.perform(t, "rwmutex", func(ctx context.Context, a *actor) {
+		got, err := a.rw.TryLock(ctx)
+		want, isFresh, werr := m.rwm.TryLock(a.h)
+		m.logf("%s RWMutex.TryLock -> %v, %v (model %v, fresh %v, %v)", a.name, got, err, want, isFresh, werr)
+		m.tried(t, "rwmutex", "RWMutex.TryLock", got, err, want, isFresh, werr, false, func() (uint64, *dsync.Lease, error) {
+			k, _ := m.rwm.Lease(a.h)
+			l, err := a.rw.Lease(a.ctx)
+			return k, l, err
+		})
+	})
 }
 
 func (m *machine) semTryAcquire(t *rapid.T) {
-	m.on(t, "semaphore")
-	a := m.actor(t)
-	n := rapid.Int64Range(0, propSemSize+1).Draw(t, "n")
-	ctx, cancel := m.ctxOf(a)
-	defer cancel()
-	got, err := a.s.TryAcquire(ctx, n)
-	want, isFresh, werr := m.sm.TryAcquire(a.h, n)
-	m.logf("%s Semaphore.TryAcquire(%d) -> %v, %v (model %v, fresh %v, %v; used %d)", a.name, n, got, err, want, isFresh, werr, m.sm.Used())
-	m.expect("Semaphore.TryAcquire", err, werr)
-	m.expectBool("Semaphore.TryAcquire", got, want)
-	if want && isFresh {
-		k, _ := m.sm.Lease(a.h)
-		l, err := a.s.Lease(a.ctx)
-		if err != nil {
-			t.Fatalf("Semaphore.Lease after TryAcquire: %v", err)
-		}
-		m.fresh("semaphore", k, l.Token(), "Semaphore.TryAcquire")
-	}
+	m.perform(t, "semaphore", func(ctx context.Context, a *actor) {
+		n := rapid.Int64Range(0, propSemSize+1).Draw(t, "n")
+		got, err := a.s.TryAcquire(ctx, n)
+		want, isFresh, werr := m.sm.TryAcquire(a.h, n)
+		m.logf("%s Semaphore.TryAcquire(%d) -> %v, %v (model %v, fresh %v, %v; used %d)", a.name, n, got, err, want, isFresh, werr, m.sm.Used())
+		m.tried(t, "semaphore", "Semaphore.TryAcquire", got, err, want, isFresh, werr, false, func() (uint64, *dsync.Lease, error) {
+			k, _ := m.sm.Lease(a.h)
+			l, err := a.s.Lease(a.ctx)
+			return k, l, err
+		})
+	})
 }
 
 func (m *machine) semRelease(t *rapid.T) {
-	m.on(t, "semaphore")
-	a := m.actor(t)
-	n := rapid.Int64Range(0, propSemSize+1).Draw(t, "n")
-	ctx, cancel := m.ctxOf(a)
-	defer cancel()
-	err := a.s.Release(ctx, n)
-	want := m.sm.Release(a.h, n)
-	m.logf("%s Semaphore.Release(%d) -> %v (model %v; used %d)", a.name, n, err, want, m.sm.Used())
-	m.expect("Semaphore.Release", err, want)
+	m.perform(t, "semaphore", func(ctx context.Context, a *actor) {
+		n := rapid.Int64Range(0, propSemSize+1).Draw(t, "n")
+		err := a.s.Release(ctx, n)
+		want := m.sm.Release(a.h, n)
+		m.logf("%s Semaphore.Release(%d) -> %v (model %v; used %d)", a.name, n, err, want, m.sm.Used())
+		m.expect("Semaphore.Release", err, want)
+	})
 }
 
 // onceDo runs Once.Do with an f that succeeds or fails, optionally after
@@ -517,14 +498,12 @@ func (m *machine) nestedDo(b *actor, ok bool) func() {
 }
 
 func (m *machine) onceReset(t *rapid.T) {
-	m.on(t, "once")
-	a := m.actor(t)
-	ctx, cancel := m.ctxOf(a)
-	defer cancel()
-	err := a.o.Reset(ctx)
-	m.om.Reset()
-	m.logf("%s Once.Reset -> %v", a.name, err)
-	m.expect("Once.Reset", err, model.OK)
+	m.perform(t, "once", func(ctx context.Context, a *actor) {
+		err := a.o.Reset(ctx)
+		m.om.Reset()
+		m.logf("%s Once.Reset -> %v", a.name, err)
+		m.expect("Once.Reset", err, model.OK)
+	})
 }
 
 func (m *machine) advance(t *rapid.T) {

@@ -99,9 +99,7 @@ func TestQuorumRWMutexMiniredisHammer(t *testing.T) {
 		t.Fatalf("TryLock while two read = %v, %v; want false, nil", ok, err)
 	}
 	for _, rw := range []*dsync.RWMutex{a, b} {
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RUnlock(ctx))
 	}
 	if ok, err := a.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("TryLock after the readers left = %v, %v; want true", ok, err)
@@ -109,12 +107,8 @@ func TestQuorumRWMutexMiniredisHammer(t *testing.T) {
 	if ok, err := b.TryRLock(ctx); ok || err != nil {
 		t.Fatalf("TryRLock while a writer holds = %v, %v; want false, nil", ok, err)
 	}
-	if err := a.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-		t.Fatalf("extra Unlock = %v, want ErrNotHeld", err)
-	}
+	must(t, a.Unlock(ctx))
+	mustIs(t, a.Unlock(ctx), dsync.ErrNotHeld, "extra Unlock = %v, want ErrNotHeld")
 }
 
 func TestQuorumRWMutexReentrancyAndLeases(t *testing.T) {
@@ -125,31 +119,23 @@ func TestQuorumRWMutexReentrancyAndLeases(t *testing.T) {
 	other := newQuorum(t, rdbs).RWMutex(name)
 
 	for range 2 {
-		if err := rw.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Lock(ctx))
 	}
 	wl, err := rw.Lease(ctx)
 	if err != nil || wl.Token() == 0 {
 		t.Fatalf("Lease = %v, %v; want a token", wl, err)
 	}
 	// A downgrade: read while writing, then leave the write lock.
-	if err := rw.RLock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.RLock(ctx))
 	rl, err := rw.RLease(ctx)
 	if err != nil || rl.Token() != 0 {
 		t.Fatalf("RLease = %v, %v; want token 0", rl, err)
 	}
-	if err := rw.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.Unlock(ctx))
 	if ok, _ := other.TryRLock(ctxT(t)); ok {
 		t.Fatal("another reader got in while the owner still writes (1 of 2 levels left)")
 	}
-	if err := rw.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.Unlock(ctx))
 	select {
 	case <-wl.Done():
 		if wl.Err() != nil {
@@ -168,13 +154,9 @@ func TestQuorumRWMutexReentrancyAndLeases(t *testing.T) {
 	if ok, _ := newQuorum(t, rdbs).RWMutex(name).TryLock(ctxT(t)); ok {
 		t.Fatal("a writer got in beside two readers")
 	}
-	if err := other.RUnlock(ctxT(t)); err != nil {
-		t.Fatal(err)
-	}
+	must(t, other.RUnlock(ctxT(t)))
 	// Read re-entry.
-	if err := rw.RLock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.RLock(ctx))
 	for i := range 2 {
 		if err := rw.RUnlock(ctx); err != nil {
 			t.Fatalf("RUnlock %d: %v", i, err)
@@ -183,9 +165,7 @@ func TestQuorumRWMutexReentrancyAndLeases(t *testing.T) {
 	if _, err := rw.RLease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 		t.Fatalf("RLease after the last RUnlock = %v, want ErrNotHeld", err)
 	}
-	if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-		t.Fatalf("extra RUnlock = %v, want ErrNotHeld", err)
-	}
+	mustIs(t, rw.RUnlock(ctx), dsync.ErrNotHeld, "extra RUnlock = %v, want ErrNotHeld")
 	if ok, err := other.TryLock(ctxT(t)); !ok || err != nil {
 		t.Fatalf("TryLock after every hold was released = %v, %v", ok, err)
 	}
@@ -197,12 +177,8 @@ func TestQuorumRWMutexUpgrade(t *testing.T) {
 	ctx := dsync.WithOwner(ctxT(t))
 	name := redistest.Key(t)
 	rw := newQuorum(t, rdbs).RWMutex(name)
-	if err := rw.RLock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
-		t.Fatalf("Lock while reading = %v, want ErrUpgrade", err)
-	}
+	must(t, rw.RLock(ctx))
+	mustIs(t, rw.Lock(ctx), dsync.ErrUpgrade, "Lock while reading = %v, want ErrUpgrade")
 	if ok, err := rw.TryLock(ctx); ok || !errors.Is(err, dsync.ErrUpgrade) {
 		t.Fatalf("TryLock while reading = %v, %v; want false, ErrUpgrade", ok, err)
 	}
@@ -212,9 +188,7 @@ func TestQuorumRWMutexUpgrade(t *testing.T) {
 		t.Fatalf("TryRLock after a refused upgrade = %v, %v; want true", ok, err)
 	}
 	_ = other.RUnlock(ctxT(t))
-	if err := rw.RUnlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rw.RUnlock(ctx))
 	if err := rw.Lock(ctx); err != nil {
 		t.Fatalf("Lock after RUnlock = %v", err)
 	}
@@ -237,9 +211,7 @@ func TestQuorumRWMutexWakesOnRelease(t *testing.T) {
 			t.Fatalf("%s before the release: %v", what, err)
 		default:
 		}
-		if err := unlock(); err != nil {
-			t.Fatal(err)
-		}
+		must(t, unlock())
 		select {
 		case err := <-got:
 			if err != nil {
@@ -249,9 +221,7 @@ func TestQuorumRWMutexWakesOnRelease(t *testing.T) {
 			t.Fatalf("%s not woken by the release", what)
 		}
 	}
-	if err := w.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, w.Lock(ctx))
 	got := make(chan error, 1)
 	go func() { got <- r.RLock(ctx) }()
 	await("RLock", got, func() error { return w.Unlock(ctx) })
@@ -261,21 +231,13 @@ func TestQuorumRWMutexWakesOnRelease(t *testing.T) {
 	if ok, _ := r.TryRLock(ctx); ok {
 		t.Fatal("a reader got in while the writer holds")
 	}
-	if err := w.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, w.Unlock(ctx))
 	// A cancelled waiter leaves nothing behind.
-	if err := w.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, w.Lock(ctx))
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
-	if err := r.RLock(short); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("RLock with a short ctx = %v, want DeadlineExceeded", err)
-	}
-	if err := w.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	mustIs(t, r.RLock(short), context.DeadlineExceeded, "RLock with a short ctx = %v, want DeadlineExceeded")
+	must(t, w.Unlock(ctx))
 	if ok, err := w.TryLock(ctx); !ok || err != nil {
 		t.Fatalf("TryLock after the cancelled reader = %v, %v; want true", ok, err)
 	}
@@ -283,54 +245,6 @@ func TestQuorumRWMutexWakesOnRelease(t *testing.T) {
 }
 
 func TestQuorumRWMutexMinorityDown(t *testing.T) { minorityDown(t, rwHammer, 6) }
-
-func TestQuorumRWMutexMajorityDownFails(t *testing.T) {
-	ss, rdbs, c := majorityDown(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
-	rw := c.RWMutex(name)
-	try := func(f func(context.Context) (bool, error)) func(context.Context) error {
-		return func(ctx context.Context) error {
-			ok, err := f(ctx)
-			if ok {
-				return errors.New("granted")
-			}
-			return err
-		}
-	}
-	for what, call := range map[string]func(context.Context) error{
-		"Lock": rw.Lock, "RLock": rw.RLock, "TryLock": try(rw.TryLock), "TryRLock": try(rw.TryRLock),
-	} {
-		if err := call(ctx); !errors.Is(err, dsync.ErrNoQuorum) {
-			t.Fatalf("%s with 3 of 5 masters down = %v, want ErrNoQuorum", what, err)
-		}
-	}
-	for what, lease := range map[string]func(context.Context) (*dsync.Lease, error){"Lease": rw.Lease, "RLease": rw.RLease} {
-		if _, err := lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("%s after the failed calls = %v, want ErrNotHeld", what, err)
-		}
-	}
-	// The two live masters hold nothing of it: no writer, reader or place.
-	k := rwk(name)
-	for _, i := range []int{1, 3} {
-		for _, key := range []string{k.Writer, k.Readers, k.WaitingWriters, k.WaitingReaders} {
-			if n, err := rdbs[i].Exists(ctx, key).Result(); n != 0 || err != nil {
-				t.Errorf("master %d: %s exists = %d, %v; want 0", i, key, n, err)
-			}
-		}
-	}
-	// A restarted master rejoins: three of five answer again.
-	ss[2].Start()
-	if err := rw.RLock(ctx); err != nil {
-		t.Fatalf("RLock after a master rejoined = %v", err)
-	}
-	if ok, _ := newQuorum(t, rdbs).RWMutex(name).TryLock(ctx); ok {
-		t.Fatal("another client took the write lock beside a reader")
-	}
-	if err := rw.RUnlock(ctx); err != nil {
-		t.Fatalf("RUnlock = %v", err)
-	}
-}
 
 func TestQuorumRWMutexClientReentrancy(t *testing.T) {
 	rdbs := miniMasters(t, 3)
@@ -365,9 +279,7 @@ func TestQuorumRWMutexClientReentrancy(t *testing.T) {
 	}
 	// Load the scripts on every master.
 	for _, f := range []func(context.Context) error{rw.Lock, rw.RLock, rw.RUnlock, rw.Unlock} {
-		if err := f(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, f(ctx))
 	}
 	trips()
 	for _, s := range steps {

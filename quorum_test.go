@@ -128,36 +128,105 @@ func majorityDown(t *testing.T) ([]*redistest.Server, []redis.UniversalClient, *
 	return ss, rdbs, c
 }
 
-func TestQuorumMutexMajorityDownFails(t *testing.T) {
-	ss, rdbs, c := majorityDown(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
-	m := c.Mutex(name)
-	if err := m.Lock(ctx); !errors.Is(err, dsync.ErrNoQuorum) {
-		t.Fatalf("Lock with 3 of 5 masters down = %v, want ErrNoQuorum", err)
-	}
-	if ok, err := m.TryLock(ctx); ok || !errors.Is(err, dsync.ErrNoQuorum) {
-		t.Fatalf("TryLock with 3 of 5 masters down = %v, %v; want false, ErrNoQuorum", ok, err)
-	}
-	if _, err := m.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-		t.Fatalf("Lease after the failed Lock = %v, want ErrNotHeld", err)
-	}
-	// The two live masters hold nothing of it.
-	for _, i := range []int{1, 3} {
-		if n, err := rdbs[i].Exists(ctx, mutexKeys(name).Lock).Result(); n != 0 || err != nil {
-			t.Errorf("master %d: lock key exists = %d, %v; want 0", i, n, err)
+// tryErr turns a try into a call that fails with "granted" if it got the
+// hold, and with its error otherwise.
+func tryErr(f func(context.Context) (bool, error)) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ok, err := f(ctx)
+		if ok {
+			return errors.New("granted")
 		}
+		return err
 	}
-	// A restarted master (empty) rejoins: three of five answer again.
-	ss[2].Start()
-	if err := m.Lock(ctx); err != nil {
-		t.Fatalf("Lock after a master rejoined = %v", err)
+}
+
+// With 3 of 5 masters down every call of a Mutex or RWMutex fails with
+// ErrNoQuorum, holds nothing and leaves nothing on the live masters; once
+// a master rejoins, a hold is taken again and excludes another client.
+func TestQuorumMajorityDownFails(t *testing.T) {
+	type quorumHandles struct {
+		m  *dsync.Mutex
+		rw *dsync.RWMutex
 	}
-	if ok, _ := newQuorum(t, rdbs).Mutex(name).TryLock(ctx); ok {
-		t.Fatal("another client took the held lock")
+	kinds := []struct {
+		name string
+		// calls and leases of h, which all must fail.
+		calls  func(h quorumHandles) map[string]func(context.Context) error
+		leases func(h quorumHandles) map[string]func(context.Context) (*dsync.Lease, error)
+		// keys that none of the live masters may have.
+		keys func(name string) []string
+		// again is the hold taken after a master rejoined, with its
+		// release; other is another client's conflicting try.
+		again func(h quorumHandles) (lock, unlock func(context.Context) error)
+		other func(q *dsync.Quorum, name string) func(context.Context) (bool, error)
+	}{
+		{"Mutex",
+			func(h quorumHandles) map[string]func(context.Context) error {
+				return map[string]func(context.Context) error{"Lock": h.m.Lock, "TryLock": tryErr(h.m.TryLock)}
+			},
+			func(h quorumHandles) map[string]func(context.Context) (*dsync.Lease, error) {
+				return map[string]func(context.Context) (*dsync.Lease, error){"Lease": h.m.Lease}
+			},
+			func(name string) []string { return []string{mutexKeys(name).Lock} },
+			func(h quorumHandles) (func(context.Context) error, func(context.Context) error) {
+				return h.m.Lock, h.m.Unlock
+			},
+			func(q *dsync.Quorum, name string) func(context.Context) (bool, error) { return q.Mutex(name).TryLock }},
+		{"RWMutex",
+			func(h quorumHandles) map[string]func(context.Context) error {
+				return map[string]func(context.Context) error{
+					"Lock": h.rw.Lock, "RLock": h.rw.RLock, "TryLock": tryErr(h.rw.TryLock), "TryRLock": tryErr(h.rw.TryRLock),
+				}
+			},
+			func(h quorumHandles) map[string]func(context.Context) (*dsync.Lease, error) {
+				return map[string]func(context.Context) (*dsync.Lease, error){"Lease": h.rw.Lease, "RLease": h.rw.RLease}
+			},
+			func(name string) []string {
+				k := rwk(name)
+				return []string{k.Writer, k.Readers, k.WaitingWriters, k.WaitingReaders}
+			},
+			func(h quorumHandles) (func(context.Context) error, func(context.Context) error) {
+				return h.rw.RLock, h.rw.RUnlock
+			},
+			func(q *dsync.Quorum, name string) func(context.Context) (bool, error) { return q.RWMutex(name).TryLock }},
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatalf("Unlock = %v", err)
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			ss, rdbs, c := majorityDown(t)
+			ctx := ctxT(t)
+			name := redistest.Key(t)
+			h := quorumHandles{c.Mutex(name), c.RWMutex(name)}
+			for what, call := range k.calls(h) {
+				if err := call(ctx); !errors.Is(err, dsync.ErrNoQuorum) {
+					t.Fatalf("%s with 3 of 5 masters down = %v, want ErrNoQuorum", what, err)
+				}
+			}
+			for what, lease := range k.leases(h) {
+				if _, err := lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+					t.Fatalf("%s after the failed calls = %v, want ErrNotHeld", what, err)
+				}
+			}
+			// The two live masters hold nothing of it.
+			for _, i := range []int{1, 3} {
+				for _, key := range k.keys(name) {
+					if n, err := rdbs[i].Exists(ctx, key).Result(); n != 0 || err != nil {
+						t.Errorf("master %d: %s exists = %d, %v; want 0", i, key, n, err)
+					}
+				}
+			}
+			// A restarted master (empty) rejoins: three of five answer again.
+			ss[2].Start()
+			lock, unlock := k.again(h)
+			if err := lock(ctx); err != nil {
+				t.Fatalf("hold after a master rejoined = %v", err)
+			}
+			if ok, _ := k.other(newQuorum(t, rdbs), name)(ctx); ok {
+				t.Fatal("another client took the name beside the hold")
+			}
+			if err := unlock(ctx); err != nil {
+				t.Fatalf("release = %v", err)
+			}
+		})
 	}
 }
 
@@ -165,13 +234,7 @@ func TestQuorumMutexLeaseLostWithMajority(t *testing.T) {
 	ss, rdbs := masters(t, 3)
 	ctx := ctxT(t)
 	m := newQuorum(t, rdbs, dsync.TTL(time.Second)).Mutex(redistest.Key(t))
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l, err := m.Lease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := lockLease(t, ctx, m)
 	ss[1].Stop() // one of three: still a majority
 	select {
 	case <-l.Done():
@@ -205,9 +268,7 @@ func TestQuorumMutexMiniredis(t *testing.T) {
 
 	m := c.Mutex(name)
 	for range 2 {
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 	}
 	other := newQuorum(t, rdbs).Mutex(name)
 	got := make(chan error, 1)
@@ -223,17 +284,8 @@ func TestQuorumMutexMiniredis(t *testing.T) {
 			t.Fatalf("Unlock %d: %v", i, err)
 		}
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("waiter not woken by the release")
-	}
-	if err := m.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-		t.Fatalf("extra Unlock = %v, want ErrNotHeld", err)
-	}
+	recvNil(t, got, 5*time.Second, "waiter not woken by the release")
+	mustIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "extra Unlock = %v, want ErrNotHeld")
 }
 
 // A Quorum has only Mutex and RWMutex: Semaphore and Once on it do not
@@ -272,12 +324,8 @@ func TestQuorumRefusesOtherPrimitives(t *testing.T) {
 		qc.Close()
 	}
 	c := newQuorum(t, rdbs)
-	if err := c.Mutex("x", dsync.WaitReplicas(1, time.Second)).Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
-		t.Errorf("Lock of a handle with WaitReplicas = %v, want ErrInvalid", err)
-	}
-	if err := c.RWMutex("x", dsync.WaitReplicas(1, time.Second)).Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
-		t.Errorf("RWMutex Lock of a handle with WaitReplicas = %v, want ErrInvalid", err)
-	}
+	checkIs(t, c.Mutex("x", dsync.WaitReplicas(1, time.Second)).Lock(ctx), dsync.ErrInvalid, "Lock of a handle with WaitReplicas = %v, want ErrInvalid")
+	checkIs(t, c.RWMutex("x", dsync.WaitReplicas(1, time.Second)).Lock(ctx), dsync.ErrInvalid, "RWMutex Lock of a handle with WaitReplicas = %v, want ErrInvalid")
 	if n := counter.RoundTrips(); n != 0 {
 		t.Errorf("refused calls sent %d commands, want 0", n)
 	}
@@ -299,14 +347,7 @@ func BenchmarkQuorumMutex(b *testing.B) {
 			defer c.Close()
 			m := c.Mutex(redistest.Key(b))
 			ctx := context.Background()
-			reportRoundTrips(b, counter, func() {
-				if err := m.Lock(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if err := m.Unlock(ctx); err != nil {
-					b.Fatal(err)
-				}
-			})
+			reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 		})
 	}
 }
@@ -324,24 +365,10 @@ func TestQuorumFencingWithSkewedClock(t *testing.T) {
 	}
 	ctx := ctxT(t)
 	m := newQuorum(t, rdbs).Mutex(redistest.Key(t))
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l1, err := m.Lease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	l1 := lockLease(t, ctx, m)
+	must(t, m.Unlock(ctx))
 	bs[0].Mini.Close() // the fast master is gone
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l2, err := m.Lease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l2 := lockLease(t, ctx, m)
 	if l2.Token() <= l1.Token() {
 		t.Fatalf("token after a skewed master left = %d, want > %d", l2.Token(), l1.Token())
 	}

@@ -183,12 +183,8 @@ func eachRe(t *testing.T, f func(t *testing.T, e reEnv, p rePrim)) {
 							// Warm up: the scripts are loaded, so that no
 							// NOSCRIPT round trip passes a gate twice.
 							other := dsync.WithOwner(ctx)
-							if err := p.lock(other); err != nil {
-								t.Fatal(err)
-							}
-							if err := p.unlock(other); err != nil {
-								t.Fatal(err)
-							}
+							must(t, p.lock(other))
+							must(t, p.unlock(other))
 							f(t, e, p)
 						})
 					}
@@ -225,9 +221,7 @@ func judge(t *testing.T, p rePrim, own context.Context) {
 func TestClientReentrancyLockDuringLastUnlock(t *testing.T) {
 	eachRe(t, func(t *testing.T, e reEnv, p rePrim) {
 		own := dsync.WithOwner(ctxT(t))
-		if err := p.lock(own); err != nil {
-			t.Fatal(err)
-		}
+		must(t, p.lock(own))
 		g := newGate(t, p.unScript, false)
 		unlocked := g.run(t, 1, g.on(own), p.unlock)
 
@@ -389,9 +383,7 @@ func TestClientReentrancyLastUnlockWithLostReplies(t *testing.T) {
 							}
 							return !ok
 						}
-						if err := kind.lock(c, name)(ctx); err != nil {
-							t.Fatal(err)
-						}
+						must(t, kind.lock(c, name)(ctx))
 						lease, err := kind.lease(c, name)(ctx)
 						if err != nil {
 							t.Fatal(err)
@@ -423,9 +415,7 @@ func TestClientReentrancyLastUnlockWithLostReplies(t *testing.T) {
 						}
 						// The owner locks again: Redis must hold it for the
 						// owner now.
-						if err := kind.lock(c, name)(ctx); err != nil {
-							t.Fatal(err)
-						}
+						must(t, kind.lock(c, name)(ctx))
 						if !held() {
 							t.Fatal("the owner's Lock after its last Unlock returned nil, but Redis holds nothing: it re-entered a released hold")
 						}

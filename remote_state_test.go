@@ -220,9 +220,7 @@ func rsLiveReaders(ctx context.Context, rdb redis.UniversalClient, name string) 
 // rsMutexLike writes a hold of tok into hash k as a Mutex or an RWMutex
 // writer lays it out.
 func rsMutexLike(t testing.TB, rdb redis.UniversalClient, k, tok string, d time.Duration, persist bool) {
-	if err := rdb.HSet(context.Background(), k, tok, 1, ":f", strconv.FormatInt(rsNow(t, rdb).UnixMicro(), 10), ":c", "foreign-call").Err(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rdb.HSet(context.Background(), k, tok, 1, ":f", strconv.FormatInt(rsNow(t, rdb).UnixMicro(), 10), ":c", "foreign-call").Err())
 	rsExpire(t, rdb, d, persist, k)
 }
 
@@ -232,48 +230,54 @@ func rsForeignReader(t testing.TB, rdb redis.UniversalClient, name, tok string, 
 	ctx := context.Background()
 	k := rwk(name)
 	dl := rsNow(t, rdb).Add(d)
-	if err := rdb.ZAdd(ctx, k.Readers, redis.Z{Score: float64(dl.UnixMilli()), Member: tok}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.HSet(ctx, k.ReaderData, tok, "1 foreign-call").Err(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rdb.ZAdd(ctx, k.Readers, redis.Z{Score: float64(dl.UnixMilli()), Member: tok}).Err())
+	must(t, rdb.HSet(ctx, k.ReaderData, tok, "1 foreign-call").Err())
 	rsExpire(t, rdb, d, persist, k.Readers, k.ReaderData)
 	return []string{k.Readers, k.ReaderData}
 }
 
 func onceKeys(name string) keys.Once { return keys.ForOnce(dsync.DefaultPrefix, name) }
 
+// rsTake acquires through lock for owner tok and returns the hold, which
+// unlock releases; with a lease func, the hold carries the Lease and its
+// token.
+func rsTake(ctx context.Context, tok string, lock, unlock func(context.Context) error, lease func(context.Context) (*dsync.Lease, error)) (rsHold, error) {
+	ctx = dsync.WithOwnerToken(ctx, tok)
+	if err := lock(ctx); err != nil {
+		return rsHold{}, err
+	}
+	h := rsHold{release: func() error { return unlock(dsync.WithOwnerToken(context.Background(), tok)) }}
+	if lease != nil {
+		l, err := lease(ctx)
+		if err != nil {
+			return rsHold{}, err
+		}
+		h.token, h.lease = l.Token(), l
+	}
+	return h, nil
+}
+
 // semAcquireN acquires n permits of the semaphore name for owner tok.
 func semAcquireN(ctx context.Context, c *dsync.Client, name, tok string, n int64) (rsHold, error) {
-	ctx = dsync.WithOwnerToken(ctx, tok)
 	s := c.Semaphore(name, rsSemSize)
-	if err := s.Acquire(ctx, n); err != nil {
-		return rsHold{}, err
-	}
-	l, err := s.Lease(ctx)
-	if err != nil {
-		return rsHold{}, err
-	}
-	return rsHold{token: l.Token(), lease: l, release: func() error {
-		return s.Release(dsync.WithOwnerToken(context.Background(), tok), n)
-	}}, nil
+	return rsTake(ctx, tok,
+		func(ctx context.Context) error { return s.Acquire(ctx, n) },
+		func(ctx context.Context) error { return s.Release(ctx, n) }, s.Lease)
 }
 
 // rwWriteLock write-locks the RWMutex name for owner tok.
 func rwWriteLock(ctx context.Context, c *dsync.Client, name, tok string, _ bool) (rsHold, error) {
-	ctx = dsync.WithOwnerToken(ctx, tok)
 	rw := c.RWMutex(name)
-	if err := rw.Lock(ctx); err != nil {
-		return rsHold{}, err
+	return rsTake(ctx, tok, rw.Lock, rw.Unlock, rw.Lease)
+}
+
+// rsForeignLock returns the foreign of a mutex-like lock hash: key(name)
+// held by tok.
+func rsForeignLock(key func(name string) string) func(testing.TB, redis.UniversalClient, string, string, time.Duration, bool) []string {
+	return func(t testing.TB, rdb redis.UniversalClient, name, tok string, d time.Duration, persist bool) []string {
+		rsMutexLike(t, rdb, key(name), tok, d, persist)
+		return []string{key(name)}
 	}
-	l, err := rw.Lease(ctx)
-	if err != nil {
-		return rsHold{}, err
-	}
-	return rsHold{token: l.Token(), lease: l, release: func() error {
-		return rw.Unlock(dsync.WithOwnerToken(context.Background(), tok))
-	}}, nil
 }
 
 var errForeignRun = errors.New("the foreign run fails")
@@ -285,23 +289,10 @@ var rsPrims = []*rsPrim{
 		keys:   func(n string) []string { return mutexKeys(n).Keys() },
 		fence:  func(n string) string { return mutexKeys(n).Fence },
 		acquire: func(ctx context.Context, c *dsync.Client, name, tok string, _ bool) (rsHold, error) {
-			ctx = dsync.WithOwnerToken(ctx, tok)
 			m := c.Mutex(name)
-			if err := m.Lock(ctx); err != nil {
-				return rsHold{}, err
-			}
-			l, err := m.Lease(ctx)
-			if err != nil {
-				return rsHold{}, err
-			}
-			return rsHold{token: l.Token(), lease: l, release: func() error {
-				return m.Unlock(dsync.WithOwnerToken(context.Background(), tok))
-			}}, nil
+			return rsTake(ctx, tok, m.Lock, m.Unlock, m.Lease)
 		},
-		foreign: func(t testing.TB, rdb redis.UniversalClient, name, tok string, d time.Duration, persist bool) []string {
-			rsMutexLike(t, rdb, mutexKeys(name).Lock, tok, d, persist)
-			return []string{mutexKeys(name).Lock}
-		},
+		foreign: rsForeignLock(func(n string) string { return mutexKeys(n).Lock }),
 		holders: func(ctx context.Context, rdb redis.UniversalClient, name string) []string {
 			return rsFields(ctx, rdb, mutexKeys(name).Lock)
 		},
@@ -310,21 +301,12 @@ var rsPrims = []*rsPrim{
 		name: "RWMutex.RLock",
 		keys: func(n string) []string { return rwk(n).Keys() },
 		acquire: func(ctx context.Context, c *dsync.Client, name, tok string, _ bool) (rsHold, error) {
-			ctx = dsync.WithOwnerToken(ctx, tok)
 			rw := c.RWMutex(name)
-			if err := rw.RLock(ctx); err != nil {
-				return rsHold{}, err
-			}
-			return rsHold{release: func() error {
-				return rw.RUnlock(dsync.WithOwnerToken(context.Background(), tok))
-			}}, nil
+			return rsTake(ctx, tok, rw.RLock, rw.RUnlock, nil)
 		},
 		// A reader is excluded by a writer.
-		live: rwWriteLock,
-		foreign: func(t testing.TB, rdb redis.UniversalClient, name, tok string, d time.Duration, persist bool) []string {
-			rsMutexLike(t, rdb, rwk(name).Writer, tok, d, persist)
-			return []string{rwk(name).Writer}
-		},
+		live:    rwWriteLock,
+		foreign: rsForeignLock(func(n string) string { return rwk(n).Writer }),
 		holders: func(ctx context.Context, rdb redis.UniversalClient, name string) []string {
 			return rsFields(ctx, rdb, rwk(name).Writer)
 		},
@@ -335,10 +317,7 @@ var rsPrims = []*rsPrim{
 		keys:    func(n string) []string { return rwk(n).Keys() },
 		fence:   func(n string) string { return rwk(n).Fence },
 		acquire: rwWriteLock,
-		foreign: func(t testing.TB, rdb redis.UniversalClient, name, tok string, d time.Duration, persist bool) []string {
-			rsMutexLike(t, rdb, rwk(name).Writer, tok, d, persist)
-			return []string{rwk(name).Writer}
-		},
+		foreign: rsForeignLock(func(n string) string { return rwk(n).Writer }),
 		holders: func(ctx context.Context, rdb redis.UniversalClient, name string) []string {
 			return append(rsFields(ctx, rdb, rwk(name).Writer), rsLiveReaders(ctx, rdb, name)...)
 		},
@@ -355,13 +334,9 @@ var rsPrims = []*rsPrim{
 			ctx := context.Background()
 			k := semKeys(name)
 			now := rsNow(t, rdb)
-			if err := rdb.HSet(ctx, k.State, ":size", rsSemSize, ":used", rsSemSize, tok, rsSemSize,
-				":f:"+tok, strconv.FormatInt(now.UnixMicro(), 10), ":c:"+tok, "foreign-call").Err(); err != nil {
-				t.Fatal(err)
-			}
-			if err := rdb.ZAdd(ctx, k.Holders, redis.Z{Score: float64(now.Add(d).UnixMilli()), Member: tok}).Err(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rdb.HSet(ctx, k.State, ":size", rsSemSize, ":used", rsSemSize, tok, rsSemSize,
+				":f:"+tok, strconv.FormatInt(now.UnixMicro(), 10), ":c:"+tok, "foreign-call").Err())
+			must(t, rdb.ZAdd(ctx, k.Holders, redis.Z{Score: float64(now.Add(d).UnixMilli()), Member: tok}).Err())
 			rsExpire(t, rdb, d, persist, k.State, k.Holders)
 			return []string{k.State, k.Holders}
 		},
@@ -422,9 +397,7 @@ var rsPrims = []*rsPrim{
 		foreign: func(t testing.TB, rdb redis.UniversalClient, name, tok string, d time.Duration, persist bool) []string {
 			ctx := context.Background()
 			k := onceKeys(name)
-			if err := rdb.HSet(ctx, k.Run, "t", tok).Err(); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rdb.HSet(ctx, k.Run, "t", tok).Err())
 			rsExpire(t, rdb, d, persist, k.Run)
 			return []string{k.Run}
 		},
@@ -756,6 +729,25 @@ const rsAtOnce = 8
 
 // rsTable runs cases(p) for every primitive p for which it returns some, on
 // every backend, rsAtOnce cases at a time.
+// rsFreeAndHeld appends to cs the case of setup on a free name
+// (name+"/free") and the case with a live foreign hold released during the
+// call (name+"/"+heldWord, after e.live()); setup is told which it is.
+func rsFreeAndHeld(cs []rsCase, name, heldWord string, want rsWant, setup func(e *rsEnv, held bool)) []rsCase {
+	for _, held := range []bool{false, true} {
+		n := name + "/free"
+		if held {
+			n = name + "/" + heldWord
+		}
+		cs = append(cs, rsCase{name: n, want: want, setup: func(e *rsEnv) {
+			if held {
+				e.live()
+			}
+			setup(e, held)
+		}})
+	}
+	return cs
+}
+
 func rsTable(t *testing.T, cases func(p *rsPrim) []rsCase) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		if b.Mini != nil {
@@ -767,6 +759,7 @@ func rsTable(t *testing.T, cases func(p *rsPrim) []rsCase) {
 			if len(cs) == 0 {
 				continue
 			}
+			slices.SortFunc(cs, func(a, b rsCase) int { return strings.Compare(a.name, b.name) })
 			t.Run(p.name, func(t *testing.T) {
 				var wg sync.WaitGroup
 				slots := make(chan struct{}, rsAtOnce)
@@ -792,18 +785,9 @@ func TestRemoteStateWrongType(t *testing.T) {
 		var cs []rsCase
 		for i, k := range p.keys("n") {
 			for _, kind := range []string{"string", "list"} {
-				for _, held := range []bool{false, true} {
-					name := rsSuffix("n", k) + "/" + kind + "/free"
-					if held {
-						name = rsSuffix("n", k) + "/" + kind + "/held"
-					}
-					cs = append(cs, rsCase{name: name, want: rsNil | rsCorrupt, setup: func(e *rsEnv) {
-						if held {
-							e.live()
-						}
-						e.retype(e.p.keys(e.name)[i], kind)
-					}})
-				}
+				cs = rsFreeAndHeld(cs, rsSuffix("n", k)+"/"+kind, "held", rsNil|rsCorrupt, func(e *rsEnv, _ bool) {
+					e.retype(e.p.keys(e.name)[i], kind)
+				})
 			}
 		}
 		return cs
@@ -865,27 +849,18 @@ func TestRemoteStateFenceCounter(t *testing.T) {
 		}
 		var cs []rsCase
 		for v, want := range values {
-			for _, held := range []bool{false, true} {
-				name := v + "/free"
-				if held {
-					name = v + "/handover"
+			cs = rsFreeAndHeld(cs, v, "handover", want, func(e *rsEnv, held bool) {
+				if !held {
+					e.earlier()
 				}
-				cs = append(cs, rsCase{name: name, want: want, setup: func(e *rsEnv) {
-					if held {
-						e.live()
-					} else {
-						e.earlier()
-					}
-					f := e.p.fence(e.name)
-					if err := e.rdb.HSet(context.Background(), f, "n", v).Err(); err != nil {
-						e.t.Fatal(err)
-					}
-					e.bad = []string{f}
-					e.again = true
-				}})
-			}
+				f := e.p.fence(e.name)
+				if err := e.rdb.HSet(context.Background(), f, "n", v).Err(); err != nil {
+					e.t.Fatal(err)
+				}
+				e.bad = []string{f}
+				e.again = true
+			})
 		}
-		slices.SortFunc(cs, func(a, b rsCase) int { return strings.Compare(a.name, b.name) })
 		return cs
 	})
 }
@@ -944,23 +919,13 @@ func TestRemoteStateQueueGarbage(t *testing.T) {
 				continue
 			}
 			for gname, g := range rsGarbage {
-				for _, held := range []bool{false, true} {
-					name := q.name + "/" + gname + "/free"
-					if held {
-						name = q.name + "/" + gname + "/held"
-					}
-					cs = append(cs, rsCase{name: name, want: rsNil, setup: func(e *rsEnv) {
-						if held {
-							e.live()
-						}
-						ks := q.write(e, "waiter-"+rsRandom(e.t), g)
-						rsExpire(e.t, e.rdb, dsync.DefaultTTL, false, ks...)
-						e.bad = append(e.bad, ks...)
-					}})
-				}
+				cs = rsFreeAndHeld(cs, q.name+"/"+gname, "held", rsNil, func(e *rsEnv, _ bool) {
+					ks := q.write(e, "waiter-"+rsRandom(e.t), g)
+					rsExpire(e.t, e.rdb, dsync.DefaultTTL, false, ks...)
+					e.bad = append(e.bad, ks...)
+				})
 			}
 		}
-		slices.SortFunc(cs, func(a, b rsCase) int { return strings.Compare(a.name, b.name) })
 		return cs
 	})
 }
@@ -995,32 +960,22 @@ func TestRemoteStateHoldersGarbage(t *testing.T) {
 		}
 		var cs []rsCase
 		for ename, en := range entries {
-			for _, held := range []bool{false, true} {
-				name := ename + "/free"
-				if held {
-					name = ename + "/held"
-				}
-				want := rsNil
-				if p.name == "RWMutex.RLock" && (ename == "plus-inf" || ename == "far" || ename == "future-colon") {
-					want |= rsCorrupt
-				}
-				cs = append(cs, rsCase{name: name, want: want, setup: func(e *rsEnv) {
-					if held {
-						e.live()
-					}
-					k := zset(e.name)
-					ctx := context.Background()
-					if err := e.rdb.Do(ctx, "zadd", k, en.score, en.member).Err(); err != nil {
-						e.t.Fatal(err)
-					}
-					if err := e.rdb.PExpire(ctx, k, dsync.DefaultTTL).Err(); err != nil {
-						e.t.Fatal(err)
-					}
-					e.bad = append(e.bad, k)
-				}})
+			want := rsNil
+			if p.name == "RWMutex.RLock" && (ename == "plus-inf" || ename == "far" || ename == "future-colon") {
+				want |= rsCorrupt
 			}
+			cs = rsFreeAndHeld(cs, ename, "held", want, func(e *rsEnv, _ bool) {
+				k := zset(e.name)
+				ctx := context.Background()
+				if err := e.rdb.Do(ctx, "zadd", k, en.score, en.member).Err(); err != nil {
+					e.t.Fatal(err)
+				}
+				if err := e.rdb.PExpire(ctx, k, dsync.DefaultTTL).Err(); err != nil {
+					e.t.Fatal(err)
+				}
+				e.bad = append(e.bad, k)
+			})
 		}
-		slices.SortFunc(cs, func(a, b rsCase) int { return strings.Compare(a.name, b.name) })
 		return cs
 	})
 }

@@ -13,76 +13,27 @@ import (
 // renewedHold is a hold of one primitive for TestRenewalNeverRevivesALostHold.
 type renewedHold struct {
 	name string
-	// take takes the hold for ctx's owner through c and returns its
-	// lease and its release.
-	take func(ctx context.Context, c *dsync.Client, n string) (*dsync.Lease, func(context.Context) error, error)
-	// try is another owner's attempt at a conflicting hold, and its release.
-	try func(ctx context.Context, c *dsync.Client, n string) (bool, func(context.Context) error, error)
+	// hold is the hold taken for an owner and renewed; other is another
+	// owner's conflicting hold, tried.
+	hold, other holdKind
 	// keys are the keys that hold the hold, deleted behind it.
 	keys func(n string) []string
 }
 
 var renewedHolds = []renewedHold{
-	{"Mutex",
-		func(ctx context.Context, c *dsync.Client, n string) (*dsync.Lease, func(context.Context) error, error) {
-			m := c.Mutex(n)
-			if err := m.Lock(ctx); err != nil {
-				return nil, nil, err
-			}
-			l, err := m.Lease(ctx)
-			return l, m.Unlock, err
-		},
-		func(ctx context.Context, c *dsync.Client, n string) (bool, func(context.Context) error, error) {
-			m := c.Mutex(n)
-			ok, err := m.TryLock(ctx)
-			return ok, m.Unlock, err
-		},
-		func(n string) []string { return []string{mutexKeys(n).Lock} }},
-	{"RWMutex.Lock",
-		func(ctx context.Context, c *dsync.Client, n string) (*dsync.Lease, func(context.Context) error, error) {
-			rw := c.RWMutex(n)
-			if err := rw.Lock(ctx); err != nil {
-				return nil, nil, err
-			}
-			l, err := rw.Lease(ctx)
-			return l, rw.Unlock, err
-		},
-		func(ctx context.Context, c *dsync.Client, n string) (bool, func(context.Context) error, error) {
-			rw := c.RWMutex(n)
-			ok, err := rw.TryLock(ctx)
-			return ok, rw.Unlock, err
-		},
-		func(n string) []string { return []string{rwk(n).Writer} }},
-	{"RWMutex.RLock",
-		func(ctx context.Context, c *dsync.Client, n string) (*dsync.Lease, func(context.Context) error, error) {
-			rw := c.RWMutex(n)
-			if err := rw.RLock(ctx); err != nil {
-				return nil, nil, err
-			}
-			l, err := rw.RLease(ctx)
-			return l, rw.RUnlock, err
-		},
-		func(ctx context.Context, c *dsync.Client, n string) (bool, func(context.Context) error, error) {
-			rw := c.RWMutex(n)
-			ok, err := rw.TryLock(ctx)
-			return ok, rw.Unlock, err
-		},
-		func(n string) []string { return []string{rwk(n).Readers, rwk(n).ReaderData} }},
-	{"Semaphore",
-		func(ctx context.Context, c *dsync.Client, n string) (*dsync.Lease, func(context.Context) error, error) {
-			s := c.Semaphore(n, 1)
-			if err := s.Acquire(ctx, 1); err != nil {
-				return nil, nil, err
-			}
-			l, err := s.Lease(ctx)
-			return l, func(ctx context.Context) error { return s.Release(ctx, 1) }, err
-		},
-		func(ctx context.Context, c *dsync.Client, n string) (bool, func(context.Context) error, error) {
-			s := c.Semaphore(n, 1)
-			ok, err := s.TryAcquire(ctx, 1)
-			return ok, func(ctx context.Context) error { return s.Release(ctx, 1) }, err
-		},
-		func(n string) []string { return []string{semKeys(n).State, semKeys(n).Holders} }},
+	{"Mutex", mutexHold, mutexHold, func(n string) []string { return []string{mutexKeys(n).Lock} }},
+	{"RWMutex.Lock", writeHold, writeHold, func(n string) []string { return []string{rwk(n).Writer} }},
+	{"RWMutex.RLock", readHold, writeHold, func(n string) []string { return []string{rwk(n).Readers, rwk(n).ReaderData} }},
+	{"Semaphore", semHold(1, 1), semHold(1, 1), func(n string) []string { return []string{semKeys(n).State, semKeys(n).Holders} }},
+}
+
+// take takes h for ctx's owner and returns its lease.
+func take(t *testing.T, ctx context.Context, h holdCalls) *dsync.Lease {
+	t.Helper()
+	must(t, h.lock(ctx))
+	l, err := h.lease(ctx)
+	must(t, err)
+	return l
 }
 
 // TestRenewalNeverRevivesALostHold: process A holds for an owner; the hold
@@ -102,25 +53,17 @@ func TestRenewalNeverRevivesALostHold(t *testing.T) {
 				rdb := b.NewClient(t)
 				octx := dsync.WithOwner(ctx)
 				// Renewed every 333 ms.
-				la, unlockA, err := p.take(octx, newClient(t, b, dsync.TTL(time.Second)), name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := rdb.Del(ctx, p.keys(name)...).Err(); err != nil {
-					t.Fatal(err)
-				}
-				ok, release, err := p.try(ctx, newClient(t, b), name)
-				if !ok || err != nil {
+				a := p.hold(newClient(t, b, dsync.TTL(time.Second)), name)
+				la := take(t, octx, a)
+				must(t, rdb.Del(ctx, p.keys(name)...).Err())
+				other := p.other(newClient(t, b), name)
+				if ok, err := other.try(ctx); !ok || err != nil {
 					t.Fatalf("another owner's try after the loss = %v, %v; want true", ok, err)
 				}
-				if err := release(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, other.unlock(ctx))
 				bctx := dsync.WithOwnerToken(ctx, dsync.OwnerToken(octx))
-				lb, unlockB, err := p.take(bctx, newClient(t, b), name)
-				if err != nil {
-					t.Fatal(err)
-				}
+				bh := p.hold(newClient(t, b), name)
+				lb := take(t, bctx, bh)
 				select {
 				case <-la.Done():
 					if !errors.Is(la.Err(), dsync.ErrLeaseLost) {
@@ -132,10 +75,8 @@ func TestRenewalNeverRevivesALostHold(t *testing.T) {
 				if lb.Err() != nil {
 					t.Fatalf("B's lease = %v, want live", lb.Err())
 				}
-				if err := unlockA(octx); !errors.Is(err, dsync.ErrLeaseLost) {
-					t.Errorf("A's release = %v, want ErrLeaseLost", err)
-				}
-				if err := unlockB(bctx); err != nil {
+				checkIs(t, a.unlock(octx), dsync.ErrLeaseLost, "A's release = %v, want ErrLeaseLost")
+				if err := bh.unlock(bctx); err != nil {
 					t.Errorf("B's release = %v", err)
 				}
 			})

@@ -17,9 +17,7 @@ func TestWaitReplicasWithoutReplicasFails(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		m := newClient(t, b, dsync.WaitReplicas(1, 10*time.Millisecond)).Mutex(name)
-		if err := m.Lock(ctx); !errors.Is(err, dsync.ErrNotReplicated) {
-			t.Fatalf("Lock = %v, want ErrNotReplicated", err)
-		}
+		mustIs(t, m.Lock(ctx), dsync.ErrNotReplicated, "Lock = %v, want ErrNotReplicated")
 		if _, err := m.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 			t.Errorf("Lease after the failed Lock = %v, want ErrNotHeld", err)
 		}
@@ -37,9 +35,7 @@ func TestWaitReplicasBadInput(t *testing.T) {
 	b := redistest.Miniredis(t)
 	ctx := ctxT(t)
 	for _, o := range []dsync.Option{dsync.WaitReplicas(-1, time.Second), dsync.WaitReplicas(1, 0)} {
-		if err := newClient(t, b, o).Mutex("x").Lock(ctx); !errors.Is(err, dsync.ErrInvalid) {
-			t.Errorf("Lock = %v, want ErrInvalid", err)
-		}
+		checkIs(t, newClient(t, b, o).Mutex("x").Lock(ctx), dsync.ErrInvalid, "Lock = %v, want ErrInvalid")
 	}
 }
 
@@ -52,19 +48,13 @@ func TestWaitReplicasEveryPrimitive(t *testing.T) {
 		c := newClient(t, b, dsync.WaitReplicas(1, 10*time.Millisecond))
 		free := newClient(t, b)
 		rw := c.RWMutex(name)
-		if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrNotReplicated) {
-			t.Errorf("RWMutex.Lock = %v, want ErrNotReplicated", err)
-		}
-		if err := rw.RLock(ctx); !errors.Is(err, dsync.ErrNotReplicated) {
-			t.Errorf("RWMutex.RLock = %v, want ErrNotReplicated", err)
-		}
+		checkIs(t, rw.Lock(ctx), dsync.ErrNotReplicated, "RWMutex.Lock = %v, want ErrNotReplicated")
+		checkIs(t, rw.RLock(ctx), dsync.ErrNotReplicated, "RWMutex.RLock = %v, want ErrNotReplicated")
 		if ok, err := free.RWMutex(name).TryLock(ctx); !ok || err != nil {
 			t.Errorf("RWMutex left held: TryLock = %v, %v", ok, err)
 		}
 		sem := c.Semaphore(name, 2)
-		if err := sem.Acquire(ctx, 1); !errors.Is(err, dsync.ErrNotReplicated) {
-			t.Errorf("Semaphore.Acquire = %v, want ErrNotReplicated", err)
-		}
+		checkIs(t, sem.Acquire(ctx, 1), dsync.ErrNotReplicated, "Semaphore.Acquire = %v, want ErrNotReplicated")
 		if ok, err := free.Semaphore(name, 2).TryAcquire(ctx, 2); !ok || err != nil {
 			t.Errorf("Semaphore permits left taken: TryAcquire(2) = %v, %v", ok, err)
 		}

@@ -16,14 +16,7 @@ func BenchmarkRWMutexRead(b *testing.B) {
 	c, counter := benchClient(b)
 	rw := c.RWMutex(redistest.Key(b))
 	ctx := context.Background()
-	reportRoundTrips(b, counter, func() {
-		if err := rw.RLock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := rw.RUnlock(ctx); err != nil {
-			b.Fatal(err)
-		}
-	})
+	reportLockUnlock(b, counter, ctx, rw.RLock, rw.RUnlock)
 }
 
 // BenchmarkRWMutexReentry is one re-entry of an RWMutex by an owner that
@@ -41,18 +34,9 @@ func BenchmarkRWMutexReentry(b *testing.B) {
 				if lock == "write" {
 					acquire, release = rw.Lock, rw.Unlock
 				}
-				if err := acquire(ctx); err != nil {
-					b.Fatal(err)
-				}
+				must(b, acquire(ctx))
 				defer release(ctx)
-				reportRoundTrips(b, counter, func() {
-					if err := acquire(ctx); err != nil {
-						b.Fatal(err)
-					}
-					if err := release(ctx); err != nil {
-						b.Fatal(err)
-					}
-				})
+				reportLockUnlock(b, counter, ctx, acquire, release)
 			})
 		}
 	}
@@ -76,12 +60,8 @@ func BenchmarkRWMutexReadHeavy(b *testing.B) {
 	}
 	ctx := context.Background()
 	for _, rw := range handles { // warm up: connections, script cache
-		if err := rw.Lock(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := rw.Unlock(ctx); err != nil {
-			b.Fatal(err)
-		}
+		must(b, rw.Lock(ctx))
+		must(b, rw.Unlock(ctx))
 	}
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,9 +56,7 @@ func TestRWMutexHandOverMakesWaiterOwner(t *testing.T) {
 				if by == "RUnlock" {
 					lock, unlock = holder.RLock, holder.RUnlock
 				}
-				if err := lock(hctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, lock(hctx))
 				var before uint64
 				if l, err := holder.Lease(hctx); err == nil {
 					before = l.Token()
@@ -78,9 +75,7 @@ func TestRWMutexHandOverMakesWaiterOwner(t *testing.T) {
 				queueWriter(t, rdb, name, wtok)
 
 				counter.Reset()
-				if err := unlock(hctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, unlock(hctx))
 				select {
 				case err := <-got:
 					if err != nil {
@@ -109,9 +104,7 @@ func TestRWMutexHandOverMakesWaiterOwner(t *testing.T) {
 				if ok, _ := newClient(t, b).RWMutex(name).TryRLock(ctx); ok {
 					t.Fatal("a reader got in beside the handed-over writer")
 				}
-				if err := waiter.Unlock(wctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, waiter.Unlock(wctx))
 				assertRWReleased(t, b, name)
 			})
 		}
@@ -124,9 +117,7 @@ func TestRWMutexCancelledQueuedWriterLeavesNothing(t *testing.T) {
 		name := redistest.Key(t)
 		rdb := b.NewClient(t)
 		holder := newClient(t, b).RWMutex(name)
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Lock(ctx))
 		// Two queued writers; the first in line gives up.
 		fc := newClient(t, b)
 		first := fc.RWMutex(name)
@@ -152,34 +143,17 @@ func TestRWMutexCancelledQueuedWriterLeavesNothing(t *testing.T) {
 		}
 
 		cancel()
-		if err := <-fgot; !errors.Is(err, context.Canceled) {
-			t.Fatalf("Lock = %v, want Canceled", err)
-		}
+		mustIs(t, <-fgot, context.Canceled, "Lock = %v, want Canceled")
 		dsync.WaitCleanups(fc) // the clean-up may outlive the call
-		if err := rdb.ZScore(ctx, rwk(name).WriterQueue, ftok).Err(); !errors.Is(err, redis.Nil) {
-			t.Errorf("the cancelled writer's queue place is left: %v", err)
-		}
-		if err := rdb.ZScore(ctx, rwk(name).WaitingWriters, ftok).Err(); !errors.Is(err, redis.Nil) {
-			t.Errorf("the cancelled writer's waiting place is left: %v", err)
-		}
+		checkIs(t, rdb.ZScore(ctx, rwk(name).WriterQueue, ftok).Err(), redis.Nil, "the cancelled writer's queue place is left: %v")
+		checkIs(t, rdb.ZScore(ctx, rwk(name).WaitingWriters, ftok).Err(), redis.Nil, "the cancelled writer's waiting place is left: %v")
 		if ok, _ := rdb.HExists(ctx, rwk(name).WriterQueueData, ftok).Result(); ok {
 			t.Error("the cancelled writer's queue record is left")
 		}
 		// The next in line gets the lock from the holder's Unlock.
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-sgot:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("the second writer did not get the lock")
-		}
-		if err := second.Unlock(sctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Unlock(ctx))
+		recvNil(t, sgot, 5*time.Second, "the second writer did not get the lock")
+		must(t, second.Unlock(sctx))
 		assertRWReleased(t, b, name)
 	})
 }
@@ -194,9 +168,7 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		rdb := b.NewClient(t)
 		keys := rwk(name).Keys()
 		holder := newClient(t, b).RWMutex(name)
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Lock(ctx))
 		// A writer's starving lock call, as its caller sends it.
 		const tok, id = "abandoning-writer", "lock-call"
 		const secret = "the-call-secret"
@@ -210,9 +182,7 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		if _, err := ps.Receive(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if err := holder.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Unlock(ctx))
 		select {
 		case m := <-ps.Channel():
 			// "<call id> <sha1(holder)> <fencing token> <sha1(secret token)>"
@@ -245,9 +215,7 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		if ok, err := other.TryLock(ctx); !ok || err != nil {
 			t.Fatalf("TryLock after the cleanup = %v, %v; want true", ok, err)
 		}
-		if err := other.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Unlock(ctx))
 		assertRWReleased(t, b, name)
 	})
 }

@@ -18,16 +18,12 @@ func TestRWMutexReaderLeaseExpiresAlone(t *testing.T) {
 		// A reader whose process dies: its Client stops renewing.
 		dead := dsync.New(b.NewClient(t))
 		dr := dead.RWMutex(name, dsync.TTL(300*time.Millisecond))
-		if err := dr.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, dr.RLock(ctx))
 		// Two live readers, renewed (their TTL outlasts the test anyway).
 		live1 := newClient(t, b).RWMutex(name)
 		live2 := newClient(t, b).RWMutex(name)
 		for _, r := range []*dsync.RWMutex{live1, live2} {
-			if err := r.RLock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, r.RLock(ctx))
 		}
 		dead.Close()
 		b.Advance(500 * time.Millisecond)
@@ -35,9 +31,7 @@ func TestRWMutexReaderLeaseExpiresAlone(t *testing.T) {
 		rdb := b.NewClient(t)
 		w := newClient(t, b).RWMutex(name)
 		// One reader's unlock leaves the other reader's share alone.
-		if err := live1.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, live1.RUnlock(ctx))
 		if ok, err := w.TryLock(ctx); ok || err != nil {
 			t.Fatalf("TryLock while a live reader holds = %v, %v; want false", ok, err)
 		}
@@ -47,15 +41,11 @@ func TestRWMutexReaderLeaseExpiresAlone(t *testing.T) {
 		if l, err := live2.RLease(ctx); err != nil || l.Err() != nil {
 			t.Fatalf("live reader's lease = %v, %v; want live", l, err)
 		}
-		if err := live2.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, live2.RUnlock(ctx))
 		if ok, err := w.TryLock(ctx); !ok || err != nil {
 			t.Fatalf("TryLock after the live readers left = %v, %v; want true", ok, err)
 		}
-		if err := w.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, w.Unlock(ctx))
 	})
 }
 
@@ -66,12 +56,8 @@ func TestRWMutexFixedLeaseRunsOut(t *testing.T) {
 		c := newClient(t, b)
 		short := c.RWMutex(name, dsync.TTL(200*time.Millisecond), dsync.FixedLease())
 		long := c.RWMutex(name)
-		if err := short.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := long.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, short.RLock(ctx))
+		must(t, long.RLock(ctx))
 		l, err := short.RLease(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -82,12 +68,8 @@ func TestRWMutexFixedLeaseRunsOut(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("fixed read lease did not end")
 		}
-		if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-			t.Errorf("Err = %v, want ErrLeaseLost", l.Err())
-		}
-		if err := short.RUnlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Errorf("RUnlock after the lease ran out = %v, want ErrLeaseLost", err)
-		}
+		assertLeaseLost(t, l)
+		checkIs(t, short.RUnlock(ctx), dsync.ErrLeaseLost, "RUnlock after the lease ran out = %v, want ErrLeaseLost")
 		if l, err := long.RLease(ctx); err != nil || l.Err() != nil {
 			t.Fatalf("the other reader's lease = %v, %v; want live", l, err)
 		}
@@ -105,18 +87,14 @@ func TestRWMutexLongWaitKeepsLease(t *testing.T) {
 		// machine) before a lease runs out.
 		const ttl = 600 * time.Millisecond
 		writer := newClient(t, b).RWMutex(name)
-		if err := writer.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, writer.Lock(ctx))
 		// Readers and a writer that wait much longer than their TTL.
 		reader := newClient(t, b).RWMutex(name, dsync.TTL(ttl))
 		w2 := newClient(t, b).RWMutex(name, dsync.TTL(ttl))
 		rgot := make(chan error, 1)
 		go func() { rgot <- reader.RLock(ctx) }()
 		time.Sleep(2 * ttl)
-		if err := writer.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, writer.Unlock(ctx))
 		if err := <-rgot; err != nil {
 			t.Fatal(err)
 		}
@@ -162,27 +140,19 @@ func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
 						keys = []string{rwk(name).Readers, rwk(name).ReaderData}
 					}
 					for i := 0; i < 3; i++ {
-						if err := acquire(ctx); err != nil {
-							t.Fatal(err)
-						}
+						must(t, acquire(ctx))
 					}
 					l, err := lease(ctx)
 					if err != nil {
 						t.Fatal(err)
 					}
 					// The hold vanishes behind the owner's back.
-					if err := b.NewClient(t).Del(ctx, keys...).Err(); err != nil {
-						t.Fatal(err)
-					}
+					must(t, b.NewClient(t).Del(ctx, keys...).Err())
 					waitDone(t, l, 3*ttl)
-					if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
-						t.Errorf("Err = %v, want ErrLeaseLost", l.Err())
-					}
+					assertLeaseLost(t, l)
 					// Each of the three levels is gone: the first unlock says
 					// so, the others find nothing.
-					if err := release(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-						t.Errorf("first unlock after the loss = %v, want ErrLeaseLost", err)
-					}
+					checkIs(t, release(ctx), dsync.ErrLeaseLost, "first unlock after the loss = %v, want ErrLeaseLost")
 					for i := 0; i < 2; i++ {
 						if err := release(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 							t.Errorf("unlock %d after the loss = %v, want ErrNotHeld", i+2, err)
@@ -192,18 +162,12 @@ func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
 						t.Errorf("lease after the loss = %v, want ErrNotHeld", err)
 					}
 					// A new lock is a fresh hold, released by one unlock.
-					if err := acquire(ctx); err != nil {
-						t.Fatal(err)
-					}
+					must(t, acquire(ctx))
 					if l2, err := lease(ctx); err != nil || l2.Err() != nil {
 						t.Fatalf("lease of the new hold = %v, %v; want live", l2, err)
 					}
-					if err := release(ctx); err != nil {
-						t.Fatal(err)
-					}
-					if err := release(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-						t.Errorf("extra unlock = %v, want ErrNotHeld", err)
-					}
+					must(t, release(ctx))
+					checkIs(t, release(ctx), dsync.ErrNotHeld, "extra unlock = %v, want ErrNotHeld")
 					assertRWReleased(t, b, name)
 				})
 			}

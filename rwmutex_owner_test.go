@@ -15,6 +15,23 @@ import (
 // RWMutex owners: re-entry, tokens across processes, downgrade and upgrade,
 // client reentrancy.
 
+// assertNextWriter checks that other's TryLock (for the owner of ctx) now
+// takes the name, with a fencing token above fence, and that once it
+// unlocks the name is left free.
+func assertNextWriter(t *testing.T, ctx context.Context, b redistest.Backend, other *dsync.RWMutex, name string, fence uint64, after string) {
+	t.Helper()
+	if ok, err := other.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock %s = %v, %v", after, ok, err)
+	}
+	l, err := other.Lease(ctx)
+	must(t, err)
+	if l.Token() <= fence {
+		t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
+	}
+	must(t, other.Unlock(ctx))
+	assertRWReleased(t, b, name)
+}
+
 func TestRWMutexReentrantOwner(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := dsync.WithOwner(ctxT(t))
@@ -34,20 +51,9 @@ func TestRWMutexReentrantOwner(t *testing.T) {
 		if v, _ := rdb.HGet(ctx, rwk(name).ReaderData, tok).Result(); !strings.HasPrefix(v, "3 ") {
 			t.Errorf("read count in Redis = %q, want 3", v)
 		}
-		if err := other.RUnlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("RUnlock by another owner = %v, want ErrNotHeld", err)
-		}
-		for i := 0; i < 3; i++ {
-			if ok, _ := other.TryLock(octx); ok {
-				t.Fatalf("write lock free after %d of 3 RUnlocks", i)
-			}
-			if err := rw.RUnlock(ctx); err != nil {
-				t.Fatalf("RUnlock %d: %v", i, err)
-			}
-		}
-		if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("fourth RUnlock = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, other.RUnlock(octx), dsync.ErrNotHeld, "RUnlock by another owner = %v, want ErrNotHeld")
+		unlockLevels(t, 3, gotIn(t, octx, other.TryLock, other.Unlock), func() error { return rw.RUnlock(ctx) }, "RUnlock")
+		mustIs(t, rw.RUnlock(ctx), dsync.ErrNotHeld, "fourth RUnlock = %v, want ErrNotHeld")
 
 		// Write, three levels, with one fencing token.
 		var fence uint64
@@ -65,31 +71,10 @@ func TestRWMutexReentrantOwner(t *testing.T) {
 				t.Errorf("re-entry %d changed the fencing token: %d, want %d", i, l.Token(), fence)
 			}
 		}
-		if err := other.Unlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Unlock by another owner = %v, want ErrNotHeld", err)
-		}
-		if err := rw.Unlock(context.Background()); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Unlock without owner = %v, want ErrNotHeld", err)
-		}
-		for i := 0; i < 3; i++ {
-			if ok, _ := other.TryRLock(octx); ok {
-				t.Fatalf("read lock free after %d of 3 Unlocks", i)
-			}
-			if err := rw.Unlock(ctx); err != nil {
-				t.Fatalf("Unlock %d: %v", i, err)
-			}
-		}
-		if ok, err := other.TryLock(octx); !ok || err != nil {
-			t.Fatalf("TryLock after the last Unlock = %v, %v", ok, err)
-		}
-		l, _ := other.Lease(octx)
-		if l.Token() <= fence {
-			t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
-		}
-		if err := other.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
-		assertRWReleased(t, b, name)
+		mustIs(t, other.Unlock(octx), dsync.ErrNotHeld, "Unlock by another owner = %v, want ErrNotHeld")
+		mustIs(t, rw.Unlock(context.Background()), dsync.ErrNotHeld, "Unlock without owner = %v, want ErrNotHeld")
+		unlockLevels(t, 3, gotIn(t, octx, other.TryRLock, other.RUnlock), func() error { return rw.Unlock(ctx) }, "Unlock")
+		assertNextWriter(t, octx, b, other, name, fence, "after the last Unlock")
 	})
 }
 
@@ -100,22 +85,16 @@ func TestRWMutexOwnerAcrossProcesses(t *testing.T) {
 		bm := newClient(t, b).RWMutex(name)
 		ctxA := dsync.WithOwner(ctxT(t))
 		ctxB := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctxA))
-		if err := a.RLock(ctxA); err != nil {
-			t.Fatal(err)
-		}
+		must(t, a.RLock(ctxA))
 		if ok, err := bm.TryRLock(ctxB); !ok || err != nil {
 			t.Fatalf("read re-entry from another process = %v, %v", ok, err)
 		}
-		if err := bm.RUnlock(ctxB); err != nil {
-			t.Fatal(err)
-		}
+		must(t, bm.RUnlock(ctxB))
 		// The first process's share is still held and renewed.
 		if ok, _ := newClient(t, b).RWMutex(name).TryLock(context.Background()); ok {
 			t.Fatal("write lock free while the owner still reads")
 		}
-		if err := a.RUnlock(ctxA); err != nil {
-			t.Fatal(err)
-		}
+		must(t, a.RUnlock(ctxA))
 		assertRWReleased(t, b, name)
 	})
 }
@@ -126,9 +105,7 @@ func TestRWMutexDowngrade(t *testing.T) {
 		name := redistest.Key(t)
 		rw := newClient(t, b).RWMutex(name)
 		other := newClient(t, b).RWMutex(name)
-		if err := rw.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Lock(ctx))
 		// A reader waits for the writer.
 		got := make(chan error, 1)
 		go func() { got <- other.RLock(ctxT(t)) }()
@@ -142,17 +119,13 @@ func TestRWMutexDowngrade(t *testing.T) {
 		if err := rw.Lock(ctx); err != nil {
 			t.Fatalf("Lock while writing and reading = %v, want a re-entry", err)
 		}
-		if err := rw.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Unlock(ctx))
 		select {
 		case err := <-got:
 			t.Fatalf("reader got in while the writer re-entered: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
-		if err := rw.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.Unlock(ctx))
 		// The writer still reads; the waiting reader shares with it.
 		select {
 		case err := <-got:
@@ -173,18 +146,12 @@ func TestRWMutexDowngrade(t *testing.T) {
 		if ok, _ := w.TryLock(octx); ok {
 			t.Fatal("write lock free while the downgraded owner reads")
 		}
-		if err := other.RUnlock(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.RUnlock(context.Background()))
+		must(t, rw.RUnlock(ctx))
 		if ok, err := w.TryLock(octx); !ok || err != nil {
 			t.Fatalf("TryLock after the readers left = %v, %v", ok, err)
 		}
-		if err := w.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, w.Unlock(octx))
 	})
 }
 
@@ -193,13 +160,9 @@ func TestRWMutexUpgradeRefused(t *testing.T) {
 		ctx := dsync.WithOwner(ctxT(t))
 		name := redistest.Key(t)
 		rw := newClient(t, b).RWMutex(name)
-		if err := rw.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RLock(ctx))
 		start := time.Now()
-		if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
-			t.Fatalf("Lock while reading = %v, want ErrUpgrade", err)
-		}
+		mustIs(t, rw.Lock(ctx), dsync.ErrUpgrade, "Lock while reading = %v, want ErrUpgrade")
 		if d := time.Since(start); d > 2*time.Second {
 			t.Errorf("ErrUpgrade took %v, want at once", d)
 		}
@@ -211,20 +174,12 @@ func TestRWMutexUpgradeRefused(t *testing.T) {
 		if ok, err := newClient(t, b).RWMutex(name).TryRLock(context.Background()); !ok || err != nil {
 			t.Fatalf("TryRLock after the refused upgrade = %v, %v; want true", ok, err)
 		}
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RUnlock(ctx))
 		// Another process of the same owner reads: still an upgrade.
 		other := newClient(t, b).RWMutex(name)
-		if err := other.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.Lock(ctx); !errors.Is(err, dsync.ErrUpgrade) {
-			t.Fatalf("Lock while the owner reads elsewhere = %v, want ErrUpgrade", err)
-		}
-		if err := other.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.RLock(ctx))
+		mustIs(t, rw.Lock(ctx), dsync.ErrUpgrade, "Lock while the owner reads elsewhere = %v, want ErrUpgrade")
+		must(t, other.RUnlock(ctx))
 	})
 }
 
@@ -238,11 +193,8 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 			t.Run(mode.name, func(t *testing.T) {
 				ctx := dsync.WithOwner(ctxT(t))
 				name := redistest.Key(t)
-				rdb := b.NewClient(t)
 				counter := &redistest.Counter{}
-				rdb.AddHook(counter)
-				c := dsync.New(rdb, mode.opts...)
-				defer c.Close()
+				c, _ := hookedClient(t, b, counter, mode.opts...)
 				rw := c.RWMutex(name)
 				other := newClient(t, b).RWMutex(name)
 				octx := dsync.WithOwner(context.Background())
@@ -250,9 +202,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 				tok := dsync.OwnerToken(ctx)
 				// Load the scripts where the name lives.
 				for _, f := range []func(context.Context) error{rw.RLock, rw.RUnlock, rw.Lock, rw.Unlock} {
-					if err := f(ctx); err != nil {
-						t.Fatal(err)
-					}
+					must(t, f(ctx))
 				}
 
 				// step runs one call of the owner and checks its error and
@@ -283,9 +233,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 						t.Fatal(err)
 					}
 					if ok {
-						if err := other.Unlock(octx); err != nil {
-							t.Fatal(err)
-						}
+						must(t, other.Unlock(octx))
 					}
 					return ok
 				}
@@ -354,17 +302,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 				step("TryLock while reading", [2]int64{1, 1}, dsync.ErrUpgrade, try(rw.TryLock, false))
 				step("inner RUnlock", [2]int64{1, 0}, nil, func() error { return rw.RUnlock(ctx) })
 				step("last RUnlock", [2]int64{1, 1}, nil, func() error { return rw.RUnlock(ctx) })
-				ok, err := other.TryLock(octx)
-				if !ok || err != nil {
-					t.Fatalf("TryLock after the owner left = %v, %v", ok, err)
-				}
-				if l, _ := other.Lease(octx); l.Token() <= fence {
-					t.Errorf("next fencing token %d, want > %d", l.Token(), fence)
-				}
-				if err := other.Unlock(octx); err != nil {
-					t.Fatal(err)
-				}
-				assertRWReleased(t, b, name)
+				assertNextWriter(t, octx, b, other, name, fence, "after the owner left")
 			})
 		}
 	})

@@ -56,9 +56,7 @@ func newRWRetryRig(t *testing.T, b redistest.Backend) *rwRetryRig {
 func (r *rwRetryRig) record(t *testing.T, script *redis.Script, call func(context.Context) error) []any {
 	t.Helper()
 	r.rec.Reset()
-	if err := call(r.ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, call(r.ctx))
 	all := r.rec.All()
 	for i := len(all) - 1; i >= 0; i-- {
 		if a := all[i]; len(a) > 1 && rwScriptHash(a) == script.Hash() {
@@ -135,16 +133,7 @@ func (r *rwRetryRig) count(t *testing.T, mode string) string {
 // leaves it free.
 func (r *rwRetryRig) otherGetsIn(t *testing.T) bool {
 	t.Helper()
-	ok, err := r.other.TryLock(r.octx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok {
-		if err := r.other.Unlock(r.octx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return ok
+	return writeFree(t, r.octx, r.other)
 }
 
 // lockUnlock runs n lock/unlock pairs of the owner in mode.
@@ -155,12 +144,8 @@ func (r *rwRetryRig) lockUnlock(t *testing.T, mode string, n int) {
 		lock, unlock = r.rw.RLock, r.rw.RUnlock
 	}
 	for i := 0; i < n; i++ {
-		if err := lock(r.ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := unlock(r.ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, lock(r.ctx))
+		must(t, unlock(r.ctx))
 	}
 }
 
@@ -190,15 +175,8 @@ func TestRWMutexLateUnlockRetryAfterReentry(t *testing.T) {
 				if got := r.count(t, mode); got != "2" {
 					t.Errorf("%s gap %d: count after the repeat = %q, want 2", mode, gap, got)
 				}
-				for i := 0; i < 2; i++ {
-					if r.otherGetsIn(t) {
-						t.Fatalf("%s gap %d: another owner took the write lock while the owner holds %d of 2 levels", mode, gap, 2-i)
-					}
-					must(t, unlock(r.ctx))
-				}
-				if !r.otherGetsIn(t) {
-					t.Fatalf("%s gap %d: write lock not free after the last unlock", mode, gap)
-				}
+				unlockLevels(t, 2, func() bool { return r.otherGetsIn(t) }, func() error { return unlock(r.ctx) },
+					fmt.Sprintf("%s gap %d", mode, gap))
 			}
 		}
 	})
@@ -267,15 +245,11 @@ func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
 			if mode == "r" {
 				lock, unlock = r.rw.RLock, r.rw.RUnlock
 			}
-			if err := lock(r.ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, lock(r.ctx))
 			// A re-entering lock call whose caller gave up (its reply was
 			// lost), and another call of the same owner before the cleanup.
 			args := r.record(t, lua.Script("rwmutex_lock"), lock)
-			if err := lock(r.ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, lock(r.ctx))
 			keys := make([]string, rwKeyCount)
 			for i := range keys {
 				keys[i] = args[3+i].(string)
@@ -299,17 +273,7 @@ func TestRWMutexAbandonAfterLaterCall(t *testing.T) {
 				t.Errorf("%s: count after the late arrival = %q, want 2", mode, got)
 			}
 			// The owner's two successful calls need two unlocks.
-			for i := 0; i < 2; i++ {
-				if r.otherGetsIn(t) {
-					t.Fatalf("%s: another owner took the write lock while the owner holds it", mode)
-				}
-				if err := unlock(r.ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if !r.otherGetsIn(t) {
-				t.Fatalf("%s: hold leaked after the abandoned call's cleanup", mode)
-			}
+			unlockLevels(t, 2, func() bool { return r.otherGetsIn(t) }, func() error { return unlock(r.ctx) }, mode)
 			assertRWReleased(t, b, r.name)
 		}
 	})
@@ -319,12 +283,8 @@ func TestRWMutexRemembersBoundedCallIDs(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		r := newRWRetryRig(t, b)
 		tok := dsync.OwnerToken(r.ctx)
-		if err := r.rw.Lock(r.ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.rw.RLock(r.ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, r.rw.Lock(r.ctx))
+		must(t, r.rw.RLock(r.ctx))
 		r.lockUnlock(t, "w", 20)
 		r.lockUnlock(t, "r", 20)
 		ctx := context.Background()
@@ -342,12 +302,8 @@ func TestRWMutexRemembersBoundedCallIDs(t *testing.T) {
 		if f := strings.Fields(rec); len(f) != 18 || f[0] != "1" {
 			t.Errorf("reader record = %q, want a count of 1, the hold id and 16 call ids", rec)
 		}
-		if err := r.rw.RUnlock(r.ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.rw.Unlock(r.ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, r.rw.RUnlock(r.ctx))
+		must(t, r.rw.Unlock(r.ctx))
 		assertRWReleased(t, b, r.name)
 	})
 }

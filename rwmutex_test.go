@@ -19,28 +19,12 @@ import (
 // rwk returns the keys of the RWMutex called name.
 func rwk(name string) keys.RWMutex { return keys.ForRWMutex(dsync.DefaultPrefix, name) }
 
-// assertRWReleased checks that a free RWMutex left only bookkeeping with an
-// expiry behind: the fence hash and the call ids.
+// assertRWReleased checks that a free RWMutex left only bookkeeping behind:
+// see assertBookkeepingOnly.
 func assertRWReleased(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
-	rdb := b.NewClient(t)
-	ctx := context.Background()
 	ks := rwk(name)
-	for _, k := range ks.Keys() {
-		n, err := rdb.Exists(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			continue
-		}
-		if k != ks.Fence && k != ks.Calls {
-			t.Errorf("%s left after release", k)
-		}
-		if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
-			t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
-		}
-	}
+	assertBookkeepingOnly(t, b, ks.Keys(), ks.Fence, ks.Calls)
 }
 
 // waitFor polls cond every few ms for at most d.
@@ -98,9 +82,7 @@ func TestRWMutexReadersShareWriterExcludes(t *testing.T) {
 		if ok, err := readers[0].TryRLock(ctx); ok || err != nil {
 			t.Fatalf("TryRLock while written = %v, %v; want false, nil", ok, err)
 		}
-		if err := w.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, w.Unlock(ctx))
 		assertRWReleased(t, b, name)
 	})
 }
@@ -207,9 +189,7 @@ func TestRWMutexOneHandleManyReaders(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("extra RUnlock = %v, want ErrNotHeld", err)
-		}
+		checkIs(t, rw.RUnlock(ctx), dsync.ErrNotHeld, "extra RUnlock = %v, want ErrNotHeld")
 		assertRWReleased(t, b, name)
 	})
 }
@@ -221,12 +201,8 @@ func TestRWMutexNotHeld(t *testing.T) {
 		rw := newClient(t, b).RWMutex(name)
 		octx := dsync.WithOwner(ctx)
 		for _, c := range []context.Context{ctx, octx} {
-			if err := rw.RUnlock(c); !errors.Is(err, dsync.ErrNotHeld) {
-				t.Errorf("RUnlock of nothing = %v, want ErrNotHeld", err)
-			}
-			if err := rw.Unlock(c); !errors.Is(err, dsync.ErrNotHeld) {
-				t.Errorf("Unlock of nothing = %v, want ErrNotHeld", err)
-			}
+			checkIs(t, rw.RUnlock(c), dsync.ErrNotHeld, "RUnlock of nothing = %v, want ErrNotHeld")
+			checkIs(t, rw.Unlock(c), dsync.ErrNotHeld, "Unlock of nothing = %v, want ErrNotHeld")
 			if _, err := rw.Lease(c); !errors.Is(err, dsync.ErrNotHeld) {
 				t.Errorf("Lease of nothing = %v, want ErrNotHeld", err)
 			}
@@ -235,28 +211,14 @@ func TestRWMutexNotHeld(t *testing.T) {
 			}
 		}
 		// The modes do not stand in for each other.
-		if err := rw.Lock(octx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.RUnlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("RUnlock while only writing = %v, want ErrNotHeld", err)
-		}
-		if err := rw.Unlock(octx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("Unlock while only reading = %v, want ErrNotHeld", err)
-		}
+		must(t, rw.Lock(octx))
+		checkIs(t, rw.RUnlock(octx), dsync.ErrNotHeld, "RUnlock while only writing = %v, want ErrNotHeld")
+		must(t, rw.Unlock(octx))
+		must(t, rw.RLock(ctx))
+		checkIs(t, rw.Unlock(ctx), dsync.ErrNotHeld, "Unlock while only reading = %v, want ErrNotHeld")
 		// A reader whose share was deleted behind its back is told.
-		if err := b.NewClient(t).Del(ctx, rwk(name).Readers, rwk(name).ReaderData).Err(); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.RUnlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
-			t.Errorf("RUnlock of a deleted share = %v, want ErrLeaseLost", err)
-		}
+		must(t, b.NewClient(t).Del(ctx, rwk(name).Readers, rwk(name).ReaderData).Err())
+		checkIs(t, rw.RUnlock(ctx), dsync.ErrLeaseLost, "RUnlock of a deleted share = %v, want ErrLeaseLost")
 	})
 }
 
@@ -264,24 +226,17 @@ func TestRWMutexLostUnlockReplyRetried(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		rdb := b.NewClient(t)
 		faults := &redistest.Faults{}
-		rdb.AddHook(faults)
-		c := dsync.New(rdb)
-		defer c.Close()
+		c, _ := hookedClient(t, b, faults)
 		rw := c.RWMutex(name)
 		octx := dsync.WithOwner(ctx)
 		for i := 0; i < 2; i++ {
-			if err := rw.RLock(octx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, rw.RLock(octx))
 		}
 		// The first RUnlock runs on the server, its reply is lost; the
 		// caller retries, which must not lower the count again.
 		faults.DropReplyNext(1, context.DeadlineExceeded)
-		if err := rw.RUnlock(octx); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("RUnlock = %v, want the injected error", err)
-		}
+		mustIs(t, rw.RUnlock(octx), context.DeadlineExceeded, "RUnlock = %v, want the injected error")
 		if err := rw.RUnlock(octx); err != nil {
 			t.Fatalf("retried RUnlock = %v", err)
 		}
@@ -290,41 +245,26 @@ func TestRWMutexLostUnlockReplyRetried(t *testing.T) {
 		}
 		// A full release whose reply is lost, retried: answers as before.
 		faults.DropReplyNext(1, context.DeadlineExceeded)
-		if err := rw.RUnlock(octx); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("RUnlock = %v, want the injected error", err)
-		}
+		mustIs(t, rw.RUnlock(octx), context.DeadlineExceeded, "RUnlock = %v, want the injected error")
 		if err := rw.RUnlock(octx); err != nil {
 			t.Fatalf("retried last RUnlock = %v, want nil", err)
 		}
-		if err := rw.RUnlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("RUnlock after release = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, rw.RUnlock(octx), dsync.ErrNotHeld, "RUnlock after release = %v, want ErrNotHeld")
 	})
 }
 
 func TestRWMutexUncontendedRoundTrips(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
-		rdb := b.NewClient(t)
 		counter := &redistest.Counter{}
-		rdb.AddHook(counter)
-		c := dsync.New(rdb)
-		defer c.Close()
+		c, _ := hookedClient(t, b, counter)
 		rw := c.RWMutex(redistest.Key(t))
 		// Load the scripts.
-		if err := rw.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RLock(ctx))
+		must(t, rw.RUnlock(ctx))
 		counter.Reset()
-		if err := rw.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := rw.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rw.RLock(ctx))
+		must(t, rw.RUnlock(ctx))
 		if n := counter.RoundTrips(); n != 2 {
 			t.Errorf("RLock+RUnlock took %d round trips, want 2", n)
 		}

@@ -2,7 +2,6 @@ package dsync_test
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -22,9 +21,7 @@ func TestRWMutexWriterPreference(t *testing.T) {
 		rdb := b.NewClient(t)
 		octx := dsync.WithOwner(ctx)
 		reader := newClient(t, b).RWMutex(name)
-		if err := reader.RLock(octx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, reader.RLock(octx))
 		writer := newClient(t, b).RWMutex(name)
 		wgot := make(chan error, 1)
 		go func() { wgot <- writer.Lock(ctx) }()
@@ -43,9 +40,7 @@ func TestRWMutexWriterPreference(t *testing.T) {
 			t.Fatalf("read re-entry while a writer waits = %v, %v; want true", ok, err)
 		}
 		for i := 0; i < 2; i++ {
-			if err := reader.RUnlock(octx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, reader.RUnlock(octx))
 		}
 		select {
 		case err := <-wgot:
@@ -60,9 +55,7 @@ func TestRWMutexWriterPreference(t *testing.T) {
 			t.Fatalf("late reader got in with the writer: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
-		if err := writer.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, writer.Unlock(ctx))
 		select {
 		case err := <-rgot:
 			if err != nil {
@@ -71,9 +64,7 @@ func TestRWMutexWriterPreference(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("late reader not admitted by the writer's Unlock")
 		}
-		if err := late.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, late.RUnlock(ctx))
 		assertRWReleased(t, b, name)
 	})
 }
@@ -91,23 +82,19 @@ func TestRWMutexReadersCannotStarveWriter(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for i := 0; i < 100000; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
+				untilClosed(stop, 100000, func() bool {
 					if err := rw.RLock(ctx); err != nil {
 						t.Error(err)
-						return
+						return false
 					}
 					reads.Add(1)
 					time.Sleep(5 * time.Millisecond)
 					if err := rw.RUnlock(ctx); err != nil {
 						t.Error(err)
-						return
+						return false
 					}
-				}
+					return true
+				})
 			}()
 		}
 		defer func() { close(stop); wg.Wait() }()
@@ -123,9 +110,7 @@ func TestRWMutexReadersCannotStarveWriter(t *testing.T) {
 			}
 			t.Logf("writer %d waited %v", i, time.Since(start))
 			time.Sleep(2 * time.Millisecond)
-			if err := w.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, w.Unlock(ctx))
 			time.Sleep(20 * time.Millisecond)
 		}
 	})
@@ -137,9 +122,7 @@ func TestRWMutexWriterGivingUpUnblocksReaders(t *testing.T) {
 		name := redistest.Key(t)
 		rdb := b.NewClient(t)
 		holder := newClient(t, b).RWMutex(name)
-		if err := holder.RLock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.RLock(ctx))
 		wctx, cancel := context.WithCancel(ctx)
 		werr := make(chan error, 1)
 		go func() { werr <- newClient(t, b).RWMutex(name).Lock(wctx) }()
@@ -172,9 +155,7 @@ func TestRWMutexWriterGivingUpUnblocksReaders(t *testing.T) {
 		}
 		gaveUp := time.Now()
 		cancel()
-		if err := <-werr; !errors.Is(err, context.Canceled) {
-			t.Fatalf("Lock = %v, want Canceled", err)
-		}
+		mustIs(t, <-werr, context.Canceled, "Lock = %v, want Canceled")
 		for i := 0; i < R; i++ {
 			select {
 			case at := <-rgot:
@@ -187,9 +168,7 @@ func TestRWMutexWriterGivingUpUnblocksReaders(t *testing.T) {
 				t.Fatal("reader still blocked after the writer gave up")
 			}
 		}
-		if err := holder.RUnlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.RUnlock(ctx))
 		waitFor(t, 5*time.Second, "readers to leave", func() bool {
 			n, _ := rdb.Exists(ctx, rwk(name).Readers).Result()
 			return n == 0
@@ -211,9 +190,7 @@ func TestRWMutexWaitersWokenByRelease(t *testing.T) {
 		var rlat, wlat []time.Duration
 		for i := 0; i < rounds; i++ {
 			// Readers wait for a writer: all wake at once.
-			if err := writer.Lock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, writer.Lock(ctx))
 			got := make(chan time.Time, len(readers))
 			for _, r := range readers {
 				go func() {
@@ -225,9 +202,7 @@ func TestRWMutexWaitersWokenByRelease(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 			released := time.Now()
-			if err := writer.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, writer.Unlock(ctx))
 			for range readers {
 				rlat = append(rlat, (<-got).Sub(released))
 			}
@@ -241,15 +216,11 @@ func TestRWMutexWaitersWokenByRelease(t *testing.T) {
 			}()
 			time.Sleep(20 * time.Millisecond)
 			for _, r := range readers {
-				if err := r.RUnlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, r.RUnlock(ctx))
 			}
 			released = time.Now()
 			wlat = append(wlat, (<-wgot).Sub(released))
-			if err := writer.Unlock(ctx); err != nil {
-				t.Fatal(err)
-			}
+			must(t, writer.Unlock(ctx))
 		}
 		for _, l := range [][]time.Duration{rlat, wlat} {
 			slices.Sort(l)

@@ -25,12 +25,8 @@ func BenchmarkSemaphore(b *testing.B) {
 		s := c.Semaphore(redistest.Key(b), 4)
 		ctx := context.Background()
 		reportRoundTrips(b, counter, func() {
-			if err := s.Acquire(ctx, 1); err != nil {
-				b.Fatal(err)
-			}
-			if err := s.Release(ctx, 1); err != nil {
-				b.Fatal(err)
-			}
+			must(b, s.Acquire(ctx, 1))
+			must(b, s.Release(ctx, 1))
 		})
 	})
 	b.Run("op=contended", func(b *testing.B) {

@@ -60,9 +60,7 @@ func TestSemaphoreWaiterAfterLastLeaseEnds(t *testing.T) {
 			name := redistest.Key(t)
 			rdb := b.NewClient(t)
 			holder := newClient(t, b).Semaphore(name, 1)
-			if err := holder.Acquire(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, holder.Acquire(ctx, 1))
 			dc := dsync.New(b.NewClient(t))
 			defer dc.Close()
 			dying := make(chan error, 1)
@@ -83,9 +81,7 @@ func TestSemaphoreWaiterAfterLastLeaseEnds(t *testing.T) {
 			waitFor(t, 10*time.Second, "the second waiter's place", func() bool {
 				return rdb.ZCard(ctx, semKeys(name).Queue).Val() == 2
 			})
-			if err := holder.Release(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, holder.Release(ctx, 1))
 			if err := <-dying; err != nil {
 				t.Fatalf("first waiter = %v, want the permit", err)
 			}
@@ -94,9 +90,7 @@ func TestSemaphoreWaiterAfterLastLeaseEnds(t *testing.T) {
 				t.Fatalf("Acquire after the %v lease of a dead holder = %v after %v; want the permit",
 					deadTTL, err, time.Since(start).Round(time.Millisecond))
 			}
-			if err := s.Release(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, s.Release(ctx, 1))
 		})
 	}
 }

@@ -21,32 +21,11 @@ import (
 func semKeys(name string) keys.Semaphore { return keys.ForSemaphore(dsync.DefaultPrefix, name) }
 
 // assertNoSemKeys checks that a semaphore with nothing held or queued left
-// only its fence hash and its call ids behind, each with an expiry (the
-// call ids within the replay window).
+// only bookkeeping behind: see assertBookkeepingOnly.
 func assertNoSemKeys(t *testing.T, b redistest.Backend, name string) {
 	t.Helper()
-	rdb := b.NewClient(t)
-	ctx := context.Background()
 	ks := semKeys(name)
-	for _, k := range ks.Keys() {
-		n, err := rdb.Exists(ctx, k).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch {
-		case k == ks.Fence && n == 1:
-			if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
-				t.Errorf("%s has no expiry (PTTL %v)", k, ttl)
-			}
-		case k == ks.Calls && n == 1:
-			if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 || ttl > time.Minute {
-				t.Errorf("%s: PTTL %v, want at most the replay window", k, ttl)
-			}
-		case n > 0 && k != ks.Fence:
-			all, _ := rdb.Dump(ctx, k).Result()
-			t.Errorf("key %s left behind (%q)", k, all)
-		}
-	}
+	assertBookkeepingOnly(t, b, ks.Keys(), ks.Fence, ks.Calls)
 }
 
 // waitQueued waits until the semaphore's queue holds want waiters.
@@ -132,9 +111,7 @@ func TestSemaphoreWeighted(t *testing.T) {
 		try(y, 3, false)
 		try(y, 2, true)
 		try(z, 1, false)
-		if err := x.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, x.Release(ctx, 1))
 		try(z, 2, false)
 		try(z, 1, true)
 		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name).State, ":used").Int(); n != 5 {
@@ -149,9 +126,7 @@ func TestSemaphoreWeighted(t *testing.T) {
 			}
 		}
 		try(z, 5, true)
-		if err := z.Release(ctx, 5); err != nil {
-			t.Fatal(err)
-		}
+		must(t, z.Release(ctx, 5))
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -164,9 +139,7 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 		if _, err := s.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 			t.Fatalf("Lease before Acquire = %v, want ErrNotHeld", err)
 		}
-		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Release before Acquire = %v, want ErrNotHeld", err)
-		}
+		mustIs(t, s.Release(ctx, 1), dsync.ErrNotHeld, "Release before Acquire = %v, want ErrNotHeld")
 		// Goroutines sharing the handle add to one holding, as with a
 		// shared semaphore.Weighted, and any of them may release.
 		var wg sync.WaitGroup
@@ -199,9 +172,7 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 		if l2, _ := s.Lease(ctx); l2 == nil || l2.Token() != l.Token() {
 			t.Errorf("Lease after a partial release = %v, want the same token %d", l2, l.Token())
 		}
-		if err := s.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Release(ctx, 1))
 		select {
 		case <-l.Done():
 		case <-time.After(5 * time.Second):
@@ -214,15 +185,11 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 			t.Errorf("Lease after release = %v, want ErrNotHeld", err)
 		}
 		// A fresh holding gets a larger fencing token.
-		if err := s.Acquire(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Acquire(ctx, 1))
 		if l3, _ := s.Lease(ctx); l3 == nil || l3.Token() <= l.Token() {
 			t.Errorf("fresh holding token %v, want > %d", l3, l.Token())
 		}
-		if err := s.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Release(ctx, 1))
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -234,9 +201,7 @@ func TestSemaphoreOwner(t *testing.T) {
 		s := newClient(t, b).Semaphore(name, 4)
 		other := newClient(t, b).Semaphore(name, 4) // another process
 		for i := 0; i < 2; i++ {
-			if err := s.Acquire(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, s.Acquire(ctx, 1))
 		}
 		// The owner crosses a process boundary and adds to its holding.
 		ctxB := dsync.WithOwnerToken(ctxT(t), dsync.OwnerToken(ctx))
@@ -253,24 +218,14 @@ func TestSemaphoreOwner(t *testing.T) {
 			t.Fatalf("leases of one holding: %v, %v, %v", la, lb, err)
 		}
 		// Neither another owner nor the handle without owner may release.
-		if err := s.Release(dsync.WithOwner(ctx), 1); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("Release by another owner = %v, want ErrNotHeld", err)
-		}
-		if err := s.Release(context.Background(), 1); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Errorf("Release without owner = %v, want ErrNotHeld", err)
-		}
+		checkIs(t, s.Release(dsync.WithOwner(ctx), 1), dsync.ErrNotHeld, "Release by another owner = %v, want ErrNotHeld")
+		checkIs(t, s.Release(context.Background(), 1), dsync.ErrNotHeld, "Release without owner = %v, want ErrNotHeld")
 		if ok, _ := other.TryAcquire(dsync.WithOwner(ctx), 2); ok {
 			t.Fatal("2 permits free with 3 of 4 held")
 		}
-		if err := other.Release(ctxB, 1); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Release(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
-			t.Fatalf("Release after all = %v, want ErrNotHeld", err)
-		}
+		must(t, other.Release(ctxB, 1))
+		must(t, s.Release(ctx, 2))
+		mustIs(t, s.Release(ctx, 1), dsync.ErrNotHeld, "Release after all = %v, want ErrNotHeld")
 		select {
 		case <-la.Done():
 		case <-time.After(5 * time.Second):
@@ -287,9 +242,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		holder := newClient(t, b).Semaphore(name, 4)
-		if err := holder.Acquire(ctx, 4); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Acquire(ctx, 4))
 		type served struct {
 			who   int
 			token uint64
@@ -336,24 +289,16 @@ func TestSemaphoreFIFO(t *testing.T) {
 		}
 		// One permit free: the small waiters behind the large one fit but
 		// must not pass it.
-		if err := holder.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Release(ctx, 1))
 		expect()
 		if ok, _ := newClient(t, b).Semaphore(name, 4).TryAcquire(ctx, 1); ok {
 			t.Fatal("TryAcquire passed the queue")
 		}
-		if err := holder.Release(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Release(ctx, 2))
 		expect(0)
-		if err := holder.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Release(ctx, 1))
 		expect(1)
-		if err := handles[0].Release(ctx, 3); err != nil {
-			t.Fatal(err)
-		}
+		must(t, handles[0].Release(ctx, 3))
 		// 3 free: waiter 2 (1 permit) and waiter 3 (2 permits) in one go.
 		var order []served
 		for range 2 {
@@ -370,9 +315,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 		}
 		wg.Wait()
 		for i, n := range want[1:] {
-			if err := handles[i+1].Release(ctx, n); err != nil {
-				t.Fatal(err)
-			}
+			must(t, handles[i+1].Release(ctx, n))
 		}
 		assertNoSemKeys(t, b, name)
 	})
@@ -384,9 +327,7 @@ func TestSemaphoreDeadHolderPermitsReturn(t *testing.T) {
 		name := redistest.Key(t)
 		const ttl = 400 * time.Millisecond
 		dead := dsync.New(b.NewClient(t), dsync.TTL(ttl))
-		if err := dead.Semaphore(name, 4).Acquire(ctx, 3); err != nil {
-			t.Fatal(err)
-		}
+		must(t, dead.Semaphore(name, 4).Acquire(ctx, 3))
 		dead.Close() // the process dies: nobody renews or releases
 		s := newClient(t, b).Semaphore(name, 4)
 		if ok, _ := s.TryAcquire(ctx, 2); ok {
@@ -397,18 +338,9 @@ func TestSemaphoreDeadHolderPermitsReturn(t *testing.T) {
 		go func() { done <- s.Acquire(ctx, 4) }()
 		waitQueued(t, b, name, 1)
 		b.Advance(ttl + 50*time.Millisecond)
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("dead holder's permits never came back")
-		}
+		recvNil(t, done, 10*time.Second, "dead holder's permits never came back")
 		t.Logf("served after %v", time.Since(start))
-		if err := s.Release(ctx, 4); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Release(ctx, 4))
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -421,9 +353,7 @@ func TestSemaphoreRenewalKeepsPermits(t *testing.T) {
 		// loaded machine before the lease runs out.
 		const ttl = 1500 * time.Millisecond
 		s := newClient(t, b, dsync.TTL(ttl)).Semaphore(name, 2)
-		if err := s.Acquire(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Acquire(ctx, 2))
 		time.Sleep(2 * ttl) // several renewals; TIME follows the wall clock
 		if ok, _ := newClient(t, b).Semaphore(name, 2).TryAcquire(ctx, 1); ok {
 			t.Fatal("permits free while renewed")
@@ -432,9 +362,7 @@ func TestSemaphoreRenewalKeepsPermits(t *testing.T) {
 		if l == nil || l.Err() != nil {
 			t.Fatalf("lease %v lost", l)
 		}
-		if err := s.Release(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, s.Release(ctx, 2))
 	})
 }
 
@@ -443,9 +371,7 @@ func TestSemaphoreWaiterGivingUpUnblocksOthers(t *testing.T) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		holder := newClient(t, b).Semaphore(name, 2)
-		if err := holder.Acquire(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Acquire(ctx, 1))
 		bigCtx, giveUp := context.WithCancel(ctx)
 		big := make(chan error, 1)
 		go func() { big <- newClient(t, b).Semaphore(name, 2).Acquire(bigCtx, 2) }()
@@ -460,24 +386,11 @@ func TestSemaphoreWaiterGivingUpUnblocksOthers(t *testing.T) {
 		case <-time.After(50 * time.Millisecond):
 		}
 		giveUp()
-		if err := <-big; !errors.Is(err, context.Canceled) {
-			t.Fatalf("Acquire of the waiter that gave up = %v, want Canceled", err)
-		}
+		mustIs(t, <-big, context.Canceled, "Acquire of the waiter that gave up = %v, want Canceled")
 		// The TTL is 30 s: only the cleanup's hand-over explains this.
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("waiter behind one that gave up not served")
-		}
-		if err := small.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
-		if err := holder.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		recvNil(t, done, 5*time.Second, "waiter behind one that gave up not served")
+		must(t, small.Release(ctx, 1))
+		must(t, holder.Release(ctx, 1))
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -490,9 +403,7 @@ func TestSemaphoreWokenByRelease(t *testing.T) {
 		waiter := newClient(t, b).Semaphore(name, 1)
 		var lat []time.Duration
 		for i := 0; i < 10; i++ {
-			if err := holder.Acquire(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, holder.Acquire(ctx, 1))
 			got := make(chan time.Time, 1)
 			go func() {
 				if err := waiter.Acquire(ctx, 1); err != nil {
@@ -502,13 +413,9 @@ func TestSemaphoreWokenByRelease(t *testing.T) {
 			}()
 			waitQueued(t, b, name, 1)
 			released := time.Now()
-			if err := holder.Release(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, holder.Release(ctx, 1))
 			lat = append(lat, (<-got).Sub(released))
-			if err := waiter.Release(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
+			must(t, waiter.Release(ctx, 1))
 		}
 		slices.Sort(lat)
 		t.Logf("hand-over latency: median %v, max %v", lat[len(lat)/2], lat[len(lat)-1])
@@ -525,31 +432,20 @@ func TestSemaphoreLostReleaseReply(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
 		name := redistest.Key(t)
-		rdb := b.NewClient(t)
 		faults := &redistest.Faults{}
-		rdb.AddHook(faults)
-		c := dsync.New(rdb)
-		defer c.Close()
+		c, _ := hookedClient(t, b, faults)
 		s := c.Semaphore(name, 2)
 		other := newClient(t, b).Semaphore(name, 2)
-		if err := other.Acquire(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Acquire(ctx, 2))
 		// This Release also loads the script: the reply lost below is
 		// the script's, not a NOSCRIPT's.
-		if err := other.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, other.Release(ctx, 1))
 		if ok, _ := s.TryAcquire(ctx, 1); !ok {
 			t.Fatal("TryAcquire(1) with 1 free failed")
 		}
 		faults.DropReplyNext(1, context.DeadlineExceeded)
-		if err := s.Release(ctx, 1); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Release = %v, want the injected error", err)
-		}
-		if err := other.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		mustIs(t, s.Release(ctx, 1), context.DeadlineExceeded, "Release = %v, want the injected error")
+		must(t, other.Release(ctx, 1))
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -623,30 +519,20 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 		name := redistest.Key(t)
 		four := newClient(t, b).Semaphore(name, 4)
 		five := newClient(t, b).Semaphore(name, 5)
-		if err := four.Acquire(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
-		if err := five.Acquire(ctx, 1); !errors.Is(err, dsync.ErrSizeMismatch) {
-			t.Errorf("Acquire with another size = %v, want ErrSizeMismatch", err)
-		}
+		must(t, four.Acquire(ctx, 1))
+		checkIs(t, five.Acquire(ctx, 1), dsync.ErrSizeMismatch, "Acquire with another size = %v, want ErrSizeMismatch")
 		if _, err := five.TryAcquire(context.Background(), 1); !errors.Is(err, dsync.ErrSizeMismatch) {
 			t.Errorf("TryAcquire with another size = %v, want ErrSizeMismatch", err)
 		}
-		if err := five.Release(ctx, 1); !errors.Is(err, dsync.ErrSizeMismatch) {
-			t.Errorf("Release with another size = %v, want ErrSizeMismatch", err)
-		}
+		checkIs(t, five.Release(ctx, 1), dsync.ErrSizeMismatch, "Release with another size = %v, want ErrSizeMismatch")
 		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name).State, dsync.OwnerToken(ctx)).Int(); n != 1 {
 			t.Errorf("permits held after mismatches = %d, want 1", n)
 		}
-		if err := four.Release(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		must(t, four.Release(ctx, 1))
 		// Nothing in force any more: the new size takes over.
 		if ok, err := five.TryAcquire(ctx, 5); !ok || err != nil {
 			t.Fatalf("TryAcquire(5) once size 4 is gone = %v, %v", ok, err)
 		}
-		if err := five.Release(ctx, 5); err != nil {
-			t.Fatal(err)
-		}
+		must(t, five.Release(ctx, 5))
 	})
 }

@@ -172,9 +172,7 @@ func TestSentinelFailoverLosesUnreplicatedHold(t *testing.T) {
 
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.SentinelAddrs()[0]})
 	defer sc.Close()
-	if err := sc.Failover(ctx, redistest.SentinelMaster).Err(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, sc.Failover(ctx, redistest.SentinelMaster).Err())
 	rrep := replica.Client(t)
 	promoted := time.Now().Add(10 * time.Second)
 	for time.Now().Before(promoted) {
@@ -201,9 +199,7 @@ func TestSentinelFailoverLosesUnreplicatedHold(t *testing.T) {
 	case <-lease.Done():
 	case <-time.After(3 * ttl):
 	}
-	if err := lease.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
-		t.Errorf("Lease.Err of the vanished hold = %v, want ErrLeaseLost", err)
-	}
+	checkIs(t, lease.Err(), dsync.ErrLeaseLost, "Lease.Err of the vanished hold = %v, want ErrLeaseLost")
 	if !errors.Is(werr, dsync.ErrNotReplicated) {
 		t.Errorf("Lock with WaitReplicas in the window = %v, want ErrNotReplicated", werr)
 	}
@@ -226,14 +222,7 @@ func BenchmarkWaitReplicas(b *testing.B) {
 			defer c.Close()
 			m := c.Mutex(redistest.Key(b))
 			ctx := context.Background()
-			reportRoundTrips(b, counter, func() {
-				if err := m.Lock(ctx); err != nil {
-					b.Fatal(err)
-				}
-				if err := m.Unlock(ctx); err != nil {
-					b.Fatal(err)
-				}
-			})
+			reportLockUnlock(b, counter, ctx, m.Lock, m.Unlock)
 		})
 	}
 }

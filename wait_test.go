@@ -52,9 +52,7 @@ func TestSlowSubscriptionDoesNotSlowLaterWaits(t *testing.T) {
 	defer c.Close()
 	slow.arm.Store(true) // the next dial is the pub/sub connection's
 	for i := 0; i < 4; i++ {
-		if err := holder.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, holder.Lock(ctx))
 		released := make(chan struct{})
 		go func() {
 			defer close(released)
@@ -63,18 +61,14 @@ func TestSlowSubscriptionDoesNotSlowLaterWaits(t *testing.T) {
 		}()
 		start := time.Now()
 		m := c.Mutex(name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Lock(ctx))
 		waited := time.Since(start)
 		<-released
 		t.Logf("wait %d: %v (released after 50ms)", i, waited.Round(time.Millisecond))
 		if i > 0 && waited > time.Second {
 			t.Errorf("wait %d took %v after the subscription came up, want about 50ms", i, waited)
 		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		must(t, m.Unlock(ctx))
 	}
 }
 
@@ -87,9 +81,7 @@ func TestWaiterSurvivesPubSubKill(t *testing.T) {
 	ctx := ctxT(t)
 	name := redistest.Key(t)
 	holder := newClient(t, b).Mutex(name)
-	if err := holder.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, holder.Lock(ctx))
 	m := newClient(t, b).Mutex(name)
 	got := make(chan error, 1)
 	go func() { got <- m.Lock(ctx) }()
@@ -101,28 +93,15 @@ func TestWaiterSurvivesPubSubKill(t *testing.T) {
 		}
 		return n[mutexKeys(name).Channel()] > 0
 	})
-	if err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, admin.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err())
 	time.Sleep(200 * time.Millisecond) // the notifier reconnects meanwhile
 	released := time.Now()
-	if err := holder.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter was not woken within 10 s of the release")
-	}
+	must(t, holder.Unlock(ctx))
+	recvNil(t, got, 10*time.Second, "the waiter was not woken within 10 s of the release")
 	if d := time.Since(released); d > 2*time.Second {
 		t.Errorf("the waiter got the lock %v after the release, want well under 2s", d)
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, m.Unlock(ctx))
 }
 
 // TestWaiterAfterServerRestart: the server restarts empty while a holder
@@ -137,29 +116,18 @@ func TestWaiterAfterServerRestart(t *testing.T) {
 	defer holder.Close()
 	c := dsync.New(srv.Client(t))
 	defer c.Close()
-	if err := holder.Mutex("restart").Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, holder.Mutex("restart").Lock(ctx))
 	m := c.Mutex("restart")
 	got := make(chan error, 1)
 	go func() { got <- m.Lock(ctx) }()
 	time.Sleep(100 * time.Millisecond) // the waiter subscribes and sleeps
 	srv.Restart()
 	restarted := time.Now()
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the waiter did not get the lock within 15 s of the restart")
-	}
+	recvNil(t, got, 15*time.Second, "the waiter did not get the lock within 15 s of the restart")
 	if d := time.Since(restarted); d > 5*time.Second {
 		t.Errorf("the waiter got the lock %v after the restart, want well under 5s", d)
 	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	must(t, m.Unlock(ctx))
 }
 
 // A waiter's attempts are bounded whatever anyone publishes: a flood of
@@ -182,23 +150,17 @@ func TestNotificationFloodBoundsAttempts(t *testing.T) {
 	prims := []prim{
 		{"Mutex", func(n string) string { return keys.ForMutex("dsync", n).Channel() },
 			func(t *testing.T, ctx context.Context, c *dsync.Client, n string, _ chan struct{}) {
-				if err := c.Mutex(n).Lock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, c.Mutex(n).Lock(ctx))
 			},
 			func(ctx context.Context, c *dsync.Client, n string) error { return c.Mutex(n).Lock(ctx) }},
 		{"RWMutex", func(n string) string { return keys.ForRWMutex("dsync", n).Channel() },
 			func(t *testing.T, ctx context.Context, c *dsync.Client, n string, _ chan struct{}) {
-				if err := c.RWMutex(n).Lock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, c.RWMutex(n).Lock(ctx))
 			},
 			func(ctx context.Context, c *dsync.Client, n string) error { return c.RWMutex(n).RLock(ctx) }},
 		{"Semaphore", func(n string) string { return keys.ForSemaphore("dsync", n).Channel() },
 			func(t *testing.T, ctx context.Context, c *dsync.Client, n string, _ chan struct{}) {
-				if err := c.Semaphore(n, 1).Acquire(ctx, 1); err != nil {
-					t.Fatal(err)
-				}
+				must(t, c.Semaphore(n, 1).Acquire(ctx, 1))
 			},
 			func(ctx context.Context, c *dsync.Client, n string) error { return c.Semaphore(n, 1).Acquire(ctx, 1) }},
 		{"Once", func(n string) string { return keys.ForOnce("dsync", n).Channel() },
@@ -240,16 +202,12 @@ func TestNotificationFloodBoundsAttempts(t *testing.T) {
 				done := make(chan struct{})
 				go func() {
 					defer close(done)
-					for i := 0; i < 50000; i++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
+					untilClosed(stop, 50000, func() bool {
 						if pub.Publish(ctx, p.ch(name), "").Err() == nil {
 							sent.Add(1)
 						}
-					}
+						return true
+					})
 				}()
 				wctx, cancel := context.WithTimeout(ctx, wait)
 				err := p.wait(wctx, wc, name)
@@ -287,9 +245,7 @@ func TestHandOverGoesToTheWaitersClient(t *testing.T) {
 				k := mutexKeys(name)
 				rdb := b.NewClient(t)
 				holder := newClient(t, b).Mutex(name)
-				if err := holder.Lock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, holder.Lock(ctx))
 				var handovers [2]atomic.Int64
 				var probed [2]sync.Map // channels a probe was heard on
 				errs := make(chan error, 2)
@@ -335,9 +291,7 @@ func TestHandOverGoesToTheWaitersClient(t *testing.T) {
 					})
 				}
 				// The hold goes to waiter 0, then to waiter 1.
-				if err := holder.Unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
+				must(t, holder.Unlock(ctx))
 				for range 2 {
 					if err := <-errs; err != nil {
 						t.Fatal(err)

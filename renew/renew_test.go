@@ -73,6 +73,48 @@ func exists(t *testing.T, b *backend, key string) bool {
 	return n == 1
 }
 
+// held starts r renewing a fresh hold of ttl on b, the opening most tests
+// share.
+func held(t *testing.T, b *backend, ttl time.Duration) (*renew.Renewer, renew.Spec, *renew.Hold) {
+	t.Helper()
+	r := newRenewer(t, b)
+	s := acquire(t, b, ttl)
+	return r, s, r.Add(s)
+}
+
+// assertLost fails unless h ended with errTestLost.
+func assertLost(t *testing.T, h *renew.Hold, what string) {
+	t.Helper()
+	if err := h.Err(); !errors.Is(err, errTestLost) {
+		t.Fatalf("%sErr() = %v, want %v", what, err, errTestLost)
+	}
+}
+
+// keepsAlive checks every 100 ms until end (at most 100 times) that s's key
+// exists and h is live.
+func keepsAlive(t *testing.T, b *backend, s renew.Spec, h *renew.Hold, end time.Time, what string) {
+	t.Helper()
+	for i := 0; i < 100 && time.Now().Before(end); i++ {
+		time.Sleep(100 * time.Millisecond)
+		if !exists(t, b, s.Keys[0]) {
+			t.Fatalf("key expired %s (%v after Start)", what, time.Since(s.Start))
+		}
+		assertLive(t, h)
+	}
+}
+
+// waitGone waits up to limit for key to expire on the server.
+func waitGone(t *testing.T, b *backend, key string, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for exists(t, b, key) {
+		if time.Now().After(deadline) {
+			t.Fatalf("key still exists after %v", limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func assertLive(t *testing.T, h *renew.Hold) {
 	t.Helper()
 	select {
@@ -89,20 +131,11 @@ func TestRenewalKeepsKeyAlivePastTTL(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, true, func(t *testing.T, b *backend) {
 		const ttl = time.Second
-		r := newRenewer(t, b)
-		s := acquire(t, b, ttl)
-		h := r.Add(s)
+		r, s, h := held(t, b, ttl)
 		if got, want := h.Deadline(), s.Start.Add(ttl-drift(ttl)); !got.Equal(want) {
 			t.Errorf("initial Deadline() = %v, want Start+TTL-drift = %v", got, want)
 		}
-		end := s.Start.Add(3*ttl + 300*time.Millisecond)
-		for i := 0; i < 100 && time.Now().Before(end); i++ {
-			time.Sleep(100 * time.Millisecond)
-			if !exists(t, b, s.Keys[0]) {
-				t.Fatalf("key expired after %v despite renewal", time.Since(s.Start))
-			}
-			assertLive(t, h)
-		}
+		keepsAlive(t, b, s, h, s.Start.Add(3*ttl+300*time.Millisecond), "despite renewal")
 		pttl, err := b.probe.PTTL(context.Background(), s.Keys[0]).Result()
 		if err != nil || pttl <= 0 || pttl > ttl {
 			t.Fatalf("PTTL = %v, %v; want in (0, %v]", pttl, err, ttl)
@@ -123,9 +156,7 @@ func TestReleaseStopsRenewal(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, true, func(t *testing.T, b *backend) {
 		const ttl = time.Second
-		r := newRenewer(t, b)
-		s := acquire(t, b, ttl)
-		h := r.Add(s)
+		r, s, h := held(t, b, ttl)
 		time.Sleep(1200 * time.Millisecond)
 		assertLive(t, h)
 		h.Release()
@@ -144,77 +175,62 @@ func TestReleaseStopsRenewal(t *testing.T) {
 		// A renewal already in flight may land; nothing after that.
 		time.Sleep(50 * time.Millisecond)
 		sent := b.cnt.evals.Load()
-		deadline := time.Now().Add(ttl + 2*time.Second)
-		for exists(t, b, s.Keys[0]) {
-			if time.Now().After(deadline) {
-				t.Fatalf("key still exists %v after Release", ttl+2*time.Second)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		waitGone(t, b, s.Keys[0], ttl+2*time.Second)
 		if got := b.cnt.evals.Load(); got != sent {
 			t.Errorf("renewals sent after Release = %d, want 0", got-sent)
 		}
 	})
 }
 
-func TestKeyDeletedIsLost(t *testing.T) {
+// TestRemoteChangeIsLost: a hold whose key another client deleted or took
+// over is reported lost within about one renewal interval, leaves the
+// renewer, and a Release after the loss changes nothing.
+func TestRemoteChangeIsLost(t *testing.T) {
 	t.Parallel()
-	eachBackend(t, true, func(t *testing.T, b *backend) {
-		const ttl = time.Second
-		r := newRenewer(t, b)
-		s := acquire(t, b, ttl)
-		h := r.Add(s)
-		time.Sleep(400 * time.Millisecond)
-		assertLive(t, h)
-		b.probe.Del(context.Background(), s.Keys[0])
-		deleted := time.Now()
-		at := waitDone(t, h, ttl/3+time.Second)
-		if err := h.Err(); !errors.Is(err, errTestLost) {
-			t.Fatalf("Err() = %v, want %v", err, errTestLost)
-		}
-		if d := at.Sub(deleted); d > ttl/3+500*time.Millisecond {
-			t.Errorf("loss reported %v after the delete, want within about one interval (%v)", d, ttl/3)
-		}
-		if got := r.Len(); got != 0 {
-			t.Errorf("Len() = %d after loss, want 0", got)
-		}
-	})
-}
-
-func TestOwnerChangedIsLost(t *testing.T) {
-	t.Parallel()
-	eachBackend(t, true, func(t *testing.T, b *backend) {
-		const ttl = time.Second
-		r := newRenewer(t, b)
-		s := acquire(t, b, ttl)
-		h := r.Add(s)
-		time.Sleep(400 * time.Millisecond)
-		assertLive(t, h)
-		b.probe.Set(context.Background(), s.Keys[0], "someone-else", ttl)
-		waitDone(t, h, ttl/3+time.Second)
-		if err := h.Err(); !errors.Is(err, errTestLost) {
-			t.Fatalf("Err() = %v, want %v", err, errTestLost)
-		}
-		h.Release() // safe after loss, changes nothing
-		if err := h.Err(); !errors.Is(err, errTestLost) {
-			t.Fatalf("Err() after Release of a lost hold = %v, want %v", err, errTestLost)
-		}
-	})
+	for _, tc := range []struct {
+		name   string
+		change func(b *backend, key string, ttl time.Duration)
+	}{
+		{"KeyDeleted", func(b *backend, key string, _ time.Duration) {
+			b.probe.Del(context.Background(), key)
+		}},
+		{"OwnerChanged", func(b *backend, key string, ttl time.Duration) {
+			b.probe.Set(context.Background(), key, "someone-else", ttl)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eachBackend(t, true, func(t *testing.T, b *backend) {
+				const ttl = time.Second
+				r, s, h := held(t, b, ttl)
+				time.Sleep(400 * time.Millisecond)
+				assertLive(t, h)
+				tc.change(b, s.Keys[0], ttl)
+				changed := time.Now()
+				at := waitDone(t, h, ttl/3+time.Second)
+				assertLost(t, h, "")
+				if d := at.Sub(changed); d > ttl/3+500*time.Millisecond {
+					t.Errorf("loss reported %v after the change, want within about one interval (%v)", d, ttl/3)
+				}
+				if got := r.Len(); got != 0 {
+					t.Errorf("Len() = %d after loss, want 0", got)
+				}
+				h.Release() // safe after loss, changes nothing
+				assertLost(t, h, "after Release of a lost hold: ")
+			})
+		})
+	}
 }
 
 func TestMarkLostEndsHold(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, true, func(t *testing.T, b *backend) {
 		const ttl = time.Second
-		r := newRenewer(t, b)
-		s := acquire(t, b, ttl)
-		h := r.Add(s)
+		r, _, h := held(t, b, ttl)
 		other := r.Add(acquire(t, b, ttl))
 		h.MarkLost()
 		waitDone(t, h, time.Second)
-		if err := h.Err(); !errors.Is(err, errTestLost) {
-			t.Fatalf("Err() = %v, want %v", err, errTestLost)
-		}
+		assertLost(t, h, "")
 		if got := r.Len(); got != 1 {
 			t.Fatalf("Len() = %d, want 1", got)
 		}
@@ -230,17 +246,13 @@ func TestUnreachableRedisIsLostBeforeServerExpiry(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, true, func(t *testing.T, b *backend) {
 		const ttl = 2 * time.Second
-		r := newRenewer(t, b)
-		s := acquire(t, b, ttl)
-		h := r.Add(s)
+		_, _, h := held(t, b, ttl)
 		time.Sleep(1200 * time.Millisecond) // at least one renewal
 		assertLive(t, h)
 		b.stop()
 		stopped := time.Now()
 		at := waitDone(t, h, ttl+2*time.Second)
-		if err := h.Err(); !errors.Is(err, errTestLost) {
-			t.Fatalf("Err() = %v, want %v", err, errTestLost)
-		}
+		assertLost(t, h, "")
 		lastOK := b.cnt.lastOK.Load()
 		if lastOK == nil {
 			t.Fatalf("no renewal succeeded before the server stopped")
@@ -271,9 +283,7 @@ func TestFixedLeaseRunsOutWithoutCommands(t *testing.T) {
 		before := b.cnt.total()
 		h := r.Add(s)
 		at := waitDone(t, h, ttl+2*time.Second)
-		if err := h.Err(); !errors.Is(err, errTestLost) {
-			t.Fatalf("Err() = %v, want %v", err, errTestLost)
-		}
+		assertLost(t, h, "")
 		dl := h.Deadline()
 		if want := s.Start.Add(ttl - drift(ttl)); !dl.Equal(want) {
 			t.Errorf("Deadline() = %v, want Start+TTL-drift", dl.Sub(s.Start))
@@ -304,9 +314,7 @@ func TestMaxHoldBoundsRenewal(t *testing.T) {
 		s.MaxHold = maxHold
 		h := r.Add(s)
 		at := waitDone(t, h, maxHold+2*time.Second)
-		if err := h.Err(); !errors.Is(err, errTestLost) {
-			t.Fatalf("Err() = %v, want %v", err, errTestLost)
-		}
+		assertLost(t, h, "")
 		if got := b.cnt.evals.Load(); got < 1 {
 			t.Errorf("renewals sent = %d, want at least 1 before MaxHold", got)
 		}
@@ -324,12 +332,7 @@ func TestMaxHoldBoundsRenewal(t *testing.T) {
 			t.Errorf("ended %v after Start+MaxHold", late)
 		}
 		// The server lets the key go by itself, around Start+MaxHold.
-		for i := 0; exists(t, b, s.Keys[0]); i++ {
-			if i > 100 {
-				t.Fatalf("key still exists %v after Start", time.Since(s.Start))
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitGone(t, b, s.Keys[0], 2*time.Second)
 		if gone := time.Since(limit); gone > 500*time.Millisecond {
 			t.Errorf("key expired %v after Start+MaxHold", gone)
 		}
@@ -340,9 +343,7 @@ func TestNoScriptIsReloaded(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, true, func(t *testing.T, b *backend) {
 		const ttl = time.Second
-		r := newRenewer(t, b)
-		s := acquire(t, b, ttl)
-		h := r.Add(s)
+		_, s, h := held(t, b, ttl)
 		time.Sleep(1200 * time.Millisecond)
 		assertLive(t, h)
 		if got := b.cnt.loads.Load(); got != 1 {
@@ -351,14 +352,7 @@ func TestNoScriptIsReloaded(t *testing.T) {
 		if err := b.probe.ScriptFlush(context.Background()).Err(); err != nil {
 			t.Fatalf("SCRIPT FLUSH: %v", err)
 		}
-		end := time.Now().Add(2 * ttl)
-		for i := 0; i < 100 && time.Now().Before(end); i++ {
-			time.Sleep(100 * time.Millisecond)
-			if !exists(t, b, s.Keys[0]) {
-				t.Fatalf("key expired after SCRIPT FLUSH")
-			}
-			assertLive(t, h)
-		}
+		keepsAlive(t, b, s, h, time.Now().Add(2*ttl), "after SCRIPT FLUSH")
 		if got := b.cnt.loads.Load(); got != 2 {
 			t.Errorf("SCRIPT LOADs = %d, want 2 (one reload after the flush)", got)
 		}
@@ -460,9 +454,7 @@ func TestStalledRenewerReportsLoss(t *testing.T) {
 		sent := b.cnt.evals.Load()
 		stall.Store(false)
 		close(resume)
-		if err := h1.Err(); !errors.Is(err, errTestLost) {
-			t.Fatalf("stalled hold: Err() = %v, want %v", err, errTestLost)
-		}
+		assertLost(t, h1, "stalled hold: ")
 		if err := h2.Err(); err != nil {
 			t.Fatalf("hold released during the stall: Err() = %v, want nil", err)
 		}

@@ -214,129 +214,112 @@ func TestCounterConcurrent(t *testing.T) {
 
 var errBoom = errors.New("boom")
 
-func TestFaultsFailNextIsNotSent(t *testing.T) {
+// eachFaulty runs f on every standalone backend with a client hooked to
+// fresh Faults, a second, unhooked client to look at the server with, and
+// a fresh key.
+func eachFaulty(t *testing.T, f func(t *testing.T, ctx context.Context, rdb, check redis.UniversalClient, faults *redistest.Faults, key string)) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
-			ctx := context.Background()
 			rdb := b.NewClient(t)
-			check := b.NewClient(t)
-			var f redistest.Faults
-			rdb.AddHook(&f)
-			key := redistest.Key(t)
-
-			f.FailNext(2, errBoom)
-			for i := range 2 {
-				if err := rdb.Incr(ctx, key).Err(); !errors.Is(err, errBoom) {
-					t.Fatalf("INCR %d error = %v, want %v", i, err, errBoom)
-				}
-			}
-			if got := check.Get(ctx, key).Val(); got != "" {
-				t.Fatalf("failed commands reached the server: value %q", got)
-			}
-			if err := rdb.Incr(ctx, key).Err(); err != nil {
-				t.Fatalf("third INCR: %v", err)
-			}
-			if got := check.Get(ctx, key).Val(); got != "1" {
-				t.Fatalf("value = %q, want 1", got)
-			}
-			if got := f.Injected(); got != 2 {
-				t.Errorf("Injected() = %d, want 2", got)
-			}
+			var faults redistest.Faults
+			rdb.AddHook(&faults)
+			f(t, context.Background(), rdb, b.NewClient(t), &faults, redistest.Key(t))
 		})
 	}
+}
+
+// incrAB runs INCR key:a and INCR key:b in one pipeline.
+func incrAB(ctx context.Context, rdb redis.UniversalClient, key string) ([]redis.Cmder, error) {
+	return rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Incr(ctx, key+":a")
+		p.Incr(ctx, key+":b")
+		return nil
+	})
+}
+
+func TestFaultsFailNextIsNotSent(t *testing.T) {
+	eachFaulty(t, func(t *testing.T, ctx context.Context, rdb, check redis.UniversalClient, f *redistest.Faults, key string) {
+		f.FailNext(2, errBoom)
+		for i := range 2 {
+			if err := rdb.Incr(ctx, key).Err(); !errors.Is(err, errBoom) {
+				t.Fatalf("INCR %d error = %v, want %v", i, err, errBoom)
+			}
+		}
+		if got := check.Get(ctx, key).Val(); got != "" {
+			t.Fatalf("failed commands reached the server: value %q", got)
+		}
+		if err := rdb.Incr(ctx, key).Err(); err != nil {
+			t.Fatalf("third INCR: %v", err)
+		}
+		if got := check.Get(ctx, key).Val(); got != "1" {
+			t.Fatalf("value = %q, want 1", got)
+		}
+		if got := f.Injected(); got != 2 {
+			t.Errorf("Injected() = %d, want 2", got)
+		}
+	})
 }
 
 func TestFaultsDropReplyRunsCommand(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			ctx := context.Background()
-			rdb := b.NewClient(t)
-			var f redistest.Faults
-			rdb.AddHook(&f)
-			key := redistest.Key(t)
-
-			f.DropReplyNext(1, context.DeadlineExceeded)
-			if err := rdb.Incr(ctx, key).Err(); !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("INCR error = %v, want %v", err, context.DeadlineExceeded)
-			}
-			if got := rdb.Get(ctx, key).Val(); got != "1" {
-				t.Fatalf("after a dropped reply value = %q, want 1 (the command ran)", got)
-			}
-		})
-	}
+	eachFaulty(t, func(t *testing.T, ctx context.Context, rdb, _ redis.UniversalClient, f *redistest.Faults, key string) {
+		f.DropReplyNext(1, context.DeadlineExceeded)
+		if err := rdb.Incr(ctx, key).Err(); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("INCR error = %v, want %v", err, context.DeadlineExceeded)
+		}
+		if got := rdb.Get(ctx, key).Val(); got != "1" {
+			t.Fatalf("after a dropped reply value = %q, want 1 (the command ran)", got)
+		}
+	})
 }
 
 func TestFaultsMatchOnlyScripts(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			ctx := context.Background()
-			rdb := b.NewClient(t)
-			var f redistest.Faults
-			rdb.AddHook(&f)
-			f.Match(func(c redis.Cmder) bool { return c.Name() == "evalsha" || c.Name() == "eval" })
-			key := redistest.Key(t)
-			incr := redis.NewScript(`return redis.call("INCR", KEYS[1])`)
-			if err := incr.Load(ctx, rdb).Err(); err != nil {
-				t.Fatal(err)
-			}
+	eachFaulty(t, func(t *testing.T, ctx context.Context, rdb, _ redis.UniversalClient, f *redistest.Faults, key string) {
+		f.Match(func(c redis.Cmder) bool { return c.Name() == "evalsha" || c.Name() == "eval" })
+		incr := redis.NewScript(`return redis.call("INCR", KEYS[1])`)
+		if err := incr.Load(ctx, rdb).Err(); err != nil {
+			t.Fatal(err)
+		}
 
-			f.DropReplyNext(1, nil)
-			if err := rdb.Set(ctx, key, 10, time.Minute).Err(); err != nil {
-				t.Fatalf("SET not matched but failed: %v", err)
-			}
-			if err := incr.Run(ctx, rdb, []string{key}).Err(); !errors.Is(err, redistest.ErrInjected) {
-				t.Fatalf("script error = %v, want ErrInjected", err)
-			}
-			n, err := incr.Run(ctx, rdb, []string{key}).Int()
-			if err != nil || n != 12 {
-				t.Fatalf("second script = %d, %v; want 12, nil (first one ran)", n, err)
-			}
-		})
-	}
+		f.DropReplyNext(1, nil)
+		if err := rdb.Set(ctx, key, 10, time.Minute).Err(); err != nil {
+			t.Fatalf("SET not matched but failed: %v", err)
+		}
+		if err := incr.Run(ctx, rdb, []string{key}).Err(); !errors.Is(err, redistest.ErrInjected) {
+			t.Fatalf("script error = %v, want ErrInjected", err)
+		}
+		n, err := incr.Run(ctx, rdb, []string{key}).Int()
+		if err != nil || n != 12 {
+			t.Fatalf("second script = %d, %v; want 12, nil (first one ran)", n, err)
+		}
+	})
 }
 
 func TestFaultsPipeline(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			ctx := context.Background()
-			rdb := b.NewClient(t)
-			check := b.NewClient(t)
-			var f redistest.Faults
-			rdb.AddHook(&f)
-			key := "{" + redistest.Key(t) + "}"
+	eachFaulty(t, func(t *testing.T, ctx context.Context, rdb, check redis.UniversalClient, f *redistest.Faults, key string) {
+		key = "{" + key + "}"
+		f.FailNext(1, errBoom)
+		cmds, err := incrAB(ctx, rdb, key)
+		if !errors.Is(err, errBoom) {
+			t.Fatalf("pipeline error = %v, want %v", err, errBoom)
+		}
+		for _, c := range cmds {
+			if !errors.Is(c.Err(), errBoom) {
+				t.Errorf("%v error = %v, want %v", c.Args(), c.Err(), errBoom)
+			}
+		}
+		if n := check.Exists(ctx, key+":a", key+":b").Val(); n != 0 {
+			t.Fatalf("failed pipeline reached the server")
+		}
 
-			f.FailNext(1, errBoom)
-			cmds, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-				p.Incr(ctx, key+":a")
-				p.Incr(ctx, key+":b")
-				return nil
-			})
-			if !errors.Is(err, errBoom) {
-				t.Fatalf("pipeline error = %v, want %v", err, errBoom)
-			}
-			for _, c := range cmds {
-				if !errors.Is(c.Err(), errBoom) {
-					t.Errorf("%v error = %v, want %v", c.Args(), c.Err(), errBoom)
-				}
-			}
-			if n := check.Exists(ctx, key+":a", key+":b").Val(); n != 0 {
-				t.Fatalf("failed pipeline reached the server")
-			}
-
-			f.DropReplyNext(1, errBoom)
-			cmds, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-				p.Incr(ctx, key+":a")
-				p.Incr(ctx, key+":b")
-				return nil
-			})
-			if !errors.Is(cmds[0].Err(), errBoom) || cmds[1].Err() != nil {
-				t.Fatalf("errors = %v, %v; want %v, nil", cmds[0].Err(), cmds[1].Err(), errBoom)
-			}
-			if n := check.Exists(ctx, key+":a", key+":b").Val(); n != 2 {
-				t.Fatalf("%d keys exist after a dropped reply, want 2", n)
-			}
-		})
-	}
+		f.DropReplyNext(1, errBoom)
+		cmds, _ = incrAB(ctx, rdb, key)
+		if !errors.Is(cmds[0].Err(), errBoom) || cmds[1].Err() != nil {
+			t.Fatalf("errors = %v, %v; want %v, nil", cmds[0].Err(), cmds[1].Err(), errBoom)
+		}
+		if n := check.Exists(ctx, key+":a", key+":b").Val(); n != 2 {
+			t.Fatalf("%d keys exist after a dropped reply, want 2", n)
+		}
+	})
 }
 
 func TestFaultsConcurrent(t *testing.T) {
