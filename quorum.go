@@ -45,10 +45,21 @@ import (
 // the same allowance renew uses for conservative deadlines.
 func redlockDrift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
-// splitBackoff bounds the random pause after an attempt that took some but
-// too few masters, so that contenders that split the masters do not retry
-// in lockstep.
+// splitBackoff bounds the random part of the pause after an attempt that
+// took some but too few masters, so that contenders that split the masters
+// do not retry in lockstep.
 const splitBackoff = 5 * time.Millisecond
+
+// A memberUndo undoes on member i whatever the attempts of a quorum call
+// under id did there (see quorumCall.undo), as a failed call's clean-up
+// (see Client.cleanup).
+type memberUndo struct {
+	k  *quorumCall
+	i  int
+	id string
+}
+
+func (u memberUndo) abandon(ctx context.Context) { u.k.undo(ctx, u.i, u.id) }
 
 // A Quorum makes Mutexes and RWMutexes that hold only when a majority of
 // independent Redis masters grant the hold (the Redlock algorithm), so that
@@ -282,23 +293,20 @@ func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, t
 	n := len(q.members)
 	ids := make([]string, n)      // each member's call id; "" once undone
 	since := make([]time.Time, n) // no later than a grant under ids[i] began
+	// undo undoes the attempts on the members which selects, in
+	// parallel, each as a failed call's clean-up on its member: waited
+	// for while ctx lasts, then left to the member Client's background, so
+	// that the call returns in time also when a master is slow or paused.
 	undo := func(which func(i int) bool) {
-		todo := make([]bool, n)
-		some := false
-		for i := range todo {
-			todo[i] = ids[i] != "" && which(i)
-			some = some || todo[i]
-		}
-		if !some {
-			return
-		}
-		dctx, cancel := detached(ctx)
-		defer cancel()
-		each(q.members, func(i int, _ *Client) (int64, error) {
-			if todo[i] {
-				k.undo(dctx, i, ids[i])
+		var us []memberUndo
+		for i := range ids {
+			if ids[i] != "" && which(i) {
+				us = append(us, memberUndo{k: k, i: i, id: ids[i]})
 				ids[i] = ""
 			}
+		}
+		each(us, func(_ int, u memberUndo) (int64, error) {
+			q.members[u.i].cleanup(ctx, u)
 			return 0, nil
 		})
 	}
@@ -310,6 +318,10 @@ func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, t
 		}
 	}()
 	var t *time.Timer
+	// Attempts are minRetry apart at least, whatever the masters reply or
+	// anyone publishes, but for the first one a notification asks for,
+	// which is made at once (as the engine's waiters do).
+	prompt := true
 	for {
 		// A fresh call id for the members whose last one was undone:
 		// undoing an attempt marks its id abandoned on the master.
@@ -383,24 +395,33 @@ func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, t
 			}
 		}
 		if a.hits > 0 {
-			d = min(d, time.Duration(rand.Int64N(int64(splitBackoff))))
+			d = min(d, minRetry+time.Duration(rand.Int64N(int64(splitBackoff))))
 		}
-		d = max(d, time.Millisecond)
+		d = max(d, minRetry)
 		if t == nil {
 			t = time.NewTimer(d)
 			defer t.Stop()
 		} else {
 			t.Reset(d)
 		}
-		if err := sleep(ctx, q.closed, ws, t); err != nil {
+		woken, err := sleep(ctx, q.closed, ws, t)
+		if err == nil && woken && !prompt {
+			if r := minRetry - time.Since(start); r > 0 {
+				t.Reset(r)
+				_, err = sleep(ctx, q.closed, nil, t)
+			}
+		}
+		if err != nil {
 			undo(all) // the waiting places kept
 			return answers{}, first, err
 		}
+		prompt = prompt && !woken
 	}
 }
 
-// sleep waits for the timer, a notification on any member, ctx or Close.
-func sleep(ctx context.Context, closed chan struct{}, ws []*watcher, t *time.Timer) error {
+// sleep waits for the timer, a notification on any member (woken), ctx or
+// Close.
+func sleep(ctx context.Context, closed chan struct{}, ws []*watcher, t *time.Timer) (woken bool, err error) {
 	cases := make([]reflect.SelectCase, 0, len(ws)+3)
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
@@ -411,11 +432,13 @@ func sleep(ctx context.Context, closed chan struct{}, ws []*watcher, t *time.Tim
 	}
 	switch i, _, _ := reflect.Select(cases); i {
 	case 0:
-		return ctx.Err()
+		return false, ctx.Err()
 	case 1:
-		return ErrClosed
+		return false, ErrClosed
+	case 2:
+		return false, nil
 	}
-	return nil
+	return true, nil
 }
 
 // floorArg is the unlock script argument that raises every master's

@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -111,6 +112,183 @@ func TestQuorumLateUnlockEndsNoLaterHold(t *testing.T) {
 				t.Fatalf("the owner's next hold: Lease.Err = %v, want nil", err)
 			}
 			must(t, k.unlock(h)(octx))
+		})
+	}
+}
+
+// countedQuorum returns a Quorum over the masters rdbs, and a Counter of
+// the commands it sends to each (Pub/Sub included).
+func countedQuorum(t *testing.T, bs []redistest.Backend, opts ...dsync.Option) (*dsync.Quorum, []*redistest.Counter) {
+	t.Helper()
+	var rdbs []redis.UniversalClient
+	var cs []*redistest.Counter
+	for _, b := range bs {
+		rdb, c := b.NewClient(t), &redistest.Counter{}
+		rdb.AddHook(c)
+		rdbs, cs = append(rdbs, rdb), append(cs, c)
+	}
+	return newQuorum(t, rdbs, opts...), cs
+}
+
+// qMaxTrips is how many round trips a waiter may make to one master in d:
+// one attempt per 20 ms (engine.go's minRetry) and its undo, plus a few
+// for the first attempts, script loads and the final undo.
+func qMaxTrips(d time.Duration) int64 { return 2*int64(d/(20*time.Millisecond)) + 10 }
+
+// Waiting: whatever Redis holds, no waiter retries more often than every
+// few tens of ms. Two other processes hold the name on one master each
+// (single-node Clients): every attempt of a quorum waiter is granted by the
+// third master only, a split vote, and undone, until its ctx ends.
+func TestQuorumSplitVotesRetryNoFasterThanFloor(t *testing.T) {
+	bs := []redistest.Backend{redistest.Miniredis(t), redistest.Miniredis(t), redistest.Miniredis(t)}
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	for i := range 2 {
+		c := newClient(t, bs[i])
+		must(t, c.Mutex(name).Lock(ctx))
+	}
+	q, cs := countedQuorum(t, bs)
+	const wait = 800 * time.Millisecond
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	start := time.Now()
+	err := q.Mutex(name).Lock(wctx)
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock with the masters split = %v, want DeadlineExceeded", err)
+	}
+	if n, max := cs[2].RoundTrips(), qMaxTrips(took); n > max {
+		t.Errorf("the waiter sent %d commands to the granting master in %v, want at most %d: a busy loop", n, took.Round(time.Millisecond), max)
+	}
+	dsync.WaitCleanups(q)
+	assertNoLockKeys(t, bs[2], name)
+}
+
+// Waiting: a notification is a hint. PUBLISHes on a quorum waiter's
+// channel on every master, plain releases and forged hand-overs, wake it
+// but grant it nothing, and however many arrive it attempts at most every
+// few tens of ms; the real release then lets it in.
+func TestQuorumForgedNotificationsGrantNothing(t *testing.T) {
+	for _, k := range qKinds() {
+		t.Run(k.name, func(t *testing.T) {
+			bs := []redistest.Backend{redistest.Miniredis(t), redistest.Miniredis(t), redistest.Miniredis(t)}
+			ctx := ctxT(t)
+			name := redistest.Key(t)
+			var rdbs []redis.UniversalClient
+			for _, b := range bs {
+				rdbs = append(rdbs, b.NewClient(t))
+			}
+			holder := k.handle(newQuorum(t, rdbs), name)
+			// A writer holds: it excludes readers and writers.
+			hold, unhold := k.lock, k.unlock
+			if k.name == "RWMutex read" {
+				hold = func(h any) func(context.Context) error { return h.(*dsync.RWMutex).Lock }
+				unhold = func(h any) func(context.Context) error { return h.(*dsync.RWMutex).Unlock }
+			}
+			must(t, hold(holder)(ctx))
+			q, cs := countedQuorum(t, bs)
+			h := k.handle(q, name)
+			got := make(chan error, 1)
+			go func() { got <- k.lock(h)(ctx) }()
+			ch := mutexKeys(name).Channel()
+			if k.name != "Mutex" {
+				ch = rwk(name).Channel()
+			}
+			const flood = 600 * time.Millisecond
+			start := time.Now()
+			for i := 0; time.Since(start) < flood; i++ {
+				for _, rdb := range rdbs {
+					for _, msg := range []string{"", "x y 424242 z", "9223372036854775808"} {
+						must(t, rdb.Publish(ctx, ch, msg).Err())
+					}
+				}
+				select {
+				case err := <-got:
+					t.Fatalf("the waiter returned (%v) after %d rounds of PUBLISHes while the name was held", err, i+1)
+				case <-time.After(2 * time.Millisecond):
+				}
+			}
+			took := time.Since(start)
+			for i, c := range cs {
+				// Subscriptions count too; attempts are what matter.
+				if n, max := c.RoundTrips(), qMaxTrips(took); n > max {
+					t.Errorf("master %d: the waiter sent %d commands in %v of PUBLISHes, want at most %d", i, n, took.Round(time.Millisecond), max)
+				}
+			}
+			must(t, unhold(holder)(ctx))
+			select {
+			case err := <-got:
+				must(t, err)
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiter did not get in after the release")
+			}
+			must(t, k.unlock(h)(ctx))
+		})
+	}
+}
+
+// Deadlines: with one master of three paused (CLIENT PAUSE: busy, or its
+// network holding replies), a Lock returns within its ctx, whether the name
+// is free (two masters grant it) or held (it waits); the undo of its
+// attempt on the paused master is left to the background, and once that
+// master answers again nothing of the call is left anywhere.
+func TestQuorumDeadlineWithMasterPaused(t *testing.T) {
+	for _, held := range []bool{false, true} {
+		what := "free"
+		if held {
+			what = "held"
+		}
+		t.Run(what, func(t *testing.T) {
+			var ps []*pausable
+			var rdbs []redis.UniversalClient
+			for range 3 {
+				p := newPausable(t)
+				ps = append(ps, p)
+				// go-redis's defaults: reads last until ReadTimeout, whatever the ctx.
+				rdb := redis.NewClient(&redis.Options{Addr: p.s.Addr()})
+				t.Cleanup(func() { rdb.Close() })
+				rdbs = append(rdbs, rdb)
+			}
+			ctx := ctxT(t)
+			name := redistest.Key(t)
+			q := newQuorum(t, rdbs)
+			m := q.Mutex(name)
+			// Load the scripts; the holder, if any, is another process.
+			must(t, m.Lock(ctx))
+			must(t, m.Unlock(ctx))
+			other := newQuorum(t, rdbs).Mutex(name)
+			if held {
+				must(t, other.Lock(ctx))
+			}
+			ps[0].pause(t)
+			cctx, cancel := context.WithTimeout(ctx, cancelAfter)
+			defer cancel()
+			start := time.Now()
+			err := m.Lock(cctx)
+			took := time.Since(start)
+			if took > cancelAfter+slack {
+				t.Errorf("Lock with a master paused returned after %v (%v), want within %v", took, err, cancelAfter+slack)
+			}
+			switch {
+			case held && !errors.Is(err, context.DeadlineExceeded):
+				t.Errorf("Lock of a held name = %v, want DeadlineExceeded", err)
+			case !held && err != nil && !errors.Is(err, context.DeadlineExceeded):
+				t.Errorf("Lock of a free name = %v, want nil or DeadlineExceeded", err)
+			case err == nil:
+				if ok, err := other.TryLock(ctx); ok || err != nil {
+					t.Errorf("another process's TryLock while held = %v, %v; want false, nil", ok, err)
+				}
+				must(t, m.Unlock(ctx))
+			}
+			if held {
+				must(t, other.Unlock(ctx))
+			}
+			dsync.WaitCleanups(q)
+			for i, rdb := range rdbs {
+				if n, err := rdb.Exists(ctx, mutexKeys(name).Lock).Result(); n != 0 || err != nil {
+					t.Errorf("master %d: lock key exists = %d, %v after every call ended; want 0", i, n, err)
+				}
+			}
 		})
 	}
 }
