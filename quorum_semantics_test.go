@@ -292,3 +292,149 @@ func TestQuorumDeadlineWithMasterPaused(t *testing.T) {
 		})
 	}
 }
+
+// miniQuorumEnv returns three miniredis masters, a plain client of each,
+// and the Client of a Quorum over them made with opts.
+func miniQuorumEnv(t *testing.T, opts ...dsync.Option) ([]redistest.Backend, []redis.UniversalClient, *dsync.Quorum) {
+	t.Helper()
+	bs := []redistest.Backend{redistest.Miniredis(t), redistest.Miniredis(t), redistest.Miniredis(t)}
+	var rdbs []redis.UniversalClient
+	for _, b := range bs {
+		rdbs = append(rdbs, b.NewClient(t))
+	}
+	return bs, rdbs, newQuorum(t, rdbs, opts...)
+}
+
+// Reentrancy and Waiting: two goroutines of one owner that wait both get
+// in when the name is released, as two levels of one hold; the first
+// Unlock leaves it held.
+func TestQuorumOwnerWaitingInTwoGoroutines(t *testing.T) {
+	for _, k := range qKinds() {
+		t.Run(k.name, func(t *testing.T) {
+			bs, rdbs, _ := miniQuorumEnv(t)
+			q, cs := countedQuorum(t, bs)
+			ctx := ctxT(t)
+			name := redistest.Key(t)
+			// A writer holds: it excludes readers and writers.
+			holder := newQuorum(t, rdbs).RWMutex(name)
+			hold, unhold := holder.Lock, holder.Unlock
+			if k.name == "Mutex" {
+				m := newQuorum(t, rdbs).Mutex(name)
+				hold, unhold = m.Lock, m.Unlock
+			}
+			must(t, hold(ctx))
+			octx := dsync.WithOwner(ctx)
+			h := k.handle(q, name)
+			errs := make(chan error, 2)
+			for range 2 {
+				go func() { errs <- k.lock(h)(octx) }()
+			}
+			// Both were refused twice: before and after subscribing.
+			waitFor(t, 5*time.Second, "two refused calls", func() bool { return cs[0].RoundTrips() >= 4 })
+			must(t, unhold(ctx))
+			for range 2 {
+				select {
+				case err := <-errs:
+					must(t, err)
+				case <-time.After(5 * time.Second):
+					t.Fatal("a goroutine of the owner did not get in after the release")
+				}
+			}
+			must(t, k.unlock(h)(octx))
+			if k.otherTry(t, ctx, rdbs, name) {
+				t.Fatal("another process got in after one of the owner's two Unlocks")
+			}
+			must(t, k.unlock(h)(octx))
+			if !k.otherTry(t, ctx, rdbs, name) {
+				t.Fatal("another process did not get in after both Unlocks")
+			}
+		})
+	}
+}
+
+// Leases: a re-entry through a handle with a shorter TTL never moves the
+// expiry that the masters keep for the hold earlier.
+func TestQuorumReentryNeverShortensExpiry(t *testing.T) {
+	for _, k := range qKinds()[:2] {
+		t.Run(k.name, func(t *testing.T) {
+			_, rdbs, q := miniQuorumEnv(t)
+			ctx := ctxT(t)
+			name := redistest.Key(t)
+			octx := dsync.WithOwner(ctx)
+			long, short := k.handle(q, name, dsync.TTL(30*time.Second)), k.handle(q, name, dsync.TTL(200*time.Millisecond))
+			must(t, k.lock(long)(octx))
+			must(t, k.lock(short)(octx))
+			key := mutexKeys(name).Lock
+			if k.name != "Mutex" {
+				key = rwk(name).Writer
+			}
+			for i, rdb := range rdbs {
+				if d, err := rdb.PTTL(ctx, key).Result(); err != nil || d < 20*time.Second {
+					t.Errorf("master %d: PTTL after a re-entry with TTL 200ms = %v, %v; want the hold's 30s", i, d, err)
+				}
+			}
+			must(t, k.unlock(short)(octx))
+			must(t, k.unlock(long)(octx))
+		})
+	}
+}
+
+// Leases and Ownership: a hold whose keys are deleted (or whose master
+// restarted empty) on one master of three lives on, and nobody else gets
+// in; deleted on a second master it is lost and its Lease says so. The
+// handle without an owner that took it stays locked until its Unlock,
+// which reports the loss and leaves the next holder's hold alone, and the
+// lost Lease keeps reporting ErrLeaseLost.
+func TestQuorumKeysDeletedBehindHolder(t *testing.T) {
+	for _, k := range qKinds()[:2] {
+		t.Run(k.name, func(t *testing.T) {
+			const ttl = time.Second
+			_, rdbs, q := miniQuorumEnv(t, dsync.TTL(ttl))
+			ctx := ctxT(t)
+			name := redistest.Key(t)
+			h := k.handle(q, name)
+			must(t, k.lock(h)(ctx))
+			l, err := k.lease(h)(ctx)
+			must(t, err)
+			must(t, rdbs[0].FlushAll(ctx).Err()) // as a restart without persistence
+			select {
+			case <-l.Done():
+				t.Fatalf("lease ended with 2 of 3 masters holding: %v", l.Err())
+			case <-time.After(ttl): // three renewals
+			}
+			if k.otherTry(t, ctx, rdbs, name) {
+				t.Fatal("another process got in while 2 of 3 masters hold the name")
+			}
+			must(t, rdbs[1].FlushAll(ctx).Err())
+			select {
+			case <-l.Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("lease not lost with 1 of 3 masters holding")
+			}
+			if err := l.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
+				t.Fatalf("Lease.Err = %v, want ErrLeaseLost", err)
+			}
+			// The handle stays locked although two masters are free.
+			wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			err = k.lock(h)(wctx)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("second Lock through the handle after the loss = %v, want DeadlineExceeded", err)
+			}
+			other := k.handle(newQuorum(t, rdbs), name)
+			must(t, k.lock(other)(ctx))
+			if err := k.unlock(h)(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
+				t.Fatalf("Unlock of the lost hold = %v, want ErrLeaseLost", err)
+			}
+			if k.otherTry(t, ctx, rdbs, name) {
+				t.Fatal("a third process got in: the lost hold's Unlock released the next holder's hold")
+			}
+			must(t, k.unlock(other)(ctx))
+			must(t, k.lock(h)(ctx))
+			if err := l.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
+				t.Fatalf("lost Lease Err after the handle locked again = %v, want ErrLeaseLost", err)
+			}
+			must(t, k.unlock(h)(ctx))
+		})
+	}
+}
