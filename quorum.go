@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -52,14 +53,104 @@ const splitBackoff = 5 * time.Millisecond
 
 // A memberUndo undoes on member i whatever the attempts of a quorum call
 // under id did there (see quorumCall.undo), as a failed call's clean-up
-// (see Client.cleanup).
+// (see Client.cleanup); done, if set, is closed once it is over.
 type memberUndo struct {
-	k  *quorumCall
-	i  int
-	id string
+	k    *quorumCall
+	i    int
+	id   string
+	done chan struct{}
 }
 
-func (u memberUndo) abandon(ctx context.Context) { u.k.undo(ctx, u.i, u.id) }
+func (u memberUndo) abandon(ctx context.Context) {
+	if u.done != nil {
+		defer close(u.done)
+	}
+	u.k.undo(ctx, u.i, u.id)
+}
+
+// stragglerWait is how long a quorum attempt whose outcome is decided
+// waits at least for the replies of the other masters (see poll): long
+// enough for a loaded machine, so that a hold is kept on every master that
+// answers in time (a Lease is lost when fewer than a majority keep it),
+// short against a lease.
+const stragglerWait = 200 * time.Millisecond
+
+// errBusy is the answer of a member that a call does not ask (see poll).
+var errBusy = errors.New("dsync: master still busy with an earlier attempt")
+
+// poll makes one attempt of a call on every member, in parallel, with try,
+// and collects the replies as each does; a member whose busy channel is
+// open (the undo of the call's earlier attempt there still runs) is not
+// asked, and answers errBusy. As soon as the replies decide the outcome
+// (need grants, or too many refusals for that), it waits for the others as
+// long again as that took, stragglerWait at least, and then gives up on them, as
+// Redlock does on a slow master: their attempts end (see Client.within)
+// and count as lost replies, which the caller undoes.
+func (q *Quorum) poll(ctx context.Context, busy []chan struct{}, try func(ctx context.Context, i int) (int64, error)) answers {
+	n := len(q.members)
+	a := answers{v: make([]int64, n), err: make([]error, n)}
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type reply struct {
+		i   int
+		v   int64
+		err error
+	}
+	replies := make(chan reply, n)
+	asked := 0
+	for i := range n {
+		if busy[i] != nil {
+			select {
+			case <-busy[i]:
+				busy[i] = nil
+			default:
+				a.err[i] = errBusy
+				continue
+			}
+		}
+		asked++
+		go func() {
+			v, err := try(pctx, i)
+			replies <- reply{i, v, err}
+		}()
+	}
+	start := time.Now()
+	var late <-chan time.Time
+	grants, refusals := 0, 0
+	for range asked {
+		var r reply
+		select {
+		case r = <-replies:
+		case <-late:
+			cancel()
+			r = <-replies
+		}
+		a.v[r.i], a.err[r.i] = r.v, r.err
+		switch {
+		case r.err != nil:
+		case r.v > 0:
+			grants++
+		default:
+			refusals++
+		}
+		if late == nil && (grants >= q.need || refusals > n-q.need) {
+			t := time.NewTimer(max(time.Since(start), stragglerWait))
+			defer t.Stop()
+			late = t.C
+		}
+	}
+	for i := range n {
+		if a.err[i] != nil {
+			continue
+		}
+		a.got++
+		if a.v[i] > 0 {
+			a.hits++
+			a.max = max(a.max, a.v[i])
+		}
+	}
+	return a
+}
 
 // A Quorum makes Mutexes and RWMutexes that hold only when a majority of
 // independent Redis masters grant the hold (the Redlock algorithm), so that
@@ -268,7 +359,7 @@ type quorumCall struct {
 	ttl     time.Duration
 	// try makes one attempt on member i under call id id: > 0 a grant,
 	// < 0 minus the ms to wait at most, 0 as below.
-	try func(i int, id string) (int64, error)
+	try func(ctx context.Context, i int, id string) (int64, error)
 	// undo undoes on member i whatever the attempts under id did; ctx is
 	// detached from the call's.
 	undo func(ctx context.Context, i int, id string)
@@ -293,20 +384,38 @@ func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, t
 	n := len(q.members)
 	ids := make([]string, n)      // each member's call id; "" once undone
 	since := make([]time.Time, n) // no later than a grant under ids[i] began
+	// The members whose last attempt got no reply, and those where its
+	// undo still runs in the background (see poll).
+	lost := make([]bool, n)
+	busy := make([]chan struct{}, n)
 	// undo undoes the attempts on the members which selects, in
-	// parallel, each as a failed call's clean-up on its member: waited
-	// for while ctx lasts, then left to the member Client's background, so
-	// that the call returns in time also when a master is slow or paused.
+	// parallel, each as a failed call's clean-up on its member: on a
+	// member that answered, waited for while ctx lasts, then left to the
+	// member Client's background; on one that did not answer, a slow or
+	// paused master, left to the background at once, and the member is not
+	// asked again before it is over. So the call returns in time also when
+	// a master is slow, and an undo never overtakes a later attempt.
 	undo := func(which func(i int) bool) {
 		var us []memberUndo
 		for i := range ids {
 			if ids[i] != "" && which(i) {
-				us = append(us, memberUndo{k: k, i: i, id: ids[i]})
+				u := memberUndo{k: k, i: i, id: ids[i]}
+				if lost[i] {
+					u.done = make(chan struct{})
+					busy[i] = u.done
+				}
+				us = append(us, u)
 				ids[i] = ""
 			}
 		}
 		each(us, func(_ int, u memberUndo) (int64, error) {
-			q.members[u.i].cleanup(ctx, u)
+			uctx := ctx
+			if u.done != nil {
+				c, cancel := context.WithCancel(ctx)
+				cancel()
+				uctx = c
+			}
+			q.members[u.i].cleanup(uctx, u)
 			return 0, nil
 		})
 	}
@@ -332,7 +441,13 @@ func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, t
 				ids[i], since[i] = id, start
 			}
 		}
-		a := each(q.members, func(i int, _ *Client) (int64, error) { return k.try(i, ids[i]) })
+		a := q.poll(ctx, busy, func(ctx context.Context, i int) (int64, error) { return k.try(ctx, i, ids[i]) })
+		for i, err := range a.err {
+			lost[i] = err != nil
+			if errors.Is(err, errBusy) {
+				ids[i], lost[i] = "", false // not sent: nothing to undo
+			}
+		}
 		first := start
 		for i := range ids {
 			if a.err[i] == nil && a.v[i] > 0 && since[i].Before(first) {

@@ -26,7 +26,7 @@ func (qm *quorumMutex) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 	tok := c.tok
 	return qm.quorumLock.lock(ctx, &quorumCall{
 		ttl: m.cfg.ttl,
-		try: func(i int, id string) (int64, error) {
+		try: func(ctx context.Context, i int, id string) (int64, error) {
 			// No hand-overs: a quorum waiter takes no queue place (each
 			// master would order its queue by the arrivals it saw and
 			// hand the lock to different waiters, splitting the grants).

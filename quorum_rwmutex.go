@@ -38,7 +38,7 @@ func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c l
 	}
 	return qr.quorumLock.lock(ctx, &quorumCall{
 		ttl: rw.cfg.ttl,
-		try: func(i int, id string) (int64, error) {
+		try: func(ctx context.Context, i int, id string) (int64, error) {
 			// Never starving: quorum writers do not queue, as Mutex
 			// waiters do not (quorumMutex.lock).
 			g, err := qr.subs[i].attempt(ctx, mode, tok, id, "-", wait, false)
