@@ -124,9 +124,16 @@ func vote(g grant, err error, v int64) (int64, error) {
 		return v, nil
 	case g.kind == final:
 		return 0, g.err
+	case g.kind == over:
+		return 0, errCallOver
 	}
 	return -max(g.wait.Milliseconds(), 1), nil
 }
+
+// errCallOver is the vote of a member where the call is over (see over): a
+// hold was handed to it there and has ended. The call starts again there
+// under a new id; the vote counts as a refusal.
+var errCallOver = errors.New("dsync: call over on a master")
 
 // A quorumCall is one lock call of a primitive in quorum mode, as the
 // Redlock loop (Quorum.lock) sees it.
@@ -218,11 +225,21 @@ func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, t
 			}
 		}
 		a := q.poll(ctx, busy, func(ctx context.Context, i int) (int64, error) { return k.try(ctx, i, ids[i]) })
+		over := false
 		for i, err := range a.err {
 			lost[i] = err != nil
-			if errors.Is(err, errBusy) {
+			switch {
+			case errors.Is(err, errBusy):
 				ids[i], lost[i] = "", false // not sent: nothing to undo
+			case errors.Is(err, errCallOver):
+				// Its id takes nothing there any more: a new one next time.
+				ids[i], lost[i] = "", false
+				a.err[i], a.v[i], over = nil, -1, true
 			}
+		}
+		if over {
+			a.got, a.hits, a.max = 0, 0, 0
+			a.tally()
 		}
 		first := start
 		for i := range ids {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
 )
 
 // DESIGN's Semantics sentences that apply to quorum mode, each checked on a
@@ -444,4 +445,54 @@ func TestQuorumKeysDeletedBehindHolder(t *testing.T) {
 			must(t, k.unlock(h)(ctx))
 		})
 	}
+}
+
+// A waiting reader is granted the read hold by a writer's Unlock on each
+// master, and those holds end (their keys deleted) on two masters before
+// its next attempt: its call is over there, as far as those masters know.
+// It starts again there under a new call id and gets in, instead of being
+// refused under its old one until its ctx ends.
+func TestQuorumWaiterWhoseGrantEndedStartsAgain(t *testing.T) {
+	bs, rdbs, _ := miniQuorumEnv(t)
+	ctx := ctxT(t)
+	name := redistest.Key(t)
+	writer := newQuorum(t, rdbs).RWMutex(name)
+	must(t, writer.Lock(ctx))
+	// The reader's attempts wait at a gate while the test deletes.
+	var rrdbs []redis.UniversalClient
+	var gates []*unlockGate
+	for _, b := range bs {
+		g := &unlockGate{sha: lua.Script("rwmutex_lock").Hash()}
+		rdb := b.NewClient(t)
+		rdb.AddHook(g)
+		rrdbs, gates = append(rrdbs, rdb), append(gates, g)
+	}
+	rw := newQuorum(t, rrdbs, dsync.TTL(time.Second)).RWMutex(name)
+	got := make(chan error, 1)
+	rctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	defer cancel()
+	go func() { got <- rw.RLock(rctx) }()
+	k := rwk(name)
+	waitFor(t, 5*time.Second, "a waiting reader on every master", func() bool {
+		for _, rdb := range rdbs {
+			if n, _ := rdb.Exists(ctx, k.WaitingReaders).Result(); n == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, g := range gates {
+		g.close()
+	}
+	must(t, writer.Unlock(ctx)) // grants the waiting reader on every master
+	for _, rdb := range rdbs[:2] {
+		must(t, rdb.Del(ctx, k.Readers, k.ReaderData).Err())
+	}
+	for _, g := range gates {
+		g.open()
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("RLock after its grants ended on two masters = %v, want nil", err)
+	}
+	must(t, rw.RUnlock(ctx))
 }
