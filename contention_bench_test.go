@@ -2,7 +2,13 @@ package dsync_test
 
 import (
 	"fmt"
+	"math"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
 
 	"github.com/dsync-go/dsync/internal/lockbench"
 	"github.com/dsync-go/dsync/internal/redistest"
@@ -10,10 +16,16 @@ import (
 
 // BenchmarkDistinct is Lock+Unlock pairs over 1000 distinct names from 16
 // goroutines on one Client, dsync against the raw floor (SET NX PX and a
-// compare-and-delete script). bench/peers runs the same code for the peer
-// libraries.
+// compare-and-delete script), and dsync with every script call sent alone
+// (lib=dsync-alone: no coalescing, see maxFlight). bench/peers runs the
+// same code for the peer libraries.
 func BenchmarkDistinct(b *testing.B) {
-	for _, lib := range []lockbench.Lib{lockbench.Raw(), lockbench.Dsync()} {
+	alone := lockbench.Lib{Name: "dsync-alone", Open: func(rdb redis.UniversalClient) (func(string) lockbench.Locker, func()) {
+		c := dsync.New(rdb)
+		dsync.SetCoalescing(c, math.MaxInt, time.Hour)
+		return func(name string) lockbench.Locker { return c.Mutex(name) }, func() { c.Close() }
+	}}
+	for _, lib := range []lockbench.Lib{lockbench.Raw(), lockbench.Dsync(), alone} {
 		b.Run("lib="+lib.Name, func(b *testing.B) {
 			lockbench.Distinct(b, lib, benchDial(b), redistest.Key(b), 1000, 16)
 		})

@@ -38,7 +38,7 @@ const (
 // work, one lease renewer and one pub/sub connection shared by all waiters,
 // starts on first use and stops on Close. A Client is safe for concurrent use.
 type Client struct {
-	base // defaults, bad input, closed state, owners' holds (see lease.go)
+	base // defaults, bad input, closed state, owners' holds (see base.go)
 
 	rdb    redis.UniversalClient
 	renew  *renew.Renewer
@@ -49,6 +49,7 @@ type Client struct {
 	// commands whose caller's ctx ended first (see within).
 	bg       tasks
 	calls    tasks
+	batch    batcher // script calls waiting for those in flight (see maxFlight)
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
 }
@@ -63,8 +64,13 @@ type Client struct {
 // that holds it goes on in the background, owned by the Client, until
 // go-redis gives up on it (its ReadTimeout, or the ctx deadline with
 // ContextTimeoutEnabled), and its outcome is settled as after a lost reply.
+//
+// Script calls made while another call of the Client is in flight go out
+// together, as one pipeline, when it returns (or after 1 ms): rdb's hooks
+// see them as a pipeline, on a ctx of none of their callers.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c := &Client{rdb: rdb}
+	c.batch.max, c.batch.wait = maxFlight, maxQueueWait
 	c.init(opts)
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	if rdb == nil {
@@ -160,12 +166,18 @@ func (cfg *config) fail(format string, args ...any) {
 // lives it is renewed every TTL/3, so the TTL is how long a hold survives its
 // holder's death. It must be at least 1 ms.
 func TTL(d time.Duration) Option {
+	return durationOption("TTL", d, func(cfg *config) *time.Duration { return &cfg.ttl })
+}
+
+// durationOption returns the Option called name that sets the duration
+// field(cfg) to d, which must be at least 1 ms.
+func durationOption(name string, d time.Duration, field func(*config) *time.Duration) Option {
 	return func(cfg *config) {
 		if d < time.Millisecond {
-			cfg.fail("TTL %v, want at least 1ms", d)
+			cfg.fail("%s %v, want at least 1ms", name, d)
 			return
 		}
-		cfg.ttl = d
+		*field(cfg) = d
 	}
 }
 
@@ -221,13 +233,6 @@ func Prefix(p string) Option {
 		}
 		cfg.prefix = p
 	}
-}
-
-// handleConfig returns the configuration of a primitive called name made by
-// c (which may be nil) with opts, and the bad-input error every call on it
-// reports, if any.
-func (c *Client) handleConfig(name string, opts []Option) (config, error) {
-	return c.shared().handleConfig(name, opts)
 }
 
 func ms(d time.Duration) int64 {

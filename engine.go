@@ -2,17 +2,8 @@ package dsync
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha1"
-	"encoding/hex"
-	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The acquisition engine. Every primitive takes a hold the same way: an
@@ -58,19 +49,6 @@ type grant struct {
 	err      error         // final
 }
 
-// maxFence bounds fencing tokens: Lua numbers count by one only below
-// 2^53 (2^53 + 1 is 2^53 again), so the scripts issue tokens below it, and
-// one at or above it can only come from foreign data.
-const maxFence = 1 << 53
-
-// checkFence turns a token read from a reply into a grant's fence.
-func checkFence(v int64) (uint64, error) {
-	if v <= 0 || v >= maxFence {
-		return 0, fmt.Errorf("%w: fencing token %d", ErrCorrupt, v)
-	}
-	return uint64(v), nil
-}
-
 // minRetry bounds how often a waiter attempts, whatever Redis holds or
 // anyone publishes: two of its attempts are at least minRetry apart, but
 // for the first attempt a notification asks for, which is made at once.
@@ -113,68 +91,6 @@ type abandoner interface {
 // it waits before it starts again: a hold that ended so quickly is no
 // reason to hurry, and no remote state makes a call restart faster.
 const restartPause = minRetry
-
-// An addressee is a waiting call as hand-overs name it.
-type addressee struct {
-	id     string // the call id
-	secret string // given to the scripts; a hand-over proves it knew it
-	tok    string // the holder token, never sent on a channel
-	// The Client's inbox suffix (see notifier.inbox) at the end of
-	// secret, when hand-overs to the call go to the Client's own channel
-	// of the name; "" when they go to the name's channel.
-	inbox string
-}
-
-// newAddressee returns the addressee of a new call of holder tok with id.
-// With inbox (a notifier's, see notifier.inbox), hand-overs to the call
-// are published on its Client's own channel of the name: inbox is for a
-// holder token that no call of another Client can hold (a call without an
-// owner), since a hand-over to the call also wakes the other waiting calls
-// of its holder, and only those of this Client receive it there.
-func newAddressee(tok, id, inbox string) addressee {
-	var b [16 + 64]byte
-	var r [16]byte
-	_, _ = rand.Read(r[:])
-	s := hex.AppendEncode(b[:0], r[:])
-	s = append(s, inbox...)
-	return addressee{id: id, secret: string(s), tok: tok, inbox: inbox}
-}
-
-// next returns the addressee of the call a, started again under id.
-func (a addressee) next(id string) addressee { return newAddressee(a.tok, id, a.inbox) }
-
-func digest(s string) string {
-	d := sha1.Sum([]byte(s))
-	return hex.EncodeToString(d[:])
-}
-
-// A sum is a SHA-1 digest as bytes: a waiter compares it with the hex
-// digests hand-over messages carry without making a string of either.
-type sum [sha1.Size]byte
-
-// holderSum returns the digest of holder token tok, as a hand-over names
-// the holder it went to.
-func holderSum(tok string) sum {
-	var buf [512]byte // a token fits (maxTokenLen, and a Client's suffix)
-	return sha1.Sum(append(buf[:0], tok...))
-}
-
-// proofSum returns the proof a hand-over of the hold with fencing token f
-// to the call with secret carries: the digest of the secret, a space and f
-// in decimal (see lua/lib.lua).
-func proofSum(secret string, f uint64) sum {
-	var buf [128]byte // a secret is 32 bytes, 66 with an inbox
-	b := append(buf[:0], secret...)
-	b = append(b, ' ')
-	return sha1.Sum(strconv.AppendUint(b, f, 10))
-}
-
-// is reports whether h is d in hex, as the scripts write digests.
-func (d sum) is(h string) bool {
-	var b [2 * sha1.Size]byte
-	hex.Encode(b[:], d[:])
-	return string(b[:]) == h
-}
 
 // take runs the acquisition a, whose primitive's side is op: one attempt,
 // and with wait, more after notifications until the hold is taken or
@@ -386,115 +302,4 @@ func putTimer(t *time.Timer) {
 		}
 	}
 	timers.Put(t)
-}
-
-// decodeGrant turns the reply codes every lock script shares into a grant:
-// 0 refused (v: the ms to wait at most), 1 taken by this attempt and 2 this
-// call's already (v: the fencing token, checked when fenced), 3 foreign data
-// in the keys of what, 5 the call is over (see over). ok is false for other
-// codes: the primitive's own.
-func decodeGrant(r pairReply, fenced bool, what string) (g grant, ok bool, err error) {
-	code, v := r.code, r.v
-	switch code {
-	case 0:
-		return grant{kind: refused, wait: time.Duration(v) * time.Millisecond}, true, nil
-	case 1, 2:
-		g.kind = taken
-		if code == 2 {
-			g.kind = handed
-		}
-		if fenced {
-			if g.fence, err = checkFence(v); err != nil {
-				return grant{}, true, err
-			}
-			g.fenceArg = r.arg
-		}
-		return g, true, nil
-	case 3:
-		return grant{kind: final, err: fmt.Errorf("%w: in the keys of %s", ErrCorrupt, what)}, true, nil
-	case 5:
-		return grant{kind: over}, true, nil
-	}
-	return grant{}, false, nil
-}
-
-// replyError turns an error of a script call into what a caller sees: a
-// reply of the wrong shape is ErrCorrupt.
-func replyError(what string, r any) error {
-	return fmt.Errorf("%w: %s replied %v", ErrCorrupt, what, r)
-}
-
-// A pairReply is a script's reply {code, value}. arg is the value as the
-// reply carried it, already boxed: a hold keeps its fencing token so for
-// the unlocks that name it (nil if the value came as a string).
-type pairReply struct {
-	code, v int64
-	arg     any
-}
-
-// pair decodes the reply of cmd, a script call replying {code, value}.
-func pair(what string, cmd *redis.Cmd) (pairReply, error) {
-	var v [2]int64
-	r, err := replyInts(what, cmd, v[:])
-	if err != nil {
-		return pairReply{}, err
-	}
-	p := pairReply{code: v[0], v: v[1]}
-	if _, ok := r[1].(int64); ok {
-		p.arg = r[1]
-	}
-	return p, nil
-}
-
-// replyInts reads the reply of cmd, a script call replying with an array
-// of len(dst) integers (or strings of integers, as [redis.Cmd.Int64Slice]
-// reads them), into dst, and returns the reply as it came. A reply of
-// another length is ErrCorrupt. Unlike Int64Slice it makes no slice.
-func replyInts(what string, cmd *redis.Cmd, dst []int64) ([]any, error) {
-	r, err := cmd.Slice()
-	if err != nil {
-		return nil, scriptError(err)
-	}
-	for _, e := range r {
-		if _, err := replyInt(e); err != nil {
-			return nil, err
-		}
-	}
-	if len(r) != len(dst) {
-		return nil, replyError(what, r)
-	}
-	for i, e := range r {
-		dst[i], _ = replyInt(e)
-	}
-	return r, nil
-}
-
-// replyInt reads an integer of a reply as [redis.Cmd.Int64Slice] does.
-func replyInt(v any) (int64, error) {
-	switch v := v.(type) {
-	case int64:
-		return v, nil
-	case string:
-		return strconv.ParseInt(v, 10, 64)
-	}
-	return 0, fmt.Errorf("redis: unexpected type=%T for Int64", v)
-}
-
-// scriptError marks the errors Redis raises while a script runs on data
-// that dsync did not write as ErrCorrupt, keeping the cause: a key of
-// another type (WRONGTYPE), and errors of commands or of Lua on values of
-// the wrong shape, which Redis reports as "ERR ..." naming the script (and
-// miniredis as "ERR Error compiling script ..."). Other errors (the
-// connection's, NOSCRIPT, OOM, READONLY, BUSY, cluster redirections) are
-// returned unchanged, and so is an error marked already.
-func scriptError(err error) error {
-	var re redis.Error
-	if err == nil || errors.Is(err, ErrCorrupt) || !errors.As(err, &re) {
-		return err
-	}
-	msg := re.Error()
-	if strings.HasPrefix(msg, "WRONGTYPE") || (strings.HasPrefix(msg, "ERR") && strings.Contains(strings.ToLower(msg), "script")) {
-		return fmt.Errorf("%w: %w", ErrCorrupt, err)
-	}
-	return err
 }

@@ -118,3 +118,19 @@ func SetReleaseWaitHook(c any, f func()) {
 	}
 	b.onWait.Store(&f)
 }
+
+// SetCoalescing sets how many script calls of c may be in flight before
+// later ones queue, and how long the queue waits for one to return (see
+// maxFlight and maxQueueWait), for tests that make batches on purpose.
+func SetCoalescing(c *Client, flight int, wait time.Duration) {
+	c.batch.mu.Lock()
+	c.batch.max, c.batch.wait = flight, wait
+	c.batch.mu.Unlock()
+}
+
+// Queued returns how many script calls of c wait in its queue.
+func Queued(c *Client) int {
+	c.batch.mu.Lock()
+	defer c.batch.mu.Unlock()
+	return len(c.batch.queue)
+}

@@ -31,13 +31,9 @@ import (
 // to the first in line, which owns it without another round trip. TryLock
 // never queues.
 type Mutex struct {
-	// The Client's or Quorum's closed state and owners' holds; nil if
-	// the handle was made by a nil one.
-	b    *base
-	impl mutexImpl // takes and releases the holds
-	cfg  config
-	key  string // the lock hash: owners' holds are recorded under it
-	err  error
+	handle           // the Client's or Quorum's base, configuration, bad input
+	impl   mutexImpl // takes and releases the holds
+	key    string    // the lock hash: owners' holds are recorded under it
 
 	slot slot // the handle's own hold, without an owner in ctx
 }
@@ -93,8 +89,7 @@ func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 // newMutex returns a handle, without its impl, on the Mutex called name
 // made through b, and the Mutex's keys.
 func newMutex(b *base, name string, opts []Option) (*Mutex, keys.Mutex) {
-	m := &Mutex{b: b, slot: newSlot()}
-	m.cfg, m.err = b.handleConfig(name, opts)
+	m := &Mutex{handle: b.newHandle(name, opts), slot: newSlot()}
 	k := keys.ForMutex(m.cfg.prefix, name)
 	m.key = k.Lock
 	return m, k
@@ -104,10 +99,7 @@ func (m *Mutex) check() error {
 	if m == nil {
 		return fmt.Errorf("%w: nil Mutex", ErrInvalid)
 	}
-	if err := m.b.check(); err != nil {
-		return err
-	}
-	return m.err
+	return m.handle.check()
 }
 
 // Lock locks m, waiting until it is free or ctx is done. On success the
@@ -133,34 +125,9 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	if err := m.check(); err != nil {
 		return false, err
 	}
-	otok, owned, err := owner(ctx)
-	if err != nil {
-		return false, err
-	}
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	c := lockCall{otok: otok, owned: owned}
-	if owned {
-		c.tok = m.b.holderToken(&m.cfg, otok)
-		if m.cfg.local {
-			return m.b.lockLocal(ctx, holdKey{m.key, otok}, c, func(c lockCall) (bool, error) {
-				return m.impl.lock(ctx, m, c, wait)
-			})
-		}
-	} else {
-		// The handle is locked from Lock to Unlock, as a sync.Mutex is,
-		// also when its hold was lost meanwhile.
-		if ok, err := m.slot.enter(ctx, wait, m.b.closed); !ok || err != nil {
-			return false, err
-		}
-		c.tok = newToken()
-	}
-	ok, err := m.impl.lock(ctx, m, c, wait)
-	if !ok && !owned {
-		m.slot.leave()
-	}
-	return ok, err
+	return m.b.lockThrough(ctx, &m.cfg, m.key, &m.slot, wait, func(c lockCall) (bool, error) {
+		return m.impl.lock(ctx, m, c, wait)
+	})
 }
 
 // held records a hold taken (or re-entered) by call c with fencing token
@@ -234,9 +201,5 @@ func (m *Mutex) Lease(ctx context.Context) (*Lease, error) {
 	if err := m.check(); err != nil {
 		return nil, err
 	}
-	h, err := m.b.handleHold(ctx, m.key, &m.slot)
-	if err != nil {
-		return nil, err
-	}
-	return h.leaseView(), nil
+	return m.b.leaseOf(ctx, m.key, m.slot.get)
 }

@@ -38,14 +38,13 @@ import (
 // after the run or the call that wrote it (the ids of recent calls, which
 // keep a late copy of a call's script from taking a run nobody renews).
 type Once struct {
+	handle // the Client's base, configuration, bad input
 	c      *Client
-	cfg    config
 	name   string
 	keys   []string // run hash, done hash, call ids
 	kargs  []any    // keys boxed once (see boxKeys)
 	ch     string   // notification channel
 	ttlArg any
-	err    error
 }
 
 // Once returns a handle on the Once called name. Options override the
@@ -55,8 +54,7 @@ type Once struct {
 //
 // A Once and a Mutex of the same name are independent: their keys differ.
 func (c *Client) Once(name string, opts ...Option) *Once {
-	o := &Once{c: c, name: name}
-	o.cfg, o.err = c.handleConfig(name, opts)
+	o := &Once{handle: c.shared().newHandle(name, opts), c: c, name: name}
 	k := keys.ForOnce(o.cfg.prefix, name)
 	o.keys = k.Keys()
 	o.kargs = boxKeys(o.keys)
@@ -75,23 +73,14 @@ func (c *Client) Once(name string, opts ...Option) *Once {
 // calendar day, name the Once after the day and give it a Period that
 // outlives the day, so the mark is not kept forever.
 func Period(d time.Duration) Option {
-	return func(cfg *config) {
-		if d < time.Millisecond {
-			cfg.fail("Period %v, want at least 1ms", d)
-			return
-		}
-		cfg.period = d
-	}
+	return durationOption("Period", d, func(cfg *config) *time.Duration { return &cfg.period })
 }
 
 func (o *Once) check() error {
 	if o == nil {
 		return fmt.Errorf("%w: nil Once", ErrInvalid)
 	}
-	if err := o.c.check(); err != nil {
-		return err
-	}
-	return o.err
+	return o.handle.check()
 }
 
 // Do calls f if and only if no call of Do (or [Once.DoValue]) for the same

@@ -11,6 +11,15 @@ import (
 
 type ownerKey struct{}
 
+// callOwner is owner for a call that takes a hold: it also returns ctx's
+// error if ctx is done already, when such a call makes no attempt.
+func callOwner(ctx context.Context) (tok string, owned bool, err error) {
+	if tok, owned, err = owner(ctx); err == nil {
+		err = ctx.Err()
+	}
+	return tok, owned, err
+}
+
 // maxTokenLen bounds owner tokens so they fit in Redis fields and RPC metadata.
 const maxTokenLen = 256
 

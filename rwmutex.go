@@ -53,15 +53,11 @@ const (
 // hands it straight to the first in line. Waiters are woken by
 // notifications, not by polling. On a [Quorum] writers do not queue.
 type RWMutex struct {
-	// The Client's or Quorum's closed state and owners' holds; nil if
-	// the handle was made by a nil one.
-	b    *base
-	impl rwImpl // takes and releases the holds
-	cfg  config
+	handle        // the Client's or Quorum's base, configuration, bad input
+	impl   rwImpl // takes and releases the holds
 	// the writer hash and the readers zset: owners' holds are recorded
 	// under them
 	wkey, rkey string
-	err        error
 
 	slot  slot // the handle's write hold, without an owner in ctx
 	mu    sync.Mutex
@@ -96,8 +92,7 @@ func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 // newRWMutex returns a handle, without its impl, on the RWMutex called
 // name made through b, and the RWMutex's keys.
 func newRWMutex(b *base, name string, opts []Option) (*RWMutex, keys.RWMutex) {
-	rw := &RWMutex{b: b, slot: newSlot()}
-	rw.cfg, rw.err = b.handleConfig(name, opts)
+	rw := &RWMutex{handle: b.newHandle(name, opts), slot: newSlot()}
 	k := keys.ForRWMutex(rw.cfg.prefix, name)
 	rw.wkey, rw.rkey = k.Writer, k.Readers
 	return rw, k
@@ -107,10 +102,7 @@ func (rw *RWMutex) check() error {
 	if rw == nil {
 		return fmt.Errorf("%w: nil RWMutex", ErrInvalid)
 	}
-	if err := rw.b.check(); err != nil {
-		return err
-	}
-	return rw.err
+	return rw.handle.check()
 }
 
 // RLock locks rw for reading, waiting while a writer holds it or waits for
@@ -161,44 +153,26 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	if err := rw.check(); err != nil {
 		return false, err
 	}
-	otok, owned, err := owner(ctx)
-	if err != nil {
-		return false, err
+	// The handle is write-locked from Lock to Unlock, as a sync.RWMutex
+	// is; its read holds take no slot.
+	var sl *slot
+	if mode == modeWrite {
+		sl = &rw.slot
 	}
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	c := lockCall{otok: otok, owned: owned}
-	if owned {
-		c.tok = rw.b.holderToken(&rw.cfg, otok)
-		if rw.cfg.local {
-			return rw.b.lockLocal(ctx, rw.holdKey(mode, otok), c, func(c lockCall) (bool, error) {
-				return rw.impl.lock(ctx, rw, mode, c, wait)
-			})
-		}
-	} else {
-		if mode == modeWrite {
-			// The handle is write-locked from Lock to Unlock, as a
-			// sync.RWMutex is, also when its hold was lost meanwhile.
-			if ok, err := rw.slot.enter(ctx, wait, rw.b.closed); !ok || err != nil {
-				return false, err
-			}
-		}
-		c.tok = newToken()
-	}
-	ok, err := rw.impl.lock(ctx, rw, mode, c, wait)
-	if !ok && !owned && mode == modeWrite {
-		rw.slot.leave()
-	}
-	return ok, err
+	return rw.b.lockThrough(ctx, &rw.cfg, rw.modeKey(mode), sl, wait, func(c lockCall) (bool, error) {
+		return rw.impl.lock(ctx, rw, mode, c, wait)
+	})
 }
 
-func (rw *RWMutex) holdKey(mode, tok string) holdKey {
+// modeKey returns the key under which owners' holds in mode are recorded.
+func (rw *RWMutex) modeKey(mode string) string {
 	if mode == modeRead {
-		return holdKey{rw.rkey, tok}
+		return rw.rkey
 	}
-	return holdKey{rw.wkey, tok}
+	return rw.wkey
 }
+
+func (rw *RWMutex) holdKey(mode, tok string) holdKey { return holdKey{rw.modeKey(mode), tok} }
 
 // held records a hold in mode taken (or re-entered) by call c with fencing
 // token fence; newHold starts the lease of a hold that is not a re-entry.
@@ -317,45 +291,34 @@ func releaseRW(ctx context.Context, a rwRelease) error {
 // hold, on a ctx from settle. A handle's holds have a count of one and no
 // owner records them.
 func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) error {
-	var h *hold
 	if mode == modeWrite {
-		h = rw.slot.get()
-	} else {
-		h = rw.takeRead()
+		return rw.b.unlockSlot(ctx, &rw.slot, run)
 	}
+	h := rw.takeRead()
 	if h == nil {
 		return ErrNotHeld
-	}
-	// restore gives back a read hold whose unlock did not end it.
-	restore := func() {
-		if mode == modeRead {
-			rw.restoreRead(h)
-		}
 	}
 	r, err := run(ctx, h.tok, h.unlockCall(), h)
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
-		restore()
+		rw.restoreRead(h)
 		return err
 	}
 	h.unlocked()
 	switch r {
-	case 1, 0:
-		if mode == modeWrite && rw.slot.clear(h) {
-			rw.slot.leave()
-		}
-		if r == 0 {
-			h.lease.MarkLost()
-			return ErrLeaseLost
-		}
+	case 1:
 		h.release()
 		return nil
+	case 0:
+		h.lease.MarkLost()
+		return ErrLeaseLost
 	case 2:
 		// Still held.
-		restore()
+		rw.restoreRead(h)
 		return nil
 	}
-	return ErrNotHeld
+	rw.restoreRead(h)
+	return replyError("unlock", r)
 }
 
 // Lease returns the lease of the write hold of ctx's owner on rw or,
@@ -377,29 +340,23 @@ func (rw *RWMutex) lease(ctx context.Context, mode string) (*Lease, error) {
 	if err := rw.check(); err != nil {
 		return nil, err
 	}
-	tok, owned, err := owner(ctx)
-	if err != nil {
-		return nil, err
+	if mode == modeWrite {
+		return rw.b.leaseOf(ctx, rw.wkey, rw.slot.get)
 	}
-	var h *hold
-	if owned {
-		h = rw.b.lookupHold(rw.holdKey(mode, tok))
-	} else if mode == modeWrite {
-		h = rw.slot.get()
-	} else {
-		rw.mu.Lock()
-		if n := len(rw.reads); n > 0 {
-			h = rw.reads[n-1]
-		}
-		rw.mu.Unlock()
-	}
-	if h == nil {
-		return nil, ErrNotHeld
-	}
-	l := h.leaseView()
-	if mode == modeRead {
+	l, err := rw.b.leaseOf(ctx, rw.rkey, rw.lastRead)
+	if l != nil {
 		// A read hold's h.fence is its hold id, not a fencing token.
 		l.token = 0
 	}
-	return l, nil
+	return l, err
+}
+
+// lastRead returns the handle's most recent read hold (nil if none).
+func (rw *RWMutex) lastRead() *hold {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if n := len(rw.reads); n > 0 {
+		return rw.reads[n-1]
+	}
+	return nil
 }

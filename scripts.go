@@ -72,11 +72,23 @@ func scriptCall(sc *script, keys []any, args ...any) []any {
 }
 
 // evalCall is eval for a command built by scriptCall. It returns when ctx
-// ends, also while the server holds the command (see within).
+// ends, also while the server holds the command (see within). It goes out
+// at once, or with other calls of c in one pipeline while earlier calls are
+// in flight (see maxFlight).
 func (c *Client) evalCall(ctx context.Context, sc *script, a []any) *redis.Cmd {
+	if !c.enter(nil) {
+		return c.evalQueued(ctx, sc, a)
+	}
+	return c.evalAlone(ctx, sc, a)
+}
+
+// evalAlone is evalCall for a call counted in flight (see batcher.enter),
+// sent alone; its flight ends when its reply comes.
+func (c *Client) evalAlone(ctx context.Context, sc *script, a []any) *redis.Cmd {
 	if ctx.Done() == nil || ctx.Err() != nil || !c.calls.add() {
 		// Nothing can end ctx, or it has ended (go-redis returns at
 		// once), or c is closed.
+		defer c.leave()
 		return c.evalNow(ctx, sc, a)
 	}
 	e := &evalCall{c: c, ctx: ctx, sc: sc, a: a, done: make(chan struct{})}

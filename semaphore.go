@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/dsync-go/dsync/internal/keys"
-	"github.com/dsync-go/dsync/renew"
 )
 
 // A Semaphore is a weighted semaphore shared by every process that names it,
@@ -39,12 +36,11 @@ import (
 // [ErrInvalid] (Weighted's Acquire would block until ctx is done), and all
 // handles of one name must agree on its size ([ErrSizeMismatch]).
 type Semaphore struct {
-	c    *Client
-	cfg  config
-	name string
-	size int64
-	keys []string // state hash, fence hash, holders, queue, queue data, call ids
-	err  error
+	handle // the Client's base, configuration, bad input
+	c      *Client
+	name   string
+	size   int64
+	keys   []string // state hash, fence hash, holders, queue, queue data, call ids
 
 	// Script arguments boxed once per handle.
 	kargs   []any // key count and keys
@@ -68,20 +64,12 @@ type Semaphore struct {
 	gone      uint64 // fencing token of the handle's last holding known to have ended
 }
 
-// A pendingHolding is a holding of a handle, with the permits it had, that
-// a Release in flight may have ended.
-type pendingHolding struct {
-	h *hold
-	n int64
-}
-
 // Semaphore returns a handle on the semaphore called name, which allows size
 // permits at once. Options override the Client's defaults for this handle.
 // An empty name, a size ≤ 0 or a bad option makes every call on the handle
 // fail with [ErrInvalid].
 func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
-	s := &Semaphore{c: c, name: name, size: size}
-	s.cfg, s.err = c.handleConfig(name, opts)
+	s := &Semaphore{handle: c.shared().newHandle(name, opts), c: c, name: name, size: size}
 	if size <= 0 {
 		s.err = fmt.Errorf("%w: semaphore size %d, want ≥ 1", ErrInvalid, size)
 	}
@@ -100,10 +88,7 @@ func (s *Semaphore) check() error {
 	if s == nil {
 		return fmt.Errorf("%w: nil Semaphore", ErrInvalid)
 	}
-	if err := s.c.check(); err != nil {
-		return err
-	}
-	return s.err
+	return s.handle.check()
 }
 
 func (s *Semaphore) checkN(n int64) error {
@@ -147,11 +132,8 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	if err := s.checkN(n); err != nil {
 		return false, err
 	}
-	tok, owned, err := owner(ctx)
+	tok, owned, err := callOwner(ctx)
 	if err != nil {
-		return false, err
-	}
-	if err := ctx.Err(); err != nil {
 		return false, err
 	}
 	var tokArg any = tok
@@ -178,17 +160,6 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	}
 	s.held(holdID{tok: tok, tokArg: tokArg, fence: g.fence, fenceArg: g.fenceArg}, owned, n, start)
 	return true, nil
-}
-
-// handleToken returns the handle's holder token, and boxed once.
-func (s *Semaphore) handleToken() (string, any) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.tok == "" {
-		s.tok = newToken()
-		s.tokArg = s.tok
-	}
-	return s.tok, s.tokArg
 }
 
 // A semCall is one Acquire or TryAcquire call, as the engine drives it (see
@@ -235,78 +206,6 @@ func (sc *semCall) abandon(ctx context.Context) {
 }
 
 func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
-
-// held records n permits taken in holding id.
-func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
-	tok, fence := id.tok, id.fence
-	newHold := func() *hold {
-		return s.c.startHold(&s.cfg, renew.Spec{
-			Batch: semRenew,
-			Keys:  s.rkeys,
-			Args:  []any{id.tokArg, s.ttlArg, id.arg()},
-		}, id, start)
-	}
-	if owned {
-		_, _ = s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHold, nil, 0)
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if fence <= s.gone {
-		// The reply of a release that ended this holding came first.
-		return
-	}
-	if s.cur != nil && s.cur.fence == fence {
-		s.curN += n // added to the holding
-		return
-	}
-	if s.cur != nil {
-		// The handle's holding ended, or the permits would have been
-		// added to it: a Release in flight ended it, or it was lost.
-		if s.releasing > 0 {
-			s.pending = append(s.pending, pendingHolding{s.cur, s.curN})
-		} else {
-			s.lostLocked(s.cur, s.curN)
-		}
-	}
-	s.cur, s.curN = newHold(), n
-}
-
-// ended forgets tok's holding with fencing token fence, which the server
-// ended.
-func (s *Semaphore) ended(owned bool, tok string, fence uint64) {
-	if owned {
-		k := holdKey{s.keys[0], tok}
-		if h := s.c.lookupHold(k); h != nil && h.fence == fence {
-			s.c.dropHold(k, h)
-			h.release()
-		}
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.gone = max(s.gone, fence)
-	if s.cur != nil && s.cur.fence == fence {
-		s.cur.release()
-		s.cur, s.curN = nil, 0
-	}
-	s.pending = slices.DeleteFunc(s.pending, func(p pendingHolding) bool {
-		if p.h.fence == fence {
-			p.h.release()
-			return true
-		}
-		return false
-	})
-}
-
-// lostLocked marks h, a holding of the handle with n permits, lost: its
-// lease says so, and its permits are still the handle's to release, so the
-// next Releases settle them (ErrLeaseLost) before touching a later holding.
-// s.mu must be held.
-func (s *Semaphore) lostLocked(h *hold, n int64) {
-	h.lease.MarkLost()
-	s.owed += n
-}
 
 // Release releases n permits held by ctx's owner or, without an owner in
 // ctx, by the handle; when none remain, the holding and its lease end.
@@ -447,60 +346,11 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	}
 }
 
-// lost forgets h, a holding a Release of n permits found gone. Without an
-// owner, the permits of h that Release did not settle stay owed.
-func (s *Semaphore) lost(owned bool, tok string, h *hold, n int64) {
-	h.lease.MarkLost()
-	if owned {
-		s.c.dropHold(holdKey{s.keys[0], tok}, h)
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cur == h {
-		s.owed += max(s.curN-n, 0)
-		s.cur, s.curN = nil, 0
-	}
-	s.pending = slices.DeleteFunc(s.pending, func(p pendingHolding) bool {
-		if p.h == h {
-			s.owed += max(p.n-n, 0)
-			return true
-		}
-		return false
-	})
-}
-
-// Lease returns the lease of the permits held by ctx's owner or, without
 // an owner in ctx, by the handle. It returns [ErrNotHeld] if there are none.
 // It sends nothing to Redis.
 func (s *Semaphore) Lease(ctx context.Context) (*Lease, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
-	h, err := s.handleHold(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return h.leaseView(), nil
-}
-
-// handleHold is the holding a Lease call finds: ctx's owner's or the
-// handle's.
-func (s *Semaphore) handleHold(ctx context.Context) (*hold, error) {
-	tok, owned, err := owner(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var h *hold
-	if owned {
-		h = s.c.lookupHold(holdKey{s.keys[0], tok})
-	} else {
-		s.mu.Lock()
-		h = s.cur
-		s.mu.Unlock()
-	}
-	if h == nil {
-		return nil, ErrNotHeld
-	}
-	return h, nil
+	return s.b.leaseOf(ctx, s.keys[0], s.current)
 }

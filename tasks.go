@@ -144,5 +144,6 @@ type evalCall struct {
 func (e *evalCall) run() {
 	defer e.c.calls.end()
 	e.cmd = e.c.evalNow(e.ctx, e.sc, e.a)
+	e.c.leave()
 	close(e.done)
 }

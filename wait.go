@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"net"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,20 +103,6 @@ type handedMsg struct {
 type mark struct {
 	ch  *channel // nil: the name was not subscribed then
 	seq uint64
-}
-
-// A watcher is one waiter's interest in a channel. Watchers are recycled
-// (see watchers): one must not be used after unwatch.
-type watcher struct {
-	name   string
-	to     addressee // zero: the waiter accepts no hand-over, only wakes
-	holder sum       // the digest of to.tok, if set
-	ready  chan struct{}
-	sig    chan struct{} // a release, a hand-over or a resubscription happened
-
-	mu     sync.Mutex
-	handed uint64 // the fencing token of a proven hand-over to this call
-	retry  bool   // a reason to try again since the last look
 }
 
 func newNotifier(rdb redis.UniversalClient) *notifier {
@@ -246,32 +230,6 @@ func (n *notifier) unwatch(w *watcher) {
 	watchers.Put(w)
 }
 
-// watchers recycles watchers: a contended call waits once or more, and a
-// watcher with its signal channel is two allocations.
-var watchers sync.Pool
-
-// newWatcher returns a watcher of channel name for the call to, not yet
-// registered.
-func newWatcher(name string, to addressee) *watcher {
-	w, _ := watchers.Get().(*watcher)
-	if w == nil {
-		w = &watcher{sig: make(chan struct{}, 1)}
-	}
-	select {
-	case <-w.sig: // a signal left from its last use
-	default:
-	}
-	w.name, w.to, w.ready = name, to, nil
-	w.handed, w.retry = 0, false
-	w.holder = sum{}
-	if to.tok != "" {
-		// Made only for a call that waits: a hand-over to another call of
-		// its holder wakes it.
-		w.holder = holderSum(to.tok)
-	}
-	return w
-}
-
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // receive delivers the pub/sub's messages to watchers until it closes. It
@@ -366,10 +324,7 @@ func (n *notifier) deliver(m any) {
 			ch.seq++
 			ch.retried = ch.seq
 			for w := range ch.watchers {
-				w.mu.Lock()
-				w.retry = true
-				w.mu.Unlock()
-				w.signal()
+				w.wake()
 			}
 		}
 	case *redis.Message:
@@ -391,10 +346,7 @@ func (n *notifier) deliver(m any) {
 		}
 		for w := range ch.watchers {
 			if m.Payload == "" {
-				w.mu.Lock()
-				w.retry = true
-				w.mu.Unlock()
-				w.signal()
+				w.wake()
 				continue
 			}
 			w.offer(h)
@@ -436,105 +388,4 @@ func (n *notifier) close() {
 		<-done
 	}
 	n.subs.Wait()
-}
-
-func (w *watcher) signal() {
-	select {
-	case w.sig <- struct{}{}:
-	default:
-	}
-}
-
-// handover returns the fencing token of a hold handed to this waiter, if a
-// proven hand-over was seen.
-func (w *watcher) handover() (uint64, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.handed, w.handed > 0
-}
-
-// offer passes w a hand-over message h and reports whether it asks w to
-// retry (a proven hand-over to w is passed on instead). A hand-over to w's
-// call counts only with the proof that a script sent it (see lua/lib.lua);
-// one to another call of w's holder asks w to try again (it re-enters), as
-// does a message that names w's call without a valid proof: a notification
-// can wake a waiter, never grant it a hold.
-func (w *watcher) offer(h handover) bool {
-	if w.to.id == "" {
-		// A waiter that takes no hand-overs: any message may free the name.
-		w.mu.Lock()
-		w.retry = true
-		w.mu.Unlock()
-		w.signal()
-		return true
-	}
-	switch {
-	case h.ok && h.id == w.to.id && h.f > 0 && h.f < maxFence && proofSum(w.to.secret, h.f).is(h.proof):
-		w.mu.Lock()
-		w.handed = h.f
-		w.mu.Unlock()
-		w.signal()
-		return false
-	case h.id == w.to.id || (h.ok && w.to.tok != "" && w.holder.is(h.holder)):
-		w.mu.Lock()
-		w.retry = true
-		w.mu.Unlock()
-	default:
-		return false
-	}
-	w.signal()
-	return true
-}
-
-// shouldRetry reports whether, since it was last asked, a plain release or
-// a resubscription (after which releases may have been missed) was seen:
-// reasons for a waiter to try again. A hand-over to another waiter is not.
-func (w *watcher) shouldRetry() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	r := w.retry
-	w.retry = false
-	return r
-}
-
-// A handover is a hand-over message parsed: "<call id> <holder digest>
-// <fencing token> <proof>" (see lua/lib.lua). ok is false for a message of
-// another shape; its id is set if it has four words.
-type handover struct {
-	id, holder, proof string
-	f                 uint64
-	ok                bool
-}
-
-// parseHandover parses hand-over message p, once for all its watchers.
-func parseHandover(p string) handover {
-	id, rest, ok1 := strings.Cut(p, " ")
-	holder, rest, ok2 := strings.Cut(rest, " ")
-	fs, proof, ok3 := strings.Cut(rest, " ")
-	if !ok1 || !ok2 || !ok3 || strings.Contains(proof, " ") {
-		return handover{}
-	}
-	f, err := strconv.ParseUint(fs, 10, 64)
-	if err != nil {
-		return handover{id: id}
-	}
-	return handover{id: id, holder: holder, proof: proof, f: f, ok: true}
-}
-
-// awaitReady waits, boundedly, until w's channel is subscribed, so that a
-// release after the next attempt cannot be missed.
-func (w *watcher) awaitReady(ctx context.Context, closed <-chan struct{}) {
-	select {
-	case <-w.ready:
-		return
-	default:
-	}
-	t := getTimer(subscribeWait)
-	defer putTimer(t)
-	select {
-	case <-w.ready:
-	case <-t.C:
-	case <-ctx.Done():
-	case <-closed:
-	}
 }

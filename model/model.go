@@ -81,6 +81,36 @@ type hold struct {
 
 func (h *hold) alive(now int64) bool { return h != nil && now < h.deadline }
 
+// unlock releases one level of cur, the live exclusive hold (nil if
+// none), for the holder called id, whose process remembers the hold
+// known[id], and reports whether cur ended. A remembered hold that is not
+// cur was lost.
+func unlock(cur *hold, known map[string]*hold, id string) (ended bool, e Err) {
+	k := known[id]
+	if cur != nil && k == cur {
+		cur.count--
+		if cur.count > 0 {
+			return false, OK
+		}
+		delete(known, id)
+		return true, OK
+	}
+	if k != nil {
+		delete(known, id)
+		return false, LeaseLost
+	}
+	return false, NotHeld
+}
+
+// lease returns the fence of h, a hold a process remembers (nil: none),
+// as a Lease call finds it.
+func (h *hold) lease() (uint64, Err) {
+	if h == nil {
+		return 0, NotHeld
+	}
+	return h.fence, OK
+}
+
 // fresh returns the token of a new acquisition by h: the owner token, or a
 // token never used before for a handle.
 func fresh(h Holder, seq *uint64) string {

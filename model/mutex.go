@@ -58,30 +58,15 @@ func (m *Mutex) TryLock(h Holder) (ok, isFresh bool) {
 
 // Unlock releases one level of h's hold.
 func (m *Mutex) Unlock(h Holder) Err {
-	c := m.live()
-	k := m.known[h.ID]
-	if c != nil && k == c {
-		c.count--
-		if c.count == 0 {
-			m.cur = nil
-			delete(m.known, h.ID)
-		}
-		return OK
+	ended, e := unlock(m.live(), m.known, h.ID)
+	if ended {
+		m.cur = nil
 	}
-	if k != nil {
-		delete(m.known, h.ID)
-		return LeaseLost
-	}
-	return NotHeld
+	return e
 }
 
 // Lease returns the fence of h's remembered hold.
-func (m *Mutex) Lease(h Holder) (uint64, Err) {
-	if k := m.known[h.ID]; k != nil {
-		return k.fence, OK
-	}
-	return 0, NotHeld
-}
+func (m *Mutex) Lease(h Holder) (uint64, Err) { return m.known[h.ID].lease() }
 
 // Holder returns the token and count of the live hold ("" if free).
 func (m *Mutex) Holder() (string, int64) {

@@ -161,20 +161,11 @@ func (rw *RWMutex) Abandon(h Holder) { delete(rw.places, h.ID) }
 // Unlock releases one level of h's write hold.
 func (rw *RWMutex) Unlock(h Holder) Err {
 	rw.prune()
-	k := rw.knownW[h.ID]
-	if rw.w != nil && k == rw.w {
-		rw.w.count--
-		if rw.w.count == 0 {
-			rw.w = nil
-			delete(rw.knownW, h.ID)
-		}
-		return OK
+	ended, e := unlock(rw.w, rw.knownW, h.ID)
+	if ended {
+		rw.w = nil
 	}
-	if k != nil {
-		delete(rw.knownW, h.ID)
-		return LeaseLost
-	}
-	return NotHeld
+	return e
 }
 
 // RUnlock releases one level of h's read hold (a handle's latest).
@@ -198,12 +189,7 @@ func (rw *RWMutex) RUnlock(h Holder) Err {
 }
 
 // Lease returns the fence of h's remembered write hold.
-func (rw *RWMutex) Lease(h Holder) (uint64, Err) {
-	if k := rw.knownW[h.ID]; k != nil {
-		return k.fence, OK
-	}
-	return 0, NotHeld
-}
+func (rw *RWMutex) Lease(h Holder) (uint64, Err) { return rw.knownW[h.ID].lease() }
 
 // Writer returns the live writer's token ("" if none) and the number of
 // live readers.

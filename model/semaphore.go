@@ -128,9 +128,4 @@ func (s *Semaphore) Release(h Holder, n int64) Err {
 }
 
 // Lease returns the fence of h's remembered holding.
-func (s *Semaphore) Lease(h Holder) (uint64, Err) {
-	if k := s.known[h.ID]; k != nil {
-		return k.fence, OK
-	}
-	return 0, NotHeld
-}
+func (s *Semaphore) Lease(h Holder) (uint64, Err) { return s.known[h.ID].lease() }

@@ -1,7 +1,8 @@
 package main
 
 // The inspect and list commands: they read what dsync keeps in Redis
-// (state.go) and print it (format.go), changing nothing.
+// (state.go, read.go; list finds the names with scan.go) and print it
+// (format.go), changing nothing.
 
 import (
 	"context"
@@ -58,9 +59,9 @@ func cmdInspect(args []string, stdout, stderr io.Writer) int {
 		return usageErr(stderr, "inspect", "empty NAME")
 	}
 	ctx := context.Background()
-	rdb, _, err := c.dial(ctx, c.resolved(defaultURL))
-	if err != nil {
-		return fail(stderr, "inspect", exitError, err)
+	rdb, code := c.open(ctx, "inspect", stderr)
+	if rdb == nil {
+		return code
 	}
 	defer rdb.Close()
 	sts, err := inspect(ctx, rdb, c.prefix, name)
@@ -122,9 +123,9 @@ func cmdList(args []string, stdout, stderr io.Writer) int {
 		pattern = fs.Arg(0)
 	}
 	ctx := context.Background()
-	rdb, _, err := c.dial(ctx, c.resolved(defaultURL))
-	if err != nil {
-		return fail(stderr, "list", exitError, err)
+	rdb, code := c.open(ctx, "list", stderr)
+	if rdb == nil {
+		return code
 	}
 	defer rdb.Close()
 	names, truncated, err := scanNames(ctx, rdb, c.prefix, pattern, *limit)

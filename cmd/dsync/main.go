@@ -169,6 +169,16 @@ func (c *conn) dial(ctx context.Context, url string) (redis.UniversalClient, str
 	return rdb, addr, nil
 }
 
+// open connects to the Redis the flags name (see resolved) for command
+// cmd. On failure it reports the error and returns nil and the exit code.
+func (c *conn) open(ctx context.Context, cmd string, stderr io.Writer) (redis.UniversalClient, int) {
+	rdb, _, err := c.dial(ctx, c.resolved(defaultURL))
+	if err != nil {
+		return nil, fail(stderr, cmd, exitError, err)
+	}
+	return rdb, exitOK
+}
+
 // redact removes the URL (which may carry a password) from a parse error.
 func redact(err error, url string) string {
 	s := err.Error()

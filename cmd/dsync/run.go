@@ -127,9 +127,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		stdout: stdout, stderr: stderr, sigs: sigs,
 	}
 	ctx := context.Background()
-	rdb, _, err := c.dial(ctx, c.resolved(defaultURL))
-	if err != nil {
-		return fail(stderr, "run", exitError, err)
+	rdb, code := c.open(ctx, "run", stderr)
+	if rdb == nil {
+		return code
 	}
 	defer rdb.Close()
 	r.rdb = rdb

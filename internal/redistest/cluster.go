@@ -60,26 +60,14 @@ func Cluster(t testing.TB) (Backend, bool) {
 
 func sharedCluster(t testing.TB) *cluster {
 	t.Helper()
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	requireMainLocked(t)
-	if shared.cluster == nil && shared.clusterErr == nil {
-		shared.clusterErr = startShared(func(dir string) error {
-			var err error
-			for range clusterAttempts {
-				var c *cluster
-				if c, err = startCluster(dir); err == nil {
-					shared.cluster = c
-					return nil
-				}
+	return sharedGet(t, "redis cluster", &shared.cluster, &shared.clusterErr, func(dir string) (c *cluster, err error) {
+		for range clusterAttempts {
+			if c, err = startCluster(dir); err == nil {
+				return c, nil
 			}
-			return err
-		})
-	}
-	if shared.clusterErr != nil {
-		t.Fatalf("redistest: redis cluster: %v", shared.clusterErr)
-	}
-	return shared.cluster
+		}
+		return nil, err
+	})
 }
 
 // startCluster starts the nodes, joins them and waits until every node

@@ -80,14 +80,10 @@ func Miniredis(t testing.TB) Backend {
 	t.Cleanup(func() { miniClocks.Delete(m) })
 	addr := m.Addr()
 	return Backend{
-		Name: "miniredis",
-		Mini: m,
-		NewClient: func(t testing.TB) redis.UniversalClient {
-			rdb := redis.NewClient(&redis.Options{Addr: addr})
-			t.Cleanup(func() { _ = rdb.Close() })
-			return rdb
-		},
-		Addrs: []string{addr},
+		Name:      "miniredis",
+		Mini:      m,
+		NewClient: func(t testing.TB) redis.UniversalClient { return newClient(t, addr) },
+		Addrs:     []string{addr},
 	}
 }
 
@@ -102,13 +98,9 @@ func Real(t testing.TB) (Backend, bool) {
 	s := sharedStandalone(t)
 	addr := s.Addr()
 	return Backend{
-		Name: "redis",
-		NewClient: func(t testing.TB) redis.UniversalClient {
-			rdb := redis.NewClient(&redis.Options{Addr: addr})
-			t.Cleanup(func() { _ = rdb.Close() })
-			return rdb
-		},
-		Addrs: []string{addr},
+		Name:      "redis",
+		NewClient: func(t testing.TB) redis.UniversalClient { return newClient(t, addr) },
+		Addrs:     []string{addr},
 	}, true
 }
 
@@ -247,24 +239,37 @@ func requireMainLocked(t testing.TB) {
 
 func sharedStandalone(t testing.TB) *Server {
 	t.Helper()
+	return sharedGet(t, "standalone redis-server", &shared.standalone, &shared.standErr, func(dir string) (*Server, error) {
+		s, err := startFreePort(dir, nil)
+		if err == nil {
+			trackLocked(s)
+		}
+		return s, err
+	})
+}
+
+// sharedGet returns the shared deployment *v, which start starts in a new
+// temporary directory (see startShared) on first use. A failure to start
+// is kept in *verr: this test and every later one that asks fail with it.
+func sharedGet[T comparable](t testing.TB, what string, v *T, verr *error, start func(dir string) (T, error)) T {
+	t.Helper()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	requireMainLocked(t)
-	if shared.standalone == nil && shared.standErr == nil {
-		shared.standErr = startShared(func(dir string) error {
-			s, err := startFreePort(dir, nil)
-			if err != nil {
-				return err
+	var none T
+	if *v == none && *verr == nil {
+		*verr = startShared(func(dir string) error {
+			x, err := start(dir)
+			if err == nil {
+				*v = x
 			}
-			shared.standalone = s
-			trackLocked(s)
-			return nil
+			return err
 		})
 	}
-	if shared.standErr != nil {
-		t.Fatalf("redistest: standalone redis-server: %v", shared.standErr)
+	if *verr != nil {
+		t.Fatalf("redistest: %s: %v", what, *verr)
 	}
-	return shared.standalone
+	return *v
 }
 
 // startShared runs start in a new temporary directory that Main removes.

@@ -64,8 +64,12 @@ func StartStandalone(t testing.TB) *Server {
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
 // Client returns a new client connected to the server, closed at t.Cleanup.
-func (s *Server) Client(t testing.TB) *redis.Client {
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr()})
+func (s *Server) Client(t testing.TB) *redis.Client { return newClient(t, s.Addr()) }
+
+// newClient returns a new client connected to the server at addr, closed
+// at t.Cleanup.
+func newClient(t testing.TB, addr string) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }

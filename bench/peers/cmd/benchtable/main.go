@@ -196,6 +196,7 @@ func main() {
 		{"Once.Do, done", "BenchmarkOnceDone"},
 		{"1000 names × 16 goroutines: raw", "BenchmarkDistinct/lib=raw"},
 		{"1000 names × 16 goroutines: dsync", "BenchmarkDistinct/lib=dsync"},
+		{"1000 names × 16 goroutines: dsync, calls not coalesced", "BenchmarkDistinct/lib=dsync-alone"},
 	} {
 		if root.runs(row.name) == 0 {
 			continue

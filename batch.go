@@ -1,0 +1,186 @@
+package dsync
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Script calls of one Client are coalesced: while maxFlight calls (or
+// batches of calls) are in flight, later calls wait in a queue, and the
+// first call in flight to return sends the whole queue as one pipeline, one
+// round trip and one socket write and read for the server however many calls
+// it holds. A call made while fewer are in flight goes out at once, alone,
+// so that an uncontended call costs what it did. Every call of a batch
+// still carries its own call id and is one script, so a batch changes
+// nothing a call guarantees: a retry of the pipeline (go-redis re-sends it
+// after a read timeout) is a repeat of each of its calls, and a caller
+// whose ctx ends while its call is queued or in flight returns then, its
+// outcome unknown as after a lost reply. On a cluster, go-redis splits a
+// batch into one pipeline per master.
+const maxFlight = 1
+
+// maxQueueWait bounds how long a call waits in the queue for a call in
+// flight to return: past it the queue goes out on its own (one more in
+// flight), so a call the server or the network holds (a stalled
+// connection, read until go-redis's ReadTimeout) does not hold up the
+// Client's other calls.
+const maxQueueWait = time.Millisecond
+
+// A batcher queues the script calls of a Client that come while maxFlight
+// are in flight (see maxFlight).
+type batcher struct {
+	mu     sync.Mutex
+	max    int           // calls or batches in flight before calls queue
+	wait   time.Duration // maxQueueWait
+	flight int
+	queue  []*queuedCall
+	late   *time.Timer // sends the queue after maxQueueWait (see flushLate)
+}
+
+// A queuedCall is a script call waiting in a batcher's queue, then in a
+// batch in flight.
+type queuedCall struct {
+	ctx  context.Context
+	sc   *script
+	cmd  *redis.Cmd
+	gone atomic.Bool // its caller returned (ctx ended): not sent if not yet
+	done chan struct{}
+}
+
+// enter reports whether a call of c may go out at once (counted in flight,
+// to be ended by leave); if not, q (if not nil) joins the queue.
+func (c *Client) enter(q *queuedCall) bool {
+	b := &c.batch
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.flight < b.max && len(b.queue) == 0 {
+		b.flight++
+		return true
+	}
+	if q == nil {
+		return false
+	}
+	b.queue = append(b.queue, q)
+	if len(b.queue) == 1 {
+		if b.late == nil {
+			b.late = time.AfterFunc(b.wait, c.flushLate)
+		} else {
+			b.late.Reset(b.wait)
+		}
+	}
+	return false
+}
+
+// leave ends a call or batch in flight: the queue, if any, goes out in its
+// place (see sendBatch).
+func (c *Client) leave() {
+	b := &c.batch
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.flight--
+		b.mu.Unlock()
+		return
+	}
+	batch := b.queue
+	b.queue = nil
+	b.late.Stop()
+	b.mu.Unlock()
+	c.startBatch(batch)
+}
+
+// flushLate sends the queue that waited maxQueueWait for a call in flight
+// to return, as one more in flight.
+func (c *Client) flushLate() {
+	b := &c.batch
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	batch := b.queue
+	b.queue = nil
+	b.flight++
+	b.mu.Unlock()
+	c.startBatch(batch)
+}
+
+// startBatch sends batch in a goroutine of its own, owned by c; once c is
+// closed, its calls fail with ErrClosed, not sent.
+func (c *Client) startBatch(batch []*queuedCall) {
+	if c.calls.start(func() { c.sendBatch(batch) }) {
+		return
+	}
+	for _, q := range batch {
+		q.cmd.SetErr(ErrClosed)
+		close(q.done)
+	}
+	c.leave()
+}
+
+// evalQueued sends a call to the queue (see maxFlight), or at once if the
+// calls in flight ended meanwhile, and waits for its reply or for ctx's end.
+func (c *Client) evalQueued(ctx context.Context, sc *script, a []any) *redis.Cmd {
+	q := &queuedCall{ctx: ctx, sc: sc, cmd: redis.NewCmd(ctx, a...), done: make(chan struct{})}
+	if c.enter(q) {
+		return c.evalAlone(ctx, sc, a)
+	}
+	if ctx.Done() == nil {
+		<-q.done
+		return q.cmd
+	}
+	if !awaitCall(ctx, q.done) {
+		q.gone.Store(true)
+		cmd := redis.NewCmd(ctx, a...)
+		cmd.SetErr(ctx.Err())
+		return cmd
+	}
+	return q.cmd
+}
+
+// sendBatch sends batch, calls taken from the queue, as one pipeline (one
+// call alone, as if it had not waited), and then ends its flight (see
+// leave). A call whose caller returned meanwhile is not sent; a call the
+// server did not know the script of is sent again alone, after loading it.
+func (c *Client) sendBatch(batch []*queuedCall) {
+	defer c.leave()
+	sent := batch[:0]
+	for _, q := range batch {
+		if q.gone.Load() {
+			q.cmd.SetErr(q.ctx.Err())
+			close(q.done)
+			continue
+		}
+		sent = append(sent, q)
+	}
+	switch len(sent) {
+	case 0:
+		return
+	case 1:
+		q := sent[0]
+		q.cmd = c.evalNow(q.ctx, q.sc, q.cmd.Args())
+		close(q.done)
+		return
+	}
+	// Calls of several callers go on a ctx of none of them: a caller whose
+	// ctx ends returns at once (see evalQueued), and hooks see none's
+	// values.
+	pipe := c.rdb.Pipeline()
+	for _, q := range sent {
+		_ = pipe.Process(q.ctx, q.cmd)
+	}
+	_, _ = pipe.Exec(context.Background())
+	for _, q := range sent {
+		err := q.cmd.Err()
+		switch {
+		case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
+			q.cmd = c.evalNow(q.ctx, q.sc, q.cmd.Args())
+		case err != nil:
+			q.cmd.SetErr(scriptError(err))
+		}
+		close(q.done)
+	}
+}

@@ -1,0 +1,294 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// A batchGate holds the scripts that name hold (a name) until open is
+// closed, and records how many scripts each pipeline carries; with drop
+// set, the replies of the next pipeline are lost after the server ran it.
+type batchGate struct {
+	hold     string
+	heldOnce sync.Once
+	held     chan struct{} // closed when a script naming hold is held
+	open     chan struct{}
+	drop     atomic.Bool
+
+	mu    sync.Mutex
+	pipes []int
+}
+
+func newBatchGate(hold string) *batchGate {
+	return &batchGate{hold: hold, held: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (g *batchGate) names(cmd redis.Cmder) bool {
+	if cmd.Name() != "evalsha" {
+		return false
+	}
+	for _, a := range cmd.Args() {
+		if s, ok := a.(string); ok && strings.Contains(s, g.hold) {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *batchGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *batchGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if g.names(cmd) {
+			g.heldOnce.Do(func() { close(g.held) })
+			<-g.open
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (g *batchGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := 0
+		for _, c := range cmds {
+			if c.Name() == "evalsha" {
+				n++
+			}
+		}
+		if n > 0 {
+			g.mu.Lock()
+			g.pipes = append(g.pipes, n)
+			g.mu.Unlock()
+		}
+		err := next(ctx, cmds)
+		if n > 0 && g.drop.CompareAndSwap(true, false) {
+			for _, c := range cmds {
+				c.SetErr(redistest.ErrInjected)
+			}
+			return redistest.ErrInjected
+		}
+		return err
+	}
+}
+
+func (g *batchGate) pipelines() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]int(nil), g.pipes...)
+}
+
+// heldBatch starts a Lock of a name whose script g holds, and then one Lock
+// in a goroutine for each of names, which queue behind it (c lets one call
+// be in flight, and its queue wait for it a minute). It returns when all k
+// are queued, with the channel that gets their errors. ms has the handles:
+// the held one first, then one for each of names.
+func heldBatch(t *testing.T, ctx context.Context, c *dsync.Client, g *batchGate, names []string) (held, errs <-chan error, ms []*dsync.Mutex) {
+	t.Helper()
+	dsync.SetCoalescing(c, 1, time.Minute)
+	ms = append(ms, c.Mutex(g.hold))
+	h := make(chan error, 1)
+	go func() { h <- ms[0].Lock(ctx) }()
+	select {
+	case <-g.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held Lock never reached the server")
+	}
+	out := make(chan error, len(names))
+	for _, n := range names {
+		m := c.Mutex(n)
+		ms = append(ms, m)
+		go func() { out <- m.Lock(ctx) }()
+	}
+	for i := 0; dsync.Queued(c) < len(names); i++ {
+		if i == 10000 {
+			t.Fatalf("%d calls queued, want %d", dsync.Queued(c), len(names))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return h, out, ms
+}
+
+func batchNames(t *testing.T, k int) []string {
+	base := redistest.Key(t)
+	out := make([]string, k)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%d", base, i)
+	}
+	return out
+}
+
+// lockKeyExists reports whether the Mutex name has a hold in Redis.
+func lockKeyExists(t *testing.T, ctx context.Context, rdb redis.UniversalClient, name string) bool {
+	t.Helper()
+	n, err := rdb.Exists(ctx, mutexKeys(name).Lock).Result()
+	must(t, err)
+	return n == 1
+}
+
+// Script calls that come while another is in flight go out together, in
+// one pipeline, and each gets its own reply.
+func TestCoalescedCallsShareOneRoundTrip(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		rdb := b.NewClient(t)
+		g := newBatchGate(redistest.Key(t))
+		rdb.AddHook(g)
+		c := dsync.New(rdb)
+		t.Cleanup(func() { c.Close() })
+		names := batchNames(t, 8)
+		held, errs, ms := heldBatch(t, ctx, c, g, names)
+		close(g.open)
+		must(t, <-held)
+		for range names {
+			must(t, <-errs)
+		}
+		if p := g.pipelines(); len(p) != 1 || p[0] != len(names) {
+			t.Fatalf("scripts per pipeline %v, want one pipeline of %d", p, len(names))
+		}
+		for i, n := range append([]string{g.hold}, names...) {
+			if !lockKeyExists(t, ctx, rdb, n) {
+				t.Fatalf("%s: Lock returned nil, no hold in Redis", n)
+			}
+			must(t, ms[i].Unlock(ctx))
+			if lockKeyExists(t, ctx, rdb, n) {
+				t.Fatalf("%s: Unlock returned nil, hold still in Redis", n)
+			}
+		}
+	})
+}
+
+// A call the server (or the network) holds does not hold up the Client's
+// other calls: the queue goes out on its own after a short wait.
+func TestHeldCallDoesNotHoldUpOthers(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		rdb := b.NewClient(t)
+		g := newBatchGate(redistest.Key(t))
+		rdb.AddHook(g)
+		c := dsync.New(rdb)
+		t.Cleanup(func() { c.Close() })
+		t.Cleanup(func() { close(g.open) })
+		go func() { _ = c.Mutex(g.hold).Lock(context.Background()) }()
+		<-g.held
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, n := range batchNames(t, 3) {
+			m := c.Mutex(n)
+			if err := m.Lock(ctx); err != nil {
+				t.Fatalf("Lock while another call is held: %v", err)
+			}
+			must(t, m.Unlock(ctx))
+		}
+	})
+}
+
+// A caller whose ctx ends while its call waits in the queue returns then,
+// and leaves nothing behind.
+func TestCancelWhileQueued(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		rdb := b.NewClient(t)
+		g := newBatchGate(redistest.Key(t))
+		rdb.AddHook(g)
+		c := dsync.New(rdb)
+		t.Cleanup(func() { c.Close() })
+		qctx, cancel := context.WithCancel(ctx)
+		names := batchNames(t, 2)
+		held, errs, _ := heldBatch(t, qctx, c, g, names[:1])
+		cancel()
+		select {
+		case err := <-errs:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("queued Lock after cancel = %v, want context.Canceled", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("queued Lock did not return at its cancel")
+		}
+		close(g.open)
+		<-held
+		// The cancelled call was not sent, or was undone: the name is free.
+		m := newClient(t, b).Mutex(names[0])
+		for i := 0; ; i++ {
+			ok, err := m.TryLock(ctx)
+			must(t, err)
+			if ok {
+				break
+			}
+			if i == 100 {
+				t.Fatal("the name of a cancelled queued Lock stayed held")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		must(t, m.Unlock(ctx))
+	})
+}
+
+// Calls of a batch whose scripts the server forgot (SCRIPT FLUSH, a
+// restart) load them and run.
+func TestCoalescedCallsAfterScriptFlush(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		rdb := b.NewClient(t)
+		g := newBatchGate(redistest.Key(t))
+		rdb.AddHook(g)
+		c := dsync.New(rdb)
+		t.Cleanup(func() { c.Close() })
+		names := batchNames(t, 4)
+		held, errs, _ := heldBatch(t, ctx, c, g, names)
+		must(t, nemMasters(ctx, b.NewClient(t), func(ctx context.Context, m *redis.Client) error {
+			return m.ScriptFlush(ctx).Err()
+		}))
+		close(g.open)
+		must(t, <-held)
+		for range names {
+			must(t, <-errs)
+		}
+		for _, n := range names {
+			if !lockKeyExists(t, ctx, rdb, n) {
+				t.Fatalf("%s: Lock returned nil, no hold in Redis", n)
+			}
+		}
+	})
+}
+
+// When the replies of a batch are lost after the server ran it, every
+// caller fails (none can know it holds), and the failed calls leave no
+// hold behind.
+func TestCoalescedCallsWithLostReplies(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		rdb := b.NewClient(t)
+		g := newBatchGate(redistest.Key(t))
+		rdb.AddHook(g)
+		c := dsync.New(rdb)
+		t.Cleanup(func() { c.Close() })
+		names := batchNames(t, 4)
+		held, errs, _ := heldBatch(t, ctx, c, g, names)
+		g.drop.Store(true)
+		close(g.open)
+		must(t, <-held)
+		for range names {
+			if err := <-errs; err == nil {
+				t.Fatal("a Lock whose reply was lost returned nil")
+			}
+		}
+		if g.drop.Load() {
+			t.Fatal("no batch went out")
+		}
+		for _, n := range names {
+			if lockKeyExists(t, ctx, rdb, n) {
+				t.Fatalf("%s: a failed Lock left a hold in Redis", n)
+			}
+		}
+	})
+}

@@ -1,0 +1,105 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// A pairGate holds the first script naming name until a second one
+// arrives (5 s at most), so that two calls are in flight at once.
+type pairGate struct {
+	name string
+	mu   sync.Mutex
+	n    int
+	both chan struct{}
+}
+
+func (g *pairGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *pairGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if g.names(cmd) {
+			g.mu.Lock()
+			g.n++
+			if g.n == 2 {
+				close(g.both)
+			}
+			g.mu.Unlock()
+			select {
+			case <-g.both:
+			case <-time.After(5 * time.Second):
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (g *pairGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (g *pairGate) names(cmd redis.Cmder) bool {
+	if cmd.Name() != "evalsha" {
+		return false
+	}
+	for _, a := range cmd.Args() {
+		if s, ok := a.(string); ok && strings.Contains(s, g.name) {
+			return true
+		}
+	}
+	return false
+}
+
+// Two Unlocks of one hold of a handle (no owner), at once: as with
+// sync.Mutex, one unlocks and the other finds nothing held, on Mutex and
+// RWMutex alike.
+func TestConcurrentHandleUnlocksOneSucceeds(t *testing.T) {
+	type locker interface {
+		Lock(context.Context) error
+		Unlock(context.Context) error
+	}
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, kind := range []string{"Mutex", "RWMutex"} {
+			t.Run(kind, func(t *testing.T) {
+				ctx := ctxT(t)
+				name := redistest.Key(t)
+				rdb := b.NewClient(t)
+				c := dsync.New(rdb)
+				t.Cleanup(func() { c.Close() })
+				var l locker = c.Mutex(name)
+				if kind == "RWMutex" {
+					l = c.RWMutex(name)
+				}
+				must(t, l.Lock(ctx))
+				rdb.AddHook(&pairGate{name: name, both: make(chan struct{})})
+				errs := make(chan error, 2)
+				for range 2 {
+					go func() { errs <- l.Unlock(ctx) }()
+				}
+				var ok, notHeld int
+				for range 2 {
+					switch err := <-errs; {
+					case err == nil:
+						ok++
+					case errors.Is(err, dsync.ErrNotHeld):
+						notHeld++
+					default:
+						t.Fatalf("Unlock = %v", err)
+					}
+				}
+				if ok != 1 || notHeld != 1 {
+					t.Fatalf("two Unlocks of one hold: %d nil, %d ErrNotHeld; want one of each", ok, notHeld)
+				}
+			})
+		}
+	})
+}

@@ -1,0 +1,271 @@
+package dsync
+
+import (
+	"context"
+	"errors"
+)
+
+// Owners' holds as this process records them: re-entries, the lock
+// calls and releases of one owner under client reentrancy, unlocks in
+// flight, and the lookups of the release path (release.go).
+
+// errRegrant is what a lock call of an owner under client reentrancy
+// gets when a release of the owner's hold in this process began while the
+// call was under way: its grant may be a re-entry, in Redis, of the hold
+// that release ends. The call is undone, and the caller takes the hold
+// again once the release is over (see lockLocal).
+var errRegrant = errors.New("dsync: hold released meanwhile in this process")
+
+// A callWatch counts the lock calls of one owner on one key that went to
+// Redis under client reentrancy, and the releases of the owner's hold that
+// began while any of them was under way.
+type callWatch struct {
+	n   int    // calls under way
+	rel uint64 // releases begun
+}
+
+// ownerHold records a hold (or a re-entry) of an owner carried in ctx. w
+// and rel are the lock call's watch and the releases it had seen when it
+// began (see enter), or nil: with a release begun since, the hold is not
+// recorded and ownerHold returns errRegrant.
+func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, w *callWatch, rel uint64) (*hold, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w != nil && w.rel != rel {
+		return nil, errRegrant
+	}
+	if h := b.holds[k]; h != nil && h.fence == fence && !h.lost() {
+		h.count++
+		return h, nil
+	} else if h != nil {
+		// A fresh fencing token for the owner: the recorded hold has ended
+		// in Redis. Unless an unlock of it is in flight, whose reply says
+		// how it ended, nobody released it: it was lost (expired or
+		// deleted), and its Lease says so. (Reporting it released would
+		// tell a goroutine still relying on it that it ended well.)
+		if h.unlocking > 0 {
+			h.replaced = true
+		} else {
+			h.lease.MarkLost()
+		}
+	}
+	h := newHold()
+	b.holds[k] = h
+	return h, nil
+}
+
+// lockThrough runs a lock call made through a handle with configuration
+// cfg: for ctx's owner, whose holds are recorded under key, or without an
+// owner for the handle, whose slot sl (nil: none) it enters first and
+// leaves again unless the call took the hold. The handle is locked from
+// Lock to Unlock, as a sync.Mutex is, also when its hold was lost
+// meanwhile. lock makes the call's attempts for holder c.tok (see
+// mutexImpl.lock); an owner's re-entry under client reentrancy makes none
+// (see lockLocal).
+func (b *base) lockThrough(ctx context.Context, cfg *config, key string, sl *slot, wait bool, lock func(c lockCall) (bool, error)) (bool, error) {
+	otok, owned, err := callOwner(ctx)
+	if err != nil {
+		return false, err
+	}
+	c := lockCall{otok: otok, owned: owned}
+	if owned {
+		c.tok = b.holderToken(cfg, otok)
+		if cfg.local {
+			return b.lockLocal(ctx, holdKey{key, otok}, c, lock)
+		}
+	} else {
+		if sl != nil {
+			if ok, err := sl.enter(ctx, wait, b.closed); !ok || err != nil {
+				return false, err
+			}
+		}
+		c.tok = newToken()
+	}
+	ok, err := lock(c)
+	if !ok && !owned && sl != nil {
+		sl.leave()
+	}
+	return ok, err
+}
+
+// lockLocal runs a lock call of an owner under client reentrancy, whose
+// hold is recorded under k: it re-enters the owner's live hold in the
+// process if there is one, and otherwise runs lock, the call to Redis.
+// A hold whose last release is under way is not re-entered, since that
+// release ends it in Redis: the call waits until the release is over (or
+// ctx ends) and then takes the hold afresh, as it does when lock returns
+// errRegrant.
+func (b *base) lockLocal(ctx context.Context, k holdKey, c lockCall, lock func(c lockCall) (bool, error)) (bool, error) {
+	for {
+		in, w, rel, err := b.enter(ctx, k)
+		if in || err != nil {
+			return in, err
+		}
+		c.w, c.rel = w, rel
+		ok, err := lock(c)
+		b.mu.Lock()
+		if w.n--; w.n == 0 && b.calls[k] == w {
+			delete(b.calls, k)
+		}
+		b.mu.Unlock()
+		if !errors.Is(err, errRegrant) {
+			return ok, err
+		}
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+	}
+}
+
+// enter re-enters the live hold recorded under k and reports whether it
+// did, after waiting for a release of it under way. Otherwise it counts a
+// lock call going to Redis in the watch of k, which it returns with the
+// releases it has seen.
+func (b *base) enter(ctx context.Context, k holdKey) (bool, *callWatch, uint64, error) {
+	for {
+		b.mu.Lock()
+		h := b.holds[k]
+		if h != nil && h.releasing != nil {
+			ch := h.releasing
+			b.mu.Unlock()
+			if f := b.onWait.Load(); f != nil {
+				(*f)()
+			}
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return false, nil, 0, ctx.Err()
+			case <-b.closed:
+				return false, nil, 0, ErrClosed
+			}
+		}
+		if h != nil && !h.lost() {
+			h.count++
+			b.mu.Unlock()
+			return true, nil, 0, nil
+		}
+		w := b.calls[k]
+		if w == nil {
+			w = &callWatch{}
+			b.calls[k] = w
+		}
+		w.n++
+		rel := w.rel
+		b.mu.Unlock()
+		return false, w, rel, nil
+	}
+}
+
+// leaveLocal counts an unlock of the hold recorded under k (client
+// reentrancy) and reports whether it was an inner one, counted here. If
+// not, h is the hold the unlock must release in Redis (nil if none is
+// recorded), marked releasing: the caller calls endRelease once the
+// release is over. A release of the hold already under way is waited for
+// first.
+func (b *base) leaveLocal(k holdKey) (h *hold, inner bool) {
+	for {
+		b.mu.Lock()
+		h = b.holds[k]
+		if h != nil && h.releasing != nil {
+			ch := h.releasing
+			b.mu.Unlock()
+			<-ch // the release has its own deadline
+			continue
+		}
+		switch {
+		case h == nil:
+		case h.count > 1 && !h.lost():
+			h.count--
+			inner = true
+		default:
+			h.releasing = make(chan struct{})
+			if w := b.calls[k]; w != nil {
+				w.rel++
+			}
+		}
+		b.mu.Unlock()
+		return h, inner
+	}
+}
+
+// endRelease ends the release of h that leaveLocal began.
+func (b *base) endRelease(h *hold) {
+	if h == nil {
+		return
+	}
+	b.mu.Lock()
+	if h.releasing != nil {
+		close(h.releasing)
+		h.releasing = nil
+	}
+	b.mu.Unlock()
+}
+
+// beginUnlock notes an unlock of h, an owner's recorded hold (nil: none),
+// in flight; endUnlock notes its end.
+func (b *base) beginUnlock(h *hold) {
+	if h == nil {
+		return
+	}
+	b.mu.Lock()
+	h.unlocking++
+	b.mu.Unlock()
+}
+
+// endUnlock notes the end of an unlock of h that beginUnlock noted, given
+// whether its reply said it ended h. If ownerHold recorded a later hold of
+// the owner meanwhile, h ended in Redis and only this reply tells whether
+// it was released or lost: h ends accordingly.
+func (b *base) endUnlock(h *hold, released bool) {
+	if h == nil {
+		return
+	}
+	b.mu.Lock()
+	h.unlocking--
+	replaced := h.replaced
+	b.mu.Unlock()
+	switch {
+	case !replaced:
+	case released:
+		h.release()
+	default:
+		h.lease.MarkLost()
+	}
+}
+
+func (b *base) lookupHold(k holdKey) *hold {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.holds[k]
+}
+
+// lockedHold returns the hold recorded under k with its release lock
+// held (the caller unlocks h.relMu), or nil if none is recorded. Releases
+// of one hold run one at a time in a process: two goroutines of one owner
+// that release at once each release their own level, and the second finds
+// a hold the first ended gone instead of reporting it lost, and never
+// takes the first's retry id for its own.
+func (b *base) lockedHold(k holdKey) *hold {
+	for {
+		h := b.lookupHold(k)
+		if h == nil {
+			return nil
+		}
+		h.relMu.Lock()
+		if b.lookupHold(k) == h {
+			return h
+		}
+		// Ended (or replaced) while this release waited its turn.
+		h.relMu.Unlock()
+	}
+}
+
+// dropHold forgets h if it is still the hold recorded under k.
+func (b *base) dropHold(k holdKey, h *hold) {
+	b.mu.Lock()
+	if b.holds[k] == h {
+		delete(b.holds, k)
+	}
+	b.mu.Unlock()
+}

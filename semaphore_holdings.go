@@ -1,0 +1,135 @@
+package dsync
+
+import (
+	"slices"
+	"time"
+
+	"github.com/dsync-go/dsync/renew"
+)
+
+// What a Semaphore handle knows of its holdings in this process: the
+// handle's token, permits taken, added and released, holdings ended by a
+// release or lost, and the permits of lost holdings that Releases still
+// owe (see Semaphore.Release).
+
+// A pendingHolding is a holding of a handle, with the permits it had, that
+// a Release in flight may have ended.
+type pendingHolding struct {
+	h *hold
+	n int64
+}
+
+// handleToken returns the handle's holder token, and boxed once.
+func (s *Semaphore) handleToken() (string, any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tok == "" {
+		s.tok = newToken()
+		s.tokArg = s.tok
+	}
+	return s.tok, s.tokArg
+}
+
+// held records n permits taken in holding id.
+func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
+	tok, fence := id.tok, id.fence
+	newHold := func() *hold {
+		return s.c.startHold(&s.cfg, renew.Spec{
+			Batch: semRenew,
+			Keys:  s.rkeys,
+			Args:  []any{id.tokArg, s.ttlArg, id.arg()},
+		}, id, start)
+	}
+	if owned {
+		_, _ = s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHold, nil, 0)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if fence <= s.gone {
+		// The reply of a release that ended this holding came first.
+		return
+	}
+	if s.cur != nil && s.cur.fence == fence {
+		s.curN += n // added to the holding
+		return
+	}
+	if s.cur != nil {
+		// The handle's holding ended, or the permits would have been
+		// added to it: a Release in flight ended it, or it was lost.
+		if s.releasing > 0 {
+			s.pending = append(s.pending, pendingHolding{s.cur, s.curN})
+		} else {
+			s.lostLocked(s.cur, s.curN)
+		}
+	}
+	s.cur, s.curN = newHold(), n
+}
+
+// ended forgets tok's holding with fencing token fence, which the server
+// ended.
+func (s *Semaphore) ended(owned bool, tok string, fence uint64) {
+	if owned {
+		k := holdKey{s.keys[0], tok}
+		if h := s.c.lookupHold(k); h != nil && h.fence == fence {
+			s.c.dropHold(k, h)
+			h.release()
+		}
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gone = max(s.gone, fence)
+	if s.cur != nil && s.cur.fence == fence {
+		s.cur.release()
+		s.cur, s.curN = nil, 0
+	}
+	s.pending = slices.DeleteFunc(s.pending, func(p pendingHolding) bool {
+		if p.h.fence == fence {
+			p.h.release()
+			return true
+		}
+		return false
+	})
+}
+
+// lostLocked marks h, a holding of the handle with n permits, lost: its
+// lease says so, and its permits are still the handle's to release, so the
+// next Releases settle them (ErrLeaseLost) before touching a later holding.
+// s.mu must be held.
+func (s *Semaphore) lostLocked(h *hold, n int64) {
+	h.lease.MarkLost()
+	s.owed += n
+}
+
+// lost forgets h, a holding a Release of n permits found gone. Without an
+// owner, the permits of h that Release did not settle stay owed.
+func (s *Semaphore) lost(owned bool, tok string, h *hold, n int64) {
+	h.lease.MarkLost()
+	if owned {
+		s.c.dropHold(holdKey{s.keys[0], tok}, h)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == h {
+		s.owed += max(s.curN-n, 0)
+		s.cur, s.curN = nil, 0
+	}
+	s.pending = slices.DeleteFunc(s.pending, func(p pendingHolding) bool {
+		if p.h == h {
+			s.owed += max(p.n-n, 0)
+			return true
+		}
+		return false
+	})
+}
+
+// Lease returns the lease of the permits held by ctx's owner or, without
+
+// current returns the handle's holding (nil if none).
+func (s *Semaphore) current() *hold {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
