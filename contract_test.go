@@ -3,7 +3,9 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -434,8 +436,8 @@ func TestContract(t *testing.T) {
 		{"cancel leaves nothing", true, onBackendsQuorum, contractCancel},
 		{"lost reply leaves nothing", false, onBackendsQuorum, contractLostReply},
 		{"lost reply while queued leaves nothing", true, onBackendsQuorum, contractLostReplyQueued},
-		{"late copy takes nothing", false, onBackends, contractLateCopy},
-		{"abandoned call stays abandoned", false, onBackends, contractAbandoned},
+		{"late copy takes nothing", false, onBackendsQuorum, contractLateCopy},
+		{"abandoned call stays abandoned", false, onBackendsQuorum, contractAbandoned},
 		{"bad input", false, onMiniQuorum, contractBadInput},
 		{"closed client", false, onMiniQuorum, contractClosedClient},
 	}
@@ -504,19 +506,6 @@ func contractCancel(t *testing.T, op *contractOp, e contractEnv) {
 	p.leftNothing(t, ctx, e, name, "after every waiter gave up")
 }
 
-// faulty returns a Client whose connection drops replies on request and
-// records the scripts it sends.
-func faulty(t *testing.T, b redistest.Backend) (*dsync.Client, redis.UniversalClient, *redistest.Faults, *redistest.Recorder) {
-	t.Helper()
-	rdb := b.NewClient(t)
-	rec, faults := &redistest.Recorder{}, &redistest.Faults{}
-	rdb.AddHook(rec)
-	rdb.AddHook(faults)
-	c := dsync.New(rdb)
-	t.Cleanup(func() { c.Close() })
-	return c, rdb, faults, rec
-}
-
 // The server runs the attempt, its reply is lost: the caller sees the
 // error, and what the attempt took is given back, not leaked until the TTL.
 func contractLostReply(t *testing.T, op *contractOp, e contractEnv) {
@@ -563,24 +552,59 @@ func contractLostReplyQueued(t *testing.T, op *contractOp, e contractEnv) {
 	p.leftNothing(t, ctx, e, name, "after a queued call's lost reply")
 }
 
-// recordCall runs call and returns whether it took a hold, its undo and
-// the arguments of the last run of script it sent.
-func recordCall(t *testing.T, rec *redistest.Recorder, script string, call func() (bool, func(context.Context) error, error)) (bool, func(context.Context) error, []any) {
+// A recMember is one master of a recorded Client or Quorum (see
+// contractEnv.recorded): a plain connection to it, and the faults and the
+// scripts of the Client's (or the Quorum's member's) connection to it.
+type recMember struct {
+	rdb    redis.UniversalClient
+	faults *redistest.Faults
+	rec    *redistest.Recorder
+}
+
+// recorded returns a new Client or Quorum whose connections record the
+// scripts they send and drop replies on request, and its masters.
+func (e contractEnv) recorded(t *testing.T) (any, []recMember) {
 	t.Helper()
-	rec.Reset()
+	var ms []recMember
+	var rdbs []redis.UniversalClient
+	for _, b := range e.members {
+		m := recMember{rdb: b.NewClient(t), faults: &redistest.Faults{}, rec: &redistest.Recorder{}}
+		rdb := b.NewClient(t)
+		rdb.AddHook(m.rec)
+		rdb.AddHook(m.faults)
+		ms, rdbs = append(ms, m), append(rdbs, rdb)
+	}
+	return e.over(t, rdbs), ms
+}
+
+// recordCall runs call and returns whether it took a hold, its undo and,
+// for each master, the arguments of the last run of script sent there.
+func recordCall(t *testing.T, ms []recMember, script string, call func() (bool, func(context.Context) error, error)) (bool, func(context.Context) error, [][]any) {
+	t.Helper()
+	for _, m := range ms {
+		m.rec.Reset()
+	}
 	took, undo, err := call()
 	if err != nil {
 		t.Fatal(err)
 	}
 	hash := lua.Script(script).Hash()
-	all := rec.All()
-	for i := len(all) - 1; i >= 0; i-- {
-		if a := all[i]; len(a) > 1 && rwScriptHash(a) == hash {
-			return took, undo, a
+	copies := make([][]any, len(ms))
+	sent := 0
+	for i, m := range ms {
+		all := m.rec.All()
+		for j := len(all) - 1; j >= 0; j-- {
+			if a := all[j]; len(a) > 1 && rwScriptHash(a) == hash {
+				copies[i] = a
+				sent++
+				break
+			}
 		}
 	}
-	t.Fatalf("no run of %s recorded among %d commands", script, len(all))
-	return false, nil, nil
+	if sent != len(ms) {
+		t.Fatalf("runs of %s recorded on %d of %d masters, want all", script, sent, len(ms))
+	}
+	return took, undo, copies
 }
 
 // Reply codes of the attempt scripts (lua/*_lock.lua, semaphore_acquire.lua,
@@ -591,26 +615,31 @@ const (
 	replyOver    = 5
 )
 
-// sendCopy sends a recorded script again, raw, and returns its reply code.
-func sendCopy(t *testing.T, rdb redis.UniversalClient, args []any) int64 {
+// sendCopies sends recorded scripts again, raw, each to its master, and
+// checks each reply code against want (or one of also).
+func sendCopies(t *testing.T, ms []recMember, copies [][]any, want int64, what string, also ...int64) {
 	t.Helper()
-	v, err := rdb.Do(context.Background(), args...).Result()
-	if err != nil {
-		t.Fatalf("script copy: %v", err)
+	for i, args := range copies {
+		v, err := ms[i].rdb.Do(context.Background(), args...).Result()
+		if err != nil {
+			t.Fatalf("script copy on master %d: %v", i, err)
+		}
+		if got := code(v); got != want && !slices.Contains(also, got) {
+			t.Errorf("%s replied %d on master %d, want %d", what, got, i, want)
+		}
 	}
-	return code(v)
 }
 
 // A late copy of an attempt that completed (go-redis re-sends a script
 // after a read timeout, and the first copy reaches the server later)
 // arrives after the hold ended; a late copy of a refused try arrives once
 // the name is free. Neither takes a hold, which no one would renew or
-// release.
+// release. On a Quorum, each master gets the late copy of its own attempt.
 func contractLateCopy(t *testing.T, op *contractOp, e contractEnv) {
 	p := op.p
 	ctx := ctxT(t)
 	name := redistest.Key(t)
-	c, rdb, _, rec := faulty(t, e.members[0])
+	c, ms := e.recorded(t)
 	octx := dsync.WithOwner(ctx)
 	h := p.handle(c, name)
 	// The fresh call and, if the operation is reentrant, a re-entry
@@ -619,10 +648,10 @@ func contractLateCopy(t *testing.T, op *contractOp, e contractEnv) {
 	if op.reentrant {
 		calls = append(calls, 0)
 	}
-	var copies [][]any
+	var copies [][][]any
 	var undos []func(context.Context) error
 	for _, i := range calls {
-		took, undo, args := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
+		took, undo, args := recordCall(t, ms, p.script, func() (bool, func(context.Context) error, error) {
 			return op.call(octx, h, i)
 		})
 		if !took {
@@ -634,8 +663,14 @@ func contractLateCopy(t *testing.T, op *contractOp, e contractEnv) {
 		must(t, undo(octx))
 	}
 	for i, args := range copies {
-		if got := sendCopy(t, rdb, args); got != replyOver {
-			t.Errorf("late copy %d of a completed %s replied %d, want %d (the call is over)", i+1, op.name, got, replyOver)
+		what := fmt.Sprintf("late copy %d of a completed %s (the call is over)", i+1, op.name)
+		if e.quorum {
+			// A master slow to answer may have been given up on, and the
+			// attempt undone there (see Quorum.poll): the copy finds the
+			// call abandoned.
+			sendCopies(t, ms, args, replyOver, what, p.abandoned)
+		} else {
+			sendCopies(t, ms, args, replyOver, what)
 		}
 	}
 	p.leftNothing(t, ctx, e, name, "after the late copies")
@@ -644,7 +679,7 @@ func contractLateCopy(t *testing.T, op *contractOp, e contractEnv) {
 	}
 	for _, tctx := range []context.Context{ctx, octx} {
 		end := p.holdOn(t, ctx, e, name)
-		_, _, refused := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
+		_, _, refused := recordCall(t, ms, p.script, func() (bool, func(context.Context) error, error) {
 			took, _, err := op.call(tctx, h, 0)
 			if took || err != nil {
 				t.Fatalf("%s while held = %v, %v; want false, nil", op.name, took, err)
@@ -652,42 +687,58 @@ func contractLateCopy(t *testing.T, op *contractOp, e contractEnv) {
 			return took, nil, err
 		})
 		end()
-		if got := sendCopy(t, rdb, refused); got != replyRefused {
-			t.Errorf("late copy of a refused %s replied %d, want %d (refused)", op.name, got, replyRefused)
-		}
+		sendCopies(t, ms, refused, replyRefused, "late copy of a refused "+op.name)
 		p.leftNothing(t, ctx, e, name, "after the late copy of a refused try")
 	}
 }
 
 // Two attempts whose replies are lost are each abandoned and undone; the
-// first one's go-redis retry arrives after both: it takes nothing.
+// first one's go-redis retry arrives after both: it takes nothing. On a
+// Quorum, the replies are lost on every master (the call fails) and then
+// on one master only (the call is granted by the others, and undone on
+// that one), and each master gets the late copy of its own attempt.
 func contractAbandoned(t *testing.T, op *contractOp, e contractEnv) {
 	p := op.p
 	ctx := ctxT(t)
 	name := redistest.Key(t)
-	c, rdb, faults, rec := faulty(t, e.members[0])
+	c, ms := e.recorded(t)
 	h := p.handle(c, name)
-	// Load the scripts on the name's server.
+	// Load the scripts on the name's servers.
 	took, undo, err := op.call(ctx, h, 0)
 	if err != nil || !took {
 		t.Fatalf("%s on a free name = %v, %v; want a hold", op.name, took, err)
 	}
 	must(t, undo(ctx))
-	var copies [][]any
+	var copies [][][]any
 	for range 2 {
-		_, _, args := recordCall(t, rec, p.script, func() (bool, func(context.Context) error, error) {
-			faults.DropReplyNext(1, context.DeadlineExceeded)
+		_, _, args := recordCall(t, ms, p.script, func() (bool, func(context.Context) error, error) {
+			for _, m := range ms {
+				m.faults.DropReplyNext(1, context.DeadlineExceeded)
+			}
 			if _, _, err := op.call(ctx, h, 0); err == nil {
-				t.Fatalf("%s succeeded despite the lost reply", op.name)
+				t.Fatalf("%s succeeded despite the lost replies", op.name)
 			}
 			return false, nil, nil
 		})
 		copies = append(copies, args)
 	}
-	if got := sendCopy(t, rdb, copies[0]); got != p.abandoned {
-		t.Errorf("late retry of an abandoned %s replied %d, want %d", op.name, got, p.abandoned)
-	}
+	sendCopies(t, ms, copies[0], p.abandoned, "late retry of an abandoned "+op.name)
 	p.leftNothing(t, ctx, e, name, "after an abandoned call arrived late")
+	if len(ms) < 3 {
+		return
+	}
+	// A minority of lost replies: granted, and undone where the reply was
+	// lost.
+	took, undo, args := recordCall(t, ms, p.script, func() (bool, func(context.Context) error, error) {
+		ms[0].faults.DropReplyNext(1, context.DeadlineExceeded)
+		return op.call(ctx, h, 0)
+	})
+	if !took {
+		t.Fatalf("%s with one of %d replies lost took nothing", op.name, len(ms))
+	}
+	sendCopies(t, ms[:1], args[:1], p.abandoned, "late retry of an attempt undone on its master")
+	must(t, undo(ctx))
+	p.leftNothing(t, ctx, e, name, "after an undone attempt arrived late")
 }
 
 // Bad input is an error before any I/O: every call of an invalid handle,

@@ -1,13 +1,9 @@
 package dsync
 
 import (
-	"context"
 	"fmt"
-	"math/rand/v2"
-	"reflect"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -15,8 +11,9 @@ import (
 // Quorum mode (Redlock) is a layer over the engine of one deployment. A
 // Quorum holds one member Client per independent master; its Mutex and
 // RWMutex handles are the handles of one deployment with another impl
-// (quorum_mutex.go, quorum_rwmutex.go), which runs the ordinary scripts of
-// each member in parallel: a lock is granted when a majority granted it
+// (quorum_mutex.go, quorum_rwmutex.go, both a quorumLock: quorum_lock.go),
+// which runs the ordinary scripts of each member in parallel (the Redlock
+// loop, quorum_redlock.go): a lock is granted when a majority granted it
 // within its validity, and every failed attempt is undone on the members
 // (an RWMutex call that waits keeps its waiting places on the members that
 // refused it until the call ends). Each member keeps its own lease of the
@@ -40,15 +37,6 @@ import (
 // grant H2 before H1's lease ran out there, which brings back the TTL gap
 // above. Keep the masters' clocks within a TTL of each other (NTP) if
 // storage relies on tokens.
-
-// redlockDrift is the clock drift allowance of Redlock's validity time,
-// the same allowance renew uses for conservative deadlines.
-func redlockDrift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
-
-// splitBackoff bounds the random pause after an attempt that took some but
-// too few masters, so that contenders that split the masters do not retry
-// in lockstep.
-const splitBackoff = 5 * time.Millisecond
 
 // A Quorum makes Mutexes and RWMutexes that hold only when a majority of
 // independent Redis masters grant the hold (the Redlock algorithm), so that
@@ -77,7 +65,10 @@ type Quorum struct {
 // granted it and its [Lease] reports [ErrLeaseLost] once fewer than a
 // majority still hold it. A lock or unlock call that fewer than a majority
 // of masters answer fails with an error matching [ErrNoQuorum]. Each
-// attempt costs one round trip to every master, in parallel; waiting,
+// attempt costs one round trip to every master, in parallel; once a
+// majority decided it, a master slower than the others by more than 200 ms
+// is given up on for that attempt (the attempt is undone there in the
+// background), so that one slow master does not slow every call. Waiting,
 // ownership and reentrancy are as on a single master, and each master keeps
 // an RWMutex's writer preference as a single one does. See the package
 // documentation's scaling notes for fencing tokens.
@@ -183,8 +174,14 @@ func each[T any](subs []T, f func(i int, sub T) (int64, error)) answers {
 		}()
 	}
 	wg.Wait()
-	for i := range n {
-		if a.err[i] != nil {
+	a.tally()
+	return a
+}
+
+// tally counts the members that answered and granted, and the largest grant.
+func (a *answers) tally() {
+	for i, err := range a.err {
+		if err != nil {
 			continue
 		}
 		a.got++
@@ -193,7 +190,6 @@ func each[T any](subs []T, f func(i int, sub T) (int64, error)) answers {
 			a.max = max(a.max, a.v[i])
 		}
 	}
-	return a
 }
 
 func (a answers) noQuorum(need int) error {
@@ -233,189 +229,6 @@ func (a answers) unlocked(need int) (int64, error) {
 		return 1, nil
 	}
 	return 0, nil
-}
-
-// vote is what one member's reply to an attempt counts for in the Redlock
-// loop (see quorumCall.try): v for a grant, minus the ms to wait at most
-// for a refusal, 0 and the reason for a final refusal.
-func vote(g grant, err error, v int64) (int64, error) {
-	switch {
-	case err != nil:
-		return 0, err
-	case g.kind == taken || g.kind == handed:
-		return v, nil
-	case g.kind == final:
-		return 0, g.err
-	}
-	return -max(g.wait.Milliseconds(), 1), nil
-}
-
-// A quorumCall is one lock call of a primitive in quorum mode, as the
-// Redlock loop (Quorum.lock) sees it.
-type quorumCall struct {
-	channel string // the name's notification channel on every master
-	ttl     time.Duration
-	// try makes one attempt on member i under call id id: > 0 a grant,
-	// < 0 minus the ms to wait at most, 0 as below.
-	try func(i int, id string) (int64, error)
-	// undo undoes on member i whatever the attempts under id did; ctx is
-	// detached from the call's.
-	undo func(ctx context.Context, i int, id string)
-	// zero, if set, is what a reply of 0 from any member ends the call
-	// with (RWMutex: ErrUpgrade); otherwise 0 is a refusal.
-	zero error
-	// keep: a member that refused a waiting call keeps the caller's
-	// waiting place, and the call keeps its call id there, until the call
-	// ends (RWMutex: a waiting writer holds back new readers, a waiting
-	// reader is granted by a writer's Unlock).
-	keep bool
-	// accept, if set, records a grant; an error from it (errRegrant)
-	// undoes the call on every member, and the call returns it.
-	accept func(a answers, start time.Time) error
-}
-
-// lock runs the Redlock loop of one call: every attempt on all members in
-// parallel, granted when a majority granted it within its validity, undone
-// otherwise. On a grant it returns the replies and a time no later than the
-// start of every granting member's lease.
-func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, time.Time, error) {
-	n := len(q.members)
-	ids := make([]string, n)      // each member's call id; "" once undone
-	since := make([]time.Time, n) // no later than a grant under ids[i] began
-	undo := func(which func(i int) bool) {
-		todo := make([]bool, n)
-		some := false
-		for i := range todo {
-			todo[i] = ids[i] != "" && which(i)
-			some = some || todo[i]
-		}
-		if !some {
-			return
-		}
-		dctx, cancel := detached(ctx)
-		defer cancel()
-		each(q.members, func(i int, _ *Client) (int64, error) {
-			if todo[i] {
-				k.undo(dctx, i, ids[i])
-				ids[i] = ""
-			}
-			return 0, nil
-		})
-	}
-	all := func(int) bool { return true }
-	var ws []*watcher
-	defer func() {
-		for i, w := range ws {
-			q.members[i].notify.unwatch(w)
-		}
-	}()
-	var t *time.Timer
-	for {
-		// A fresh call id for the members whose last one was undone:
-		// undoing an attempt marks its id abandoned on the master.
-		id := newCallID()
-		start := time.Now()
-		for i := range ids {
-			if ids[i] == "" {
-				ids[i], since[i] = id, start
-			}
-		}
-		a := each(q.members, func(i int, _ *Client) (int64, error) { return k.try(i, ids[i]) })
-		first := start
-		for i := range ids {
-			if a.err[i] == nil && a.v[i] > 0 && since[i].Before(first) {
-				first = since[i]
-			}
-			if a.err[i] == nil && a.v[i] < 0 {
-				// A grant to the waiting place begins after this reply.
-				since[i] = start
-			}
-		}
-		if k.zero != nil {
-			for i, v := range a.v {
-				if a.err[i] == nil && v == 0 {
-					undo(all)
-					return answers{}, first, k.zero
-				}
-			}
-		}
-		validity := k.ttl - time.Since(first) - redlockDrift(k.ttl)
-		if a.hits >= q.need && validity > 0 {
-			// A member whose reply was lost may hold it, and one that
-			// refused may keep a waiting place: undo there.
-			undo(func(i int) bool { return a.err[i] != nil || (k.keep && a.v[i] <= 0) })
-			if k.accept != nil {
-				if err := k.accept(a, first); err != nil {
-					undo(all)
-					return answers{}, first, err
-				}
-			}
-			return a, first, nil
-		}
-		more := wait && a.got >= q.need
-		undo(func(i int) bool { return !more || !k.keep || a.err[i] != nil || a.v[i] > 0 })
-		if a.got < q.need {
-			if err := ctx.Err(); err != nil {
-				return answers{}, first, err
-			}
-			return answers{}, first, a.noQuorum(q.need)
-		}
-		if !wait {
-			return answers{}, first, nil
-		}
-		if ws == nil {
-			// Watch every member's channel, then try again at once: a
-			// release before the subscriptions may have been missed.
-			for _, c := range q.members {
-				ws = append(ws, c.notify.watch(k.channel))
-			}
-			for i, w := range ws {
-				w.awaitReady(ctx, q.members[i].closed)
-			}
-			continue
-		}
-		// Sleep until a release on any master, or as long as the holds
-		// that refused can last.
-		d := k.ttl / 2
-		for _, v := range a.v {
-			if v < 0 {
-				d = min(d, time.Duration(-v)*time.Millisecond)
-			}
-		}
-		if a.hits > 0 {
-			d = min(d, time.Duration(rand.Int64N(int64(splitBackoff))))
-		}
-		d = max(d, time.Millisecond)
-		if t == nil {
-			t = time.NewTimer(d)
-			defer t.Stop()
-		} else {
-			t.Reset(d)
-		}
-		if err := sleep(ctx, q.closed, ws, t); err != nil {
-			undo(all) // the waiting places kept
-			return answers{}, first, err
-		}
-	}
-}
-
-// sleep waits for the timer, a notification on any member, ctx or Close.
-func sleep(ctx context.Context, closed chan struct{}, ws []*watcher, t *time.Timer) error {
-	cases := make([]reflect.SelectCase, 0, len(ws)+3)
-	cases = append(cases,
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(closed)},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(t.C)})
-	for _, w := range ws {
-		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.sig)})
-	}
-	switch i, _, _ := reflect.Select(cases); i {
-	case 0:
-		return ctx.Err()
-	case 1:
-		return ErrClosed
-	}
-	return nil
 }
 
 // floorArg is the unlock script argument that raises every master's

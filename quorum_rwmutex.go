@@ -3,7 +3,8 @@ package dsync
 import (
 	"context"
 	"errors"
-	"time"
+
+	"github.com/dsync-go/dsync/renew"
 )
 
 // RWMutex returns a handle on the RWMutex called name over q's masters.
@@ -14,19 +15,14 @@ import (
 func (q *Quorum) RWMutex(name string, opts ...Option) *RWMutex {
 	rw, k := newRWMutex(q.shared(), name, opts)
 	rw.err = handleErr(&rw.cfg, rw.err)
-	rw.impl = &quorumRWMutex{q: q, ch: k.Channel(), subs: members(q, func(c *Client) *rwScripts {
+	rw.impl = &quorumRWMutex{newQuorumLock(q, k.Channel(), func(c *Client) *rwScripts {
 		return newRWScripts(c, &rw.cfg, k, name)
 	})}
 	return rw
 }
 
-// quorumRWMutex is an RWMutex over a quorum of masters: the scripts of one
-// deployment on each, granted by a majority.
-type quorumRWMutex struct {
-	q    *Quorum
-	ch   string       // the notification channel on every master
-	subs []*rwScripts // the RWMutex on each master
-}
+// quorumRWMutex is an RWMutex over a quorum of masters.
+type quorumRWMutex struct{ quorumLock[*rwScripts] }
 
 // lock takes a hold in mode. A read is granted when a majority of masters
 // granted it, each with its own writer preference; a waiting caller keeps
@@ -36,13 +32,15 @@ type quorumRWMutex struct {
 // refused by any master undoes the call everywhere.
 func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c lockCall, wait bool) (bool, error) {
 	tok := c.tok
-	a, _, err := qr.q.lock(ctx, &quorumCall{
-		channel: qr.ch,
-		ttl:     rw.cfg.ttl,
-		try: func(i int, id string) (int64, error) {
-			// Never starving: quorum writers do not queue. Each master
-			// would order its queue by the arrivals it saw and hand the
-			// lock to different writers, splitting the grants.
+	fence := func(a answers) uint64 { return uint64(a.max) }
+	if mode == modeRead {
+		fence = func(answers) uint64 { return 0 }
+	}
+	return qr.quorumLock.lock(ctx, &quorumCall{
+		ttl: rw.cfg.ttl,
+		try: func(ctx context.Context, i int, id string) (int64, error) {
+			// Never starving: quorum writers do not queue, as Mutex
+			// waiters do not (quorumMutex.lock).
 			g, err := qr.subs[i].attempt(ctx, mode, tok, id, "-", wait, false)
 			if err == nil && g.kind == final && errors.Is(g.err, ErrUpgrade) {
 				return 0, nil // see quorumCall.zero
@@ -53,35 +51,15 @@ func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c l
 		undo: func(ctx context.Context, i int, id string) { qr.subs[i].abandon(ctx, mode, tok, id) },
 		zero: ErrUpgrade,
 		keep: true,
-		// Recorded before the call returns, so that errRegrant undoes it.
-		accept: func(a answers, start time.Time) error {
-			fence := uint64(a.max)
-			if mode == modeRead {
-				fence = 0
-			}
-			return rw.held(mode, c, fence, func() *hold {
-				return qr.q.hold(tok, fence, a, func(i int) *hold {
-					sub := qr.subs[i]
-					// This master's fencing token, or its id of the read hold.
-					return sub.c.startHold(sub.cfg, sub.renewSpec(mode, tok, uint64(a.v[i])), holdID{tok: tok, fence: uint64(a.v[i])}, start)
-				})
-			})
-		},
-	}, wait)
-	if err != nil || a.v == nil {
-		return false, err
-	}
-	return true, nil
+	}, c, wait, fence, func(s *rwScripts, tok any, f uint64) (*Client, *config, renew.Spec) {
+		return s.c, s.cfg, s.renewSpec(mode, tok, f)
+	}, func(f uint64, newHold func() *hold) error {
+		return rw.held(mode, c, f, newHold)
+	})
 }
 
-// unlock runs the unlock script on every master and sums up their replies
-// as one master's reply (see answers.unlocked). An Unlock raises every
-// master's fencing counter to the write hold's token, as for Mutex, and
-// names on each master the hold that master granted, where known.
 func (qr *quorumRWMutex) unlock(ctx context.Context, mode, tok, id string, h *hold) (int64, error) {
-	floor := floorArg(h)
-	a := each(qr.subs, func(i int, sub *rwScripts) (int64, error) {
-		return sub.unlockFloor(ctx, mode, tok, id, floor, memberHold(h, i).fenceArg())
+	return qr.quorumLock.unlock(ctx, h, func(ctx context.Context, s *rwScripts, floor, fence any) (int64, error) {
+		return s.unlockFloor(ctx, mode, tok, id, floor, fence)
 	})
-	return a.unlocked(qr.q.need)
 }

@@ -66,6 +66,7 @@ type notifier struct {
 	closed  bool
 	done    chan struct{} // closed when the receiver exits
 	stop    chan struct{}
+	subs    sync.WaitGroup // SUBSCRIBEs being sent (see watchSince)
 
 	// Tests only: called with each message before it is delivered, on
 	// the receiving goroutine (it may hold the message back).
@@ -173,14 +174,23 @@ func (n *notifier) watchSince(name string, to addressee, mk mark) (*watcher, boo
 		own := name + n.inbox
 		ch = &channel{watchers: make(map[*watcher]struct{}), ready: make(chan struct{}), unconfirmed: 2}
 		n.chans[name], n.chans[own] = ch, ch
-		ctx, cancel := context.WithTimeout(context.Background(), subscribeWait)
-		// go-redis keeps the channels even if sending SUBSCRIBE failed and
-		// subscribes them again when it reconnects: confirmations follow
-		// either way.
-		_ = n.ps.Subscribe(ctx, name, own)
 		n.pending[name]++
 		n.pending[own]++
-		cancel()
+		// SUBSCRIBE is sent in the background: on a connection that is slow
+		// to come up (a dial, a handshake the server is slow to answer) it
+		// would hold the caller past its ctx, and every other call of the
+		// Client behind n.mu. The waiter waits for the confirmation (see
+		// awaitReady), bounded by its ctx. go-redis keeps the channels even
+		// if sending SUBSCRIBE failed and subscribes them again when it
+		// reconnects: confirmations follow either way.
+		ps := n.ps
+		n.subs.Add(1)
+		go func() {
+			defer n.subs.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), subscribeWait)
+			defer cancel()
+			_ = ps.Subscribe(ctx, name, own)
+		}()
 	}
 	ch.watchers[w] = struct{}{}
 	w.ready = ch.ready
@@ -377,4 +387,5 @@ func (n *notifier) close() {
 		_ = ps.Close()
 		<-done
 	}
+	n.subs.Wait()
 }

@@ -34,6 +34,58 @@ func (h *slowDial) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 
+// A waiter whose Client's pub/sub connection is slow to come up (its dial,
+// or a handshake the server is slow to answer) still returns when its ctx
+// ends: the subscription is made in the background (DESIGN, Deadlines).
+func TestSlowSubscriptionKeepsDeadline(t *testing.T) {
+	const wait, slack = 300 * time.Millisecond, 700 * time.Millisecond
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		holder := newClient(t, b)
+		calls := map[string]func(c *dsync.Client, name string) (hold, call func(context.Context) error){
+			"Mutex": func(c *dsync.Client, name string) (func(context.Context) error, func(context.Context) error) {
+				return holder.Mutex(name).Lock, c.Mutex(name).Lock
+			},
+			"RWMutex": func(c *dsync.Client, name string) (func(context.Context) error, func(context.Context) error) {
+				return holder.RWMutex(name).Lock, c.RWMutex(name).RLock
+			},
+			"Semaphore": func(c *dsync.Client, name string) (func(context.Context) error, func(context.Context) error) {
+				acquire := func(s *dsync.Semaphore) func(context.Context) error {
+					return func(ctx context.Context) error { return s.Acquire(ctx, 1) }
+				}
+				return acquire(holder.Semaphore(name, 1)), acquire(c.Semaphore(name, 1))
+			},
+		}
+		for what, mk := range calls {
+			t.Run(what, func(t *testing.T) {
+				name := redistest.Key(t)
+				rdb := b.NewClient(t)
+				if err := rdb.Ping(ctx).Err(); err != nil { // the command connection
+					t.Fatal(err)
+				}
+				slow := &slowDial{}
+				rdb.AddHook(slow)
+				c := dsync.New(rdb)
+				defer c.Close()
+				hold, call := mk(c, name)
+				must(t, hold(ctx))
+				slow.arm.Store(true) // the next dial is the pub/sub connection's
+				cctx, cancel := context.WithTimeout(ctx, wait)
+				defer cancel()
+				start := time.Now()
+				err := call(cctx)
+				took := time.Since(start)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("%s while held = %v, want DeadlineExceeded", what, err)
+				}
+				if took > wait+slack {
+					t.Errorf("%s with a %v ctx returned after %v, want within %v", what, wait, took, wait+slack)
+				}
+			})
+		}
+	})
+}
+
 // TestSlowSubscriptionDoesNotSlowLaterWaits: the first SUBSCRIBE of a name
 // fails (its connection is slow to come up); go-redis subscribes again once
 // connected, and later waiters on the name must be woken at once again.
