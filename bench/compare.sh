@@ -17,47 +17,17 @@ count=${COUNT:-5}
 benchtime=${BENCHTIME:-1s}
 bench=${BENCH:-'^(BenchmarkRawFloor|BenchmarkMutex|BenchmarkRWMutexRead|BenchmarkRWMutexWrite|BenchmarkSemaphore)$'}
 
-work=$(mktemp -d)
-pid=
-cleanup() {
-	if [ -n "$pid" ]; then
-		kill "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
-	git -C "$repo" worktree remove --force "$work/old" >/dev/null 2>&1 || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-ncpu=$(nproc)
-server_pin=() client_pin=()
-if [ "$ncpu" -ge 2 ] && command -v taskset >/dev/null; then
-	server_pin=(taskset -c 0)
-	client_pin=(taskset -c "1-$((ncpu - 1))")
-fi
+. "$here/server.sh"
+cleanup_more() { git -C "$repo" worktree remove --force "$work/old" >/dev/null 2>&1 || true; }
+make_work
+pin_cores
 
 echo "compare.sh: building $rev and the working tree" >&2
 git -C "$repo" worktree add -q --detach "$work/old" "$rev"
 (cd "$work/old" && go test -c -o "$work/old.test" .)
 (cd "$repo" && go test -c -o "$work/new.test" .)
 
-for try in $(seq 1 20); do
-	port=$((20000 + RANDOM % 25000))
-	(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue
-	"${server_pin[@]}" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-		--dir "$work" --logfile "$work/redis.log" &
-	pid=$!
-	for _ in $(seq 1 100); do
-		if redis-cli -p "$port" ping >/dev/null 2>&1; then break 2; fi
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.05
-	done
-	kill "$pid" 2>/dev/null || true
-	wait "$pid" 2>/dev/null || true
-	pid=
-done
-[ -n "$pid" ] || { echo "compare.sh: could not start redis-server" >&2; exit 1; }
+start_server "$work"
 export DSYNC_BENCH_REDIS_ADDR=127.0.0.1:$port
 
 for round in $(seq 1 "$count"); do

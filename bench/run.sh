@@ -23,51 +23,16 @@ for bin in go redis-server redis-cli; do
 	command -v "$bin" >/dev/null || { echo "run.sh: $bin not on PATH" >&2; exit 1; }
 done
 
-work=$(mktemp -d)
-pid=
-cleanup() {
-	if [ -n "$pid" ]; then
-		kill "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
-	rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# Pin redis-server to CPU 0 and the benchmarks to the others, when there
-# are at least two and taskset is here.
-ncpu=$(nproc)
-server_pin=() client_pin=()
-if [ "${PIN:-1}" != 0 ] && [ "$ncpu" -ge 2 ] && command -v taskset >/dev/null; then
-	server_pin=(taskset -c 0)
-	client_pin=(taskset -c "1-$((ncpu - 1))")
-fi
+. "$here/server.sh"
+make_work
+pin_cores
 
 # Build first, unpinned.
 echo "run.sh: building" >&2
 (cd "$repo" && go test -c -o "$work/dsync.test" .)
 (cd "$here/peers" && go test -c -o "$work/peers.test" . && go build -o "$work/benchtable" ./cmd/benchtable)
 
-# A free loopback port: one nothing answers on; redis-server fails to
-# start if it was taken meanwhile, and then the next one is tried.
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for try in $(seq 1 20); do
-	port=$((20000 + RANDOM % 25000))
-	port_free "$port" || continue
-	"${server_pin[@]}" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-		--dir "$work" --logfile "$work/redis.log" &
-	pid=$!
-	for _ in $(seq 1 100); do
-		if redis-cli -p "$port" ping >/dev/null 2>&1; then break 2; fi
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.05
-	done
-	kill "$pid" 2>/dev/null || true
-	wait "$pid" 2>/dev/null || true
-	pid=
-done
-[ -n "$pid" ] || { echo "run.sh: could not start redis-server" >&2; exit 1; }
+start_server "$work"
 export DSYNC_BENCH_REDIS_ADDR=127.0.0.1:$port
 echo "run.sh: redis-server pid $pid on $DSYNC_BENCH_REDIS_ADDR" >&2
 
