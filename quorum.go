@@ -46,7 +46,7 @@ import (
 // Once: their permits and done marks have no Redlock counterpart whose
 // safety is shown. A Quorum is safe for concurrent use.
 type Quorum struct {
-	base // defaults, bad input, closed state, owners' holds (see lease.go)
+	base // defaults, bad input, closed state, owners' holds (see base.go)
 
 	members []*Client
 	need    int // N/2+1
