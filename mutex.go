@@ -133,13 +133,13 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 // held records a hold taken (or re-entered) by call c with fencing token
 // fence; newHold starts the lease of a hold that is not a re-entry. An
 // error (errRegrant) means it recorded nothing: the caller undoes the call.
-func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) error {
+func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, error) {
 	if c.owned {
-		_, err := m.b.ownerHold(holdKey{m.key, c.otok}, fence, newHold, c.w, c.rel)
-		return err
+		return m.b.ownerHold(holdKey{m.key, c.otok}, fence, newHold, c.w, c.rel)
 	}
-	m.slot.set(newHold())
-	return nil
+	h := newHold()
+	m.slot.set(h)
+	return h, nil
 }
 
 // Unlock unlocks m: one level of an owner's re-entry, or the handle's hold.

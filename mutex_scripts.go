@@ -52,7 +52,7 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 	if err != nil || (g.kind != taken && g.kind != handed) {
 		return false, err
 	}
-	if err := m.held(c, g.fence, func() *hold {
+	if _, err := m.held(c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: mc.tok, fence: g.fence, fenceArg: g.fenceArg}
 		return s.c.startHold(s.cfg, s.renewSpec(mc.tok, id.arg()), id, start)
 	}); err != nil {

@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"reflect"
+	"slices"
 	"sync"
 )
 
@@ -17,6 +18,67 @@ type quorumLease struct {
 	mu    sync.Mutex
 	ended bool
 	lost  bool
+	// levels[i] counts the levels of the hold (an owner's re-entries made
+	// through this process) that master i granted: a re-entry granted by
+	// another majority than the first call's counts on other masters.
+	levels []int
+}
+
+// reenter counts a re-entry granted by the masters of a, starting a
+// member hold (sub) on a master that had none.
+func (l *quorumLease) reenter(a answers, sub func(i int) *hold) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return
+	}
+	for i := range l.levels {
+		if a.err[i] == nil && a.v[i] > 0 {
+			l.levels[i]++
+			if l.subs[i] == nil {
+				l.subs[i] = sub(i)
+			}
+		}
+	}
+}
+
+// levels returns how many levels of hold h this process counts (0 for
+// none known).
+func (q *Quorum) levels(h *hold) int {
+	if h == nil {
+		return 0
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return h.count
+}
+
+// unlockOn returns the masters an unlock of one of the count levels of
+// its hold ends a level on: those that count more levels than are left.
+// nil (every master) for the last level, or when l is not known here.
+func (l *quorumLease) unlockOn(count, n int) []bool {
+	if l == nil || count <= 1 {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	send := make([]bool, n)
+	for i := range send {
+		send[i] = i < len(l.levels) && l.levels[i] > count-1
+	}
+	return send
+}
+
+// unlocked counts an unlock's replies v from the masters in send: one
+// level less where it ended one.
+func (l *quorumLease) unlocked(send []bool, v []int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, s := range send {
+		if s && i < len(l.levels) && (v[i] == 1 || v[i] == 2) {
+			l.levels[i]--
+		}
+	}
 }
 
 var _ leaser = (*quorumLease)(nil)
@@ -45,8 +107,9 @@ func (l *quorumLease) end(lost bool) {
 	}
 	l.ended, l.lost = true, lost
 	close(l.done)
+	subs := slices.Clone(l.subs)
 	l.mu.Unlock()
-	for _, s := range l.subs {
+	for _, s := range subs {
 		if s != nil {
 			s.release()
 		}
@@ -60,6 +123,8 @@ func memberHold(h *hold, i int) *hold {
 		return nil
 	}
 	if l, ok := h.lease.(*quorumLease); ok && i < len(l.subs) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
 		return l.subs[i]
 	}
 	return nil
@@ -68,10 +133,11 @@ func memberHold(h *hold, i int) *hold {
 // hold makes the hold of a quorum grant a to holder tok: one member hold
 // per granting master, started by sub(i), and the hold's own lease.
 func (q *Quorum) hold(tok string, fence uint64, a answers, sub func(i int) *hold) *hold {
-	l := &quorumLease{done: make(chan struct{}), subs: make([]*hold, len(a.v))}
+	l := &quorumLease{done: make(chan struct{}), subs: make([]*hold, len(a.v)), levels: make([]int, len(a.v))}
 	for i := range l.subs {
 		if a.err[i] == nil && a.v[i] > 0 {
 			l.subs[i] = sub(i)
+			l.levels[i] = 1
 		}
 	}
 	q.watch(l)

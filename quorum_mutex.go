@@ -34,7 +34,12 @@ func (qm *quorumMutex) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 			return vote(g, err, int64(g.fence))
 		},
 		undo: func(ctx context.Context, i int, id string) { qm.subs[i].abandon(ctx, tok, id) },
-	}, c, wait, func(a answers) uint64 { return uint64(a.max) }, mutexMember, func(f uint64, newHold func() *hold) error {
+	}, c, wait, func(a answers) uint64 { return uint64(a.max) }, mutexMember, func() *hold {
+		if !c.owned {
+			return nil
+		}
+		return m.b.lookupHold(holdKey{m.key, c.otok})
+	}, func(f uint64, newHold func() *hold) (*hold, error) {
 		return m.held(c, f, newHold)
 	})
 }

@@ -53,7 +53,12 @@ func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c l
 		keep: true,
 	}, c, wait, fence, func(s *rwScripts, tok any, f uint64) (*Client, *config, renew.Spec) {
 		return s.c, s.cfg, s.renewSpec(mode, tok, f)
-	}, func(f uint64, newHold func() *hold) error {
+	}, func() *hold {
+		if !c.owned {
+			return nil
+		}
+		return rw.b.lookupHold(rw.holdKey(mode, c.otok))
+	}, func(f uint64, newHold func() *hold) (*hold, error) {
 		return rw.held(mode, c, f, newHold)
 	})
 }

@@ -3,7 +3,6 @@ package dsync_test
 import (
 	"context"
 	"errors"
-	"os"
 	"testing"
 	"time"
 
@@ -320,16 +319,6 @@ func miniQuorumEnv(t *testing.T, opts ...dsync.Option) ([]redistest.Backend, []r
 func TestQuorumOwnerWaitingInTwoGoroutines(t *testing.T) {
 	for _, k := range qKinds() {
 		t.Run(k.name, func(t *testing.T) {
-			if k.name == "RWMutex read" && os.Getenv("DSYNC_QUORUM_KNOWN_BUGS") == "" {
-				// Open bug (fails 1 to 4 runs in 100): when the owner's two
-				// calls are granted by different majorities (one refused
-				// on a master the writer's release had not reached yet),
-				// the masters count different levels ([1 2 1]); the first
-				// RUnlock ends one level on every master ([0 1 0]) and a
-				// writer gets a majority. Set DSYNC_QUORUM_KNOWN_BUGS=1
-				// to run it.
-				t.Skip("known open bug: quorum re-entry levels differ between masters (DSYNC_QUORUM_KNOWN_BUGS=1 runs it)")
-			}
 			bs, rdbs, _ := miniQuorumEnv(t)
 			q, cs := countedQuorum(t, bs)
 			ctx := ctxT(t)

@@ -178,20 +178,19 @@ func (rw *RWMutex) holdKey(mode, tok string) holdKey { return holdKey{rw.modeKey
 // token fence; newHold starts the lease of a hold that is not a re-entry.
 // An error (errRegrant) means it recorded nothing: the caller undoes the
 // call.
-func (rw *RWMutex) held(mode string, c lockCall, fence uint64, newHold func() *hold) error {
+func (rw *RWMutex) held(mode string, c lockCall, fence uint64, newHold func() *hold) (*hold, error) {
 	if c.owned {
-		_, err := rw.b.ownerHold(rw.holdKey(mode, c.otok), fence, newHold, c.w, c.rel)
-		return err
+		return rw.b.ownerHold(rw.holdKey(mode, c.otok), fence, newHold, c.w, c.rel)
 	}
 	h := newHold()
 	if mode == modeWrite {
 		rw.slot.set(h)
-		return nil
+		return h, nil
 	}
 	rw.mu.Lock()
 	rw.reads = append(rw.reads, h)
 	rw.mu.Unlock()
-	return nil
+	return h, nil
 }
 
 // takeRead removes the handle's latest read hold so that no other unlock

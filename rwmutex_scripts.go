@@ -69,7 +69,7 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 		}
 	}
 	// For a read hold, g.fence is its hold id (see s.attempt).
-	if err := rw.held(mode, c, g.fence, func() *hold {
+	if _, err := rw.held(mode, c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: rc.tok, fence: g.fence, fenceArg: g.fenceArg}
 		return s.c.startHold(s.cfg, s.renewSpec(mode, rc.tok, id.arg()), id, start)
 	}); err != nil {
