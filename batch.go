@@ -77,35 +77,32 @@ func (c *Client) enter(q *queuedCall) bool {
 
 // leave ends a call or batch in flight: the queue, if any, goes out in its
 // place (see sendBatch).
-func (c *Client) leave() {
-	b := &c.batch
-	b.mu.Lock()
-	if len(b.queue) == 0 {
-		b.flight--
-		b.mu.Unlock()
-		return
-	}
-	batch := b.queue
-	b.queue = nil
-	b.late.Stop()
-	b.mu.Unlock()
-	c.startBatch(batch)
-}
+func (c *Client) leave() { c.flush(-1) }
 
 // flushLate sends the queue that waited maxQueueWait for a call in flight
 // to return, as one more in flight.
-func (c *Client) flushLate() {
+func (c *Client) flushLate() { c.flush(+1) }
+
+// flush sends the queue, if any. For leave (d = -1) a call or batch in
+// flight has ended: the queue takes its place, or the count drops by one.
+// For flushLate (d = +1) the queue goes out as one more in flight.
+func (c *Client) flush(d int) {
 	b := &c.batch
 	b.mu.Lock()
-	if len(b.queue) == 0 {
-		b.mu.Unlock()
-		return
-	}
 	batch := b.queue
+	switch {
+	case len(batch) == 0:
+		b.flight += min(d, 0)
+	case d < 0:
+		b.late.Stop() // the batch goes in the place of the call that ended
+	default:
+		b.flight += d
+	}
 	b.queue = nil
-	b.flight++
 	b.mu.Unlock()
-	c.startBatch(batch)
+	if len(batch) > 0 {
+		c.startBatch(batch)
+	}
 }
 
 // startBatch sends batch in a goroutine of its own, owned by c; once c is
