@@ -34,12 +34,14 @@ func newBatchGate(hold string) *batchGate {
 	return &batchGate{hold: hold, held: make(chan struct{}), open: make(chan struct{})}
 }
 
-func (g *batchGate) names(cmd redis.Cmder) bool {
+// scriptNames reports whether cmd is a script call with a key or argument
+// that contains name.
+func scriptNames(cmd redis.Cmder, name string) bool {
 	if cmd.Name() != "evalsha" {
 		return false
 	}
 	for _, a := range cmd.Args() {
-		if s, ok := a.(string); ok && strings.Contains(s, g.hold) {
+		if s, ok := a.(string); ok && strings.Contains(s, name) {
 			return true
 		}
 	}
@@ -50,7 +52,7 @@ func (g *batchGate) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (g *batchGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if g.names(cmd) {
+		if scriptNames(cmd, g.hold) {
 			g.heldOnce.Do(func() { close(g.held) })
 			<-g.open
 		}
@@ -110,12 +112,7 @@ func heldBatch(t *testing.T, ctx context.Context, c *dsync.Client, g *batchGate,
 		ms = append(ms, m)
 		go func() { out <- m.Lock(ctx) }()
 	}
-	for i := 0; dsync.Queued(c) < len(names); i++ {
-		if i == 10000 {
-			t.Fatalf("%d calls queued, want %d", dsync.Queued(c), len(names))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, 10*time.Second, fmt.Sprintf("%d calls queued", len(names)), func() bool { return dsync.Queued(c) == len(names) })
 	return h, out, ms
 }
 
@@ -141,11 +138,8 @@ func lockKeyExists(t *testing.T, ctx context.Context, rdb redis.UniversalClient,
 func TestCoalescedCallsShareOneRoundTrip(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
-		rdb := b.NewClient(t)
 		g := newBatchGate(redistest.Key(t))
-		rdb.AddHook(g)
-		c := dsync.New(rdb)
-		t.Cleanup(func() { c.Close() })
+		c, rdb := hookedClient(t, b, g)
 		names := batchNames(t, 8)
 		held, errs, ms := heldBatch(t, ctx, c, g, names)
 		close(g.open)
@@ -172,11 +166,8 @@ func TestCoalescedCallsShareOneRoundTrip(t *testing.T) {
 // other calls: the queue goes out on its own after a short wait.
 func TestHeldCallDoesNotHoldUpOthers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		rdb := b.NewClient(t)
 		g := newBatchGate(redistest.Key(t))
-		rdb.AddHook(g)
-		c := dsync.New(rdb)
-		t.Cleanup(func() { c.Close() })
+		c, _ := hookedClient(t, b, g)
 		t.Cleanup(func() { close(g.open) })
 		go func() { _ = c.Mutex(g.hold).Lock(context.Background()) }()
 		<-g.held
@@ -197,11 +188,8 @@ func TestHeldCallDoesNotHoldUpOthers(t *testing.T) {
 func TestCancelWhileQueued(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
-		rdb := b.NewClient(t)
 		g := newBatchGate(redistest.Key(t))
-		rdb.AddHook(g)
-		c := dsync.New(rdb)
-		t.Cleanup(func() { c.Close() })
+		c, rdb := hookedClient(t, b, g)
 		qctx, cancel := context.WithCancel(ctx)
 		names := batchNames(t, 2)
 		held, errs, _ := heldBatch(t, qctx, c, g, names[:1])
@@ -217,19 +205,9 @@ func TestCancelWhileQueued(t *testing.T) {
 		close(g.open)
 		<-held
 		// The cancelled call was not sent, or was undone: the name is free.
-		m := newClient(t, b).Mutex(names[0])
-		for i := 0; ; i++ {
-			ok, err := m.TryLock(ctx)
-			must(t, err)
-			if ok {
-				break
-			}
-			if i == 100 {
-				t.Fatal("the name of a cancelled queued Lock stayed held")
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		must(t, m.Unlock(ctx))
+		waitFor(t, 5*time.Second, "the name of a cancelled queued Lock to be free", func() bool {
+			return !lockKeyExists(t, ctx, rdb, names[0])
+		})
 	})
 }
 
@@ -238,11 +216,8 @@ func TestCancelWhileQueued(t *testing.T) {
 func TestCoalescedCallsAfterScriptFlush(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
-		rdb := b.NewClient(t)
 		g := newBatchGate(redistest.Key(t))
-		rdb.AddHook(g)
-		c := dsync.New(rdb)
-		t.Cleanup(func() { c.Close() })
+		c, rdb := hookedClient(t, b, g)
 		names := batchNames(t, 4)
 		held, errs, _ := heldBatch(t, ctx, c, g, names)
 		must(t, nemMasters(ctx, b.NewClient(t), func(ctx context.Context, m *redis.Client) error {
@@ -267,11 +242,8 @@ func TestCoalescedCallsAfterScriptFlush(t *testing.T) {
 func TestCoalescedCallsWithLostReplies(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx := ctxT(t)
-		rdb := b.NewClient(t)
 		g := newBatchGate(redistest.Key(t))
-		rdb.AddHook(g)
-		c := dsync.New(rdb)
-		t.Cleanup(func() { c.Close() })
+		c, rdb := hookedClient(t, b, g)
 		names := batchNames(t, 4)
 		held, errs, _ := heldBatch(t, ctx, c, g, names)
 		g.drop.Store(true)

@@ -3,8 +3,8 @@ package dsync_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,20 +14,21 @@ import (
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
-// A pairGate holds the first script naming name until a second one
-// arrives (5 s at most), so that two calls are in flight at once.
+// A pairGate, once armed, holds the first script naming name until a
+// second one arrives (5 s at most), so that two calls are in flight at once.
 type pairGate struct {
-	name string
-	mu   sync.Mutex
-	n    int
-	both chan struct{}
+	name  string
+	armed atomic.Bool // from then on
+	mu    sync.Mutex
+	n     int
+	both  chan struct{}
 }
 
 func (g *pairGate) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (g *pairGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if g.names(cmd) {
+		if g.armed.Load() && scriptNames(cmd, g.name) {
 			g.mu.Lock()
 			g.n++
 			if g.n == 2 {
@@ -47,18 +48,6 @@ func (g *pairGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 
-func (g *pairGate) names(cmd redis.Cmder) bool {
-	if cmd.Name() != "evalsha" {
-		return false
-	}
-	for _, a := range cmd.Args() {
-		if s, ok := a.(string); ok && strings.Contains(s, g.name) {
-			return true
-		}
-	}
-	return false
-}
-
 // Two Unlocks of one hold of a handle (no owner), at once: as with
 // sync.Mutex, one unlocks and the other finds nothing held, on Mutex and
 // RWMutex alike.
@@ -72,15 +61,14 @@ func TestConcurrentHandleUnlocksOneSucceeds(t *testing.T) {
 			t.Run(kind, func(t *testing.T) {
 				ctx := ctxT(t)
 				name := redistest.Key(t)
-				rdb := b.NewClient(t)
-				c := dsync.New(rdb)
-				t.Cleanup(func() { c.Close() })
+				g := &pairGate{name: name, both: make(chan struct{})}
+				c, _ := hookedClient(t, b, g)
 				var l locker = c.Mutex(name)
 				if kind == "RWMutex" {
 					l = c.RWMutex(name)
 				}
 				must(t, l.Lock(ctx))
-				rdb.AddHook(&pairGate{name: name, both: make(chan struct{})})
+				g.armed.Store(true) // only the Unlocks meet at the gate
 				errs := make(chan error, 2)
 				for range 2 {
 					go func() { errs <- l.Unlock(ctx) }()
