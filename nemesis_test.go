@@ -2928,13 +2928,7 @@ func TestNemesisNoLateCopyAcrossDeletion(t *testing.T) {
 // it unnoticed (the next renewal would notice) while another call takes
 // the run. Without the deletion, the same two runs are reported.
 func TestNemesisOnceExcusesDeletionBeforeFStarts(t *testing.T) {
-	base := time.Now()
-	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
-	for _, deleted := range []bool{true, false} {
-		var got []string
-		w := &nemWorld{t: t, cl: &nemClass{}, start: base, trace: newTrace(10), doneOnce: map[string]time.Time{},
-			counts: map[string]int{}, reports: map[string]int{}, summary: map[string]int{},
-			onReport: func(check, msg string) { got = append(got, check+": "+msg) }}
+	checkExcused(t, &nemClass{}, 0, func(w *nemWorld, at func(int) time.Time, deleted bool) {
 		// a's Do is called at 0 and f runs from 100 ms to 300 ms; b waits
 		// from 50 ms and runs f from 110 ms.
 		w.runs = []*nemRun{
@@ -2947,13 +2941,7 @@ func TestNemesisOnceExcusesDeletionBeforeFStarts(t *testing.T) {
 		w.delIdx = map[string]*nemIndex{"x": newIndex(w.dels)}
 		w.faultIdx = newIndex(nil)
 		w.checkOnce()
-		switch {
-		case deleted && len(got) > 0:
-			t.Errorf("keys deleted at 90 ms, between a's call and its f: reported %q, want nothing", got)
-		case !deleted && len(got) == 0:
-			t.Errorf("no deletion: nothing reported, want f ran twice at once")
-		}
-	}
+	}, "keys deleted at 90 ms, between a's call and its f", "no deletion", "f ran twice at once")
 }
 
 // TestNemesisExcusesDeletionBehindAFailedRelease: keys deleted behind a
@@ -2963,7 +2951,7 @@ func TestNemesisOnceExcusesDeletionBeforeFStarts(t *testing.T) {
 // is judged over its whole hold.
 func TestNemesisExcusesDeletionBehindAFailedRelease(t *testing.T) {
 	base := time.Now()
-	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	at := msAfter(base)
 	del := newIndex([]nemWindow{{what: "del", name: "x", start: at(300), end: at(301)}})
 	w := &nemWorld{t: t, cl: &nemClass{}, start: base}
 	for _, c := range []struct {
@@ -2984,13 +2972,7 @@ func TestNemesisExcusesDeletionBehindAFailedRelease(t *testing.T) {
 // earlier hold of the same owner held it; that release's ErrLeaseLost is
 // no vanished hold. Without the deletion, it is.
 func TestNemesisVanishedCountsDeletionsFromTheHolding(t *testing.T) {
-	base := time.Now()
-	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
-	for _, deleted := range []bool{true, false} {
-		var got []string
-		w := &nemWorld{t: t, cl: &nemClass{}, start: base, cancelAt: at(2000), trace: newTrace(10),
-			reports: map[string]int{}, summary: map[string]int{},
-			onReport: func(check, msg string) { got = append(got, check+": "+msg) }}
+	checkExcused(t, &nemClass{}, 2000, func(w *nemWorld, at func(int) time.Time, deleted bool) {
 		if deleted {
 			w.dels = []nemWindow{{what: "del", name: "x", start: at(300), end: at(301)}}
 		}
@@ -3004,13 +2986,7 @@ func TestNemesisVanishedCountsDeletionsFromTheHolding(t *testing.T) {
 		}
 		hs := []*nemHold{mk(0, 1000, nil), mk(500, 600, dsync.ErrLeaseLost)}
 		w.checkErrors(hs, w.liveEnds(hs, at(2000), w.delIdx["x"]))
-		switch {
-		case deleted && len(got) > 0:
-			t.Errorf("the holding deleted at 300 ms, before the re-entry: reported %q, want nothing", got)
-		case !deleted && len(got) == 0:
-			t.Errorf("no deletion: nothing reported, want a vanished hold")
-		}
-	}
+	}, "the holding deleted at 300 ms, before the re-entry", "no deletion", "a vanished hold")
 }
 
 // TestNemesisTokenJoinOfAnUnknownOutcome: a holding whose token is below
@@ -3019,14 +2995,8 @@ func TestNemesisVanishedCountsDeletionsFromTheHolding(t *testing.T) {
 // the holding it joined (a Semaphore owner's permits add up under the
 // holding's token).
 func TestNemesisTokenJoinOfAnUnknownOutcome(t *testing.T) {
-	base := time.Now()
-	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
-	tok := uint64(base.UnixMicro())
-	for _, unknown := range []bool{true, false} {
-		var got []string
-		w := &nemWorld{t: t, cl: &nemClass{ttl: nemSpan{2 * time.Second, 4 * time.Second}}, start: base, cancelAt: at(2000),
-			trace: newTrace(10), reports: map[string]int{}, summary: map[string]int{}, counts: map[string]int{},
-			onReport: func(check, msg string) { got = append(got, check+": "+msg) }}
+	checkExcused(t, &nemClass{ttl: nemSpan{2 * time.Second, 4 * time.Second}}, 2000, func(w *nemWorld, at func(int) time.Time, unknown bool) {
+		tok := uint64(at(0).UnixMicro())
 		mk := func(ident string, token uint64, call int) *nemHold {
 			return &nemHold{kind: kSem, name: "x", write: true, n: 1, ident: ident, owned: true, ttl: 2 * time.Second,
 				call: at(call), ret: at(call + 10), rel: at(call + 100), relDone: at(call + 110), token: token, lease: &dsync.Lease{}}
@@ -3039,13 +3009,42 @@ func TestNemesisTokenJoinOfAnUnknownOutcome(t *testing.T) {
 			w.callsBy["x"][0].ident = "owner q"
 		}
 		w.checkTokens([]*nemHold{mk("owner p", tok+1, 100), mk("owner o", tok, 500)})
-		switch {
-		case unknown && len(got) > 0:
-			t.Errorf("o's failed call at 50 ms may have taken the holding: reported %q, want nothing", got)
-		case unknown && w.counts["holds that joined a holding of an unknown-outcome call"] != 1:
+		if unknown && w.counts["holds that joined a holding of an unknown-outcome call"] != 1 {
 			t.Errorf("the join was not counted: %v", w.counts)
-		case !unknown && len(got) == 0:
-			t.Errorf("no failed call of o: nothing reported, want a token report")
+		}
+	}, "o's failed call at 50 ms may have taken the holding", "no failed call of o", "a token report")
+}
+
+// checkExcused runs check on a fresh world for a unit test of the checks
+// twice: with an excuse (excused true), where the checks must report
+// nothing (excusedCase says why), and without, where they must report
+// (otherCase says what the case is and want what should be reported). The
+// world starts now and is cancelled cancelMs after (never if 0); at turns
+// milliseconds after its start into a time.
+func checkExcused(t *testing.T, cl *nemClass, cancelMs int, check func(w *nemWorld, at func(ms int) time.Time, excused bool), excusedCase, otherCase, want string) {
+	t.Helper()
+	base := time.Now()
+	at := msAfter(base)
+	for _, excused := range []bool{true, false} {
+		var got []string
+		w := &nemWorld{t: t, cl: cl, start: base, trace: newTrace(10), doneOnce: map[string]time.Time{},
+			counts: map[string]int{}, reports: map[string]int{}, summary: map[string]int{},
+			onReport: func(check, msg string) { got = append(got, check+": "+msg) }}
+		if cancelMs > 0 {
+			w.cancelAt = at(cancelMs)
+		}
+		check(w, at, excused)
+		switch {
+		case excused && len(got) > 0:
+			t.Errorf("%s: reported %q, want nothing", excusedCase, got)
+		case !excused && len(got) == 0:
+			t.Errorf("%s: nothing reported, want %s", otherCase, want)
 		}
 	}
+}
+
+// msAfter returns the function that turns milliseconds after base into a
+// time.
+func msAfter(base time.Time) func(ms int) time.Time {
+	return func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
 }
