@@ -431,7 +431,8 @@ func TestContract(t *testing.T) {
 		name  string
 		waits bool // only for operations that wait
 		on    int
-		run   func(t *testing.T, op *contractOp, e contractEnv)
+		// run gets a context bounding the test's calls and a unique name.
+		run func(t *testing.T, op *contractOp, e contractEnv, ctx context.Context, name string)
 	}{
 		{"cancel leaves nothing", true, onBackendsQuorum, contractCancel},
 		{"lost reply leaves nothing", false, onBackendsQuorum, contractLostReply},
@@ -448,7 +449,7 @@ func TestContract(t *testing.T) {
 					continue // a try neither waits nor queues
 				}
 				t.Run(sc.name, func(t *testing.T) {
-					eachEnv(t, sc.on, op.p.quorum, func(t *testing.T, e contractEnv) { sc.run(t, op, e) })
+					eachEnv(t, sc.on, op.p.quorum, func(t *testing.T, e contractEnv) { sc.run(t, op, e, ctxT(t), redistest.Key(t)) })
 				})
 			}
 		})
@@ -457,10 +458,8 @@ func TestContract(t *testing.T) {
 
 // Waiters give up (their deadlines end) while the hold they wait for is
 // released: hand-overs race with cancellations. What is left is nothing.
-func contractCancel(t *testing.T, op *contractOp, e contractEnv) {
+func contractCancel(t *testing.T, op *contractOp, e contractEnv, ctx context.Context, name string) {
 	p := op.p
-	ctx := ctxT(t)
-	name := redistest.Key(t)
 	end := p.holdOn(t, ctx, e, name)
 	c := e.client(t)
 	var wg sync.WaitGroup
@@ -508,10 +507,8 @@ func contractCancel(t *testing.T, op *contractOp, e contractEnv) {
 
 // The server runs the attempt, its reply is lost: the caller sees the
 // error, and what the attempt took is given back, not leaked until the TTL.
-func contractLostReply(t *testing.T, op *contractOp, e contractEnv) {
+func contractLostReply(t *testing.T, op *contractOp, e contractEnv, ctx context.Context, name string) {
 	p := op.p
-	ctx := ctxT(t)
-	name := redistest.Key(t)
 	c, drop := e.faulty(t)
 	for _, owned := range []bool{false, true} {
 		lctx := ctx
@@ -531,10 +528,8 @@ func contractLostReply(t *testing.T, op *contractOp, e contractEnv) {
 }
 
 // An attempt that queued, its reply lost: its place is dropped.
-func contractLostReplyQueued(t *testing.T, op *contractOp, e contractEnv) {
+func contractLostReplyQueued(t *testing.T, op *contractOp, e contractEnv, ctx context.Context, name string) {
 	p := op.p
-	ctx := ctxT(t)
-	name := redistest.Key(t)
 	end := p.holdOn(t, ctx, e, name)
 	c, drop := e.faulty(t)
 	drop()
@@ -635,10 +630,8 @@ func sendCopies(t *testing.T, ms []recMember, copies [][]any, want int64, what s
 // arrives after the hold ended; a late copy of a refused try arrives once
 // the name is free. Neither takes a hold, which no one would renew or
 // release. On a Quorum, each master gets the late copy of its own attempt.
-func contractLateCopy(t *testing.T, op *contractOp, e contractEnv) {
+func contractLateCopy(t *testing.T, op *contractOp, e contractEnv, ctx context.Context, name string) {
 	p := op.p
-	ctx := ctxT(t)
-	name := redistest.Key(t)
 	c, ms := e.recorded(t)
 	octx := dsync.WithOwner(ctx)
 	h := p.handle(c, name)
@@ -697,10 +690,8 @@ func contractLateCopy(t *testing.T, op *contractOp, e contractEnv) {
 // Quorum, the replies are lost on every master (the call fails) and then
 // on one master only (the call is granted by the others, and undone on
 // that one), and each master gets the late copy of its own attempt.
-func contractAbandoned(t *testing.T, op *contractOp, e contractEnv) {
+func contractAbandoned(t *testing.T, op *contractOp, e contractEnv, ctx context.Context, name string) {
 	p := op.p
-	ctx := ctxT(t)
-	name := redistest.Key(t)
 	c, ms := e.recorded(t)
 	h := p.handle(c, name)
 	// Load the scripts on the name's servers.
@@ -743,7 +734,7 @@ func contractAbandoned(t *testing.T, op *contractOp, e contractEnv) {
 
 // Bad input is an error before any I/O: every call of an invalid handle,
 // and the operation with invalid arguments or owner tokens.
-func contractBadInput(t *testing.T, op *contractOp, e contractEnv) {
+func contractBadInput(t *testing.T, op *contractOp, e contractEnv, _ context.Context, _ string) {
 	p := op.p
 	counter := &redistest.Counter{}
 	rdbs := e.connect(t, counter)
@@ -798,7 +789,7 @@ func contractBadInput(t *testing.T, op *contractOp, e contractEnv) {
 }
 
 // A handle of a closed Client (or Quorum) refuses the operation.
-func contractClosedClient(t *testing.T, op *contractOp, e contractEnv) {
+func contractClosedClient(t *testing.T, op *contractOp, e contractEnv, _ context.Context, _ string) {
 	c := e.client(t)
 	h := op.p.handle(c, "x")
 	c.(interface{ Close() error }).Close()
