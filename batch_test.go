@@ -125,6 +125,58 @@ func batchNames(t *testing.T, k int) []string {
 	return out
 }
 
+// A batchRig is a Client whose scripts on g.hold are held by g, its
+// connection, a context that bounds the test's calls, and names to queue.
+type batchRig struct {
+	ctx   context.Context
+	g     *batchGate
+	c     *dsync.Client
+	rdb   redis.UniversalClient
+	names []string
+}
+
+// newBatchRig returns a batchRig on b with k names.
+func newBatchRig(t *testing.T, b redistest.Backend, k int) *batchRig {
+	r := &batchRig{ctx: ctxT(t), g: newBatchGate(redistest.Key(t)), names: batchNames(t, k)}
+	r.c, r.rdb = hookedClient(t, b, r.g)
+	return r
+}
+
+// eachHeldBatch runs f on each backend with a batchRig of k names whose
+// Locks are queued behind the held one (see heldBatch): held and errs get
+// their errors, ms has their handles.
+func eachHeldBatch(t *testing.T, k int, f func(t *testing.T, b redistest.Backend, r *batchRig, held, errs <-chan error, ms []*dsync.Mutex)) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		r := newBatchRig(t, b, k)
+		held, errs, ms := heldBatch(t, r.ctx, r.c, r.g, r.names)
+		f(t, b, r, held, errs, ms)
+	})
+}
+
+// open lets the held call through, checks that it returned nil and
+// returns the errors of the len(r.names) calls queued behind it.
+func (r *batchRig) open(t *testing.T, held, errs <-chan error) []error {
+	t.Helper()
+	close(r.g.open)
+	must(t, <-held)
+	var out []error
+	for range r.names {
+		out = append(out, <-errs)
+	}
+	return out
+}
+
+// assertHolds checks that each of names has a hold in Redis (want) or not,
+// stopping the test with "name: msg" on the first that differs.
+func (r *batchRig) assertHolds(t *testing.T, names []string, want bool, msg string) {
+	t.Helper()
+	for _, n := range names {
+		if lockKeyExists(t, r.ctx, r.rdb, n) != want {
+			t.Fatalf("%s: %s", n, msg)
+		}
+	}
+}
+
 // lockKeyExists reports whether the Mutex name has a hold in Redis.
 func lockKeyExists(t *testing.T, ctx context.Context, rdb redis.UniversalClient, name string) bool {
 	t.Helper()
@@ -136,28 +188,17 @@ func lockKeyExists(t *testing.T, ctx context.Context, rdb redis.UniversalClient,
 // Script calls that come while another is in flight go out together, in
 // one pipeline, and each gets its own reply.
 func TestCoalescedCallsShareOneRoundTrip(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		g := newBatchGate(redistest.Key(t))
-		c, rdb := hookedClient(t, b, g)
-		names := batchNames(t, 8)
-		held, errs, ms := heldBatch(t, ctx, c, g, names)
-		close(g.open)
-		must(t, <-held)
-		for range names {
-			must(t, <-errs)
+	eachHeldBatch(t, 8, func(t *testing.T, b redistest.Backend, r *batchRig, held, errs <-chan error, ms []*dsync.Mutex) {
+		for _, err := range r.open(t, held, errs) {
+			must(t, err)
 		}
-		if p := g.pipelines(); len(p) != 1 || p[0] != len(names) {
-			t.Fatalf("scripts per pipeline %v, want one pipeline of %d", p, len(names))
+		if p := r.g.pipelines(); len(p) != 1 || p[0] != len(r.names) {
+			t.Fatalf("scripts per pipeline %v, want one pipeline of %d", p, len(r.names))
 		}
-		for i, n := range append([]string{g.hold}, names...) {
-			if !lockKeyExists(t, ctx, rdb, n) {
-				t.Fatalf("%s: Lock returned nil, no hold in Redis", n)
-			}
-			must(t, ms[i].Unlock(ctx))
-			if lockKeyExists(t, ctx, rdb, n) {
-				t.Fatalf("%s: Unlock returned nil, hold still in Redis", n)
-			}
+		for i, n := range append([]string{r.g.hold}, r.names...) {
+			r.assertHolds(t, []string{n}, true, "Lock returned nil, no hold in Redis")
+			must(t, ms[i].Unlock(r.ctx))
+			r.assertHolds(t, []string{n}, false, "Unlock returned nil, hold still in Redis")
 		}
 	})
 }
@@ -187,12 +228,10 @@ func TestHeldCallDoesNotHoldUpOthers(t *testing.T) {
 // and leaves nothing behind.
 func TestCancelWhileQueued(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		g := newBatchGate(redistest.Key(t))
-		c, rdb := hookedClient(t, b, g)
-		qctx, cancel := context.WithCancel(ctx)
-		names := batchNames(t, 2)
-		held, errs, _ := heldBatch(t, qctx, c, g, names[:1])
+		r := newBatchRig(t, b, 2)
+		g, names := r.g, r.names
+		qctx, cancel := context.WithCancel(r.ctx)
+		held, errs, _ := heldBatch(t, qctx, r.c, g, names[:1])
 		cancel()
 		select {
 		case err := <-errs:
@@ -206,7 +245,7 @@ func TestCancelWhileQueued(t *testing.T) {
 		<-held
 		// The cancelled call was not sent, or was undone: the name is free.
 		waitFor(t, 5*time.Second, "the name of a cancelled queued Lock to be free", func() bool {
-			return !lockKeyExists(t, ctx, rdb, names[0])
+			return !lockKeyExists(t, r.ctx, r.rdb, names[0])
 		})
 	})
 }
@@ -214,25 +253,14 @@ func TestCancelWhileQueued(t *testing.T) {
 // Calls of a batch whose scripts the server forgot (SCRIPT FLUSH, a
 // restart) load them and run.
 func TestCoalescedCallsAfterScriptFlush(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		g := newBatchGate(redistest.Key(t))
-		c, rdb := hookedClient(t, b, g)
-		names := batchNames(t, 4)
-		held, errs, _ := heldBatch(t, ctx, c, g, names)
-		must(t, nemMasters(ctx, b.NewClient(t), func(ctx context.Context, m *redis.Client) error {
+	eachHeldBatch(t, 4, func(t *testing.T, b redistest.Backend, r *batchRig, held, errs <-chan error, _ []*dsync.Mutex) {
+		must(t, nemMasters(r.ctx, b.NewClient(t), func(ctx context.Context, m *redis.Client) error {
 			return m.ScriptFlush(ctx).Err()
 		}))
-		close(g.open)
-		must(t, <-held)
-		for range names {
-			must(t, <-errs)
+		for _, err := range r.open(t, held, errs) {
+			must(t, err)
 		}
-		for _, n := range names {
-			if !lockKeyExists(t, ctx, rdb, n) {
-				t.Fatalf("%s: Lock returned nil, no hold in Redis", n)
-			}
-		}
+		r.assertHolds(t, r.names, true, "Lock returned nil, no hold in Redis")
 	})
 }
 
@@ -240,27 +268,16 @@ func TestCoalescedCallsAfterScriptFlush(t *testing.T) {
 // caller fails (none can know it holds), and the failed calls leave no
 // hold behind.
 func TestCoalescedCallsWithLostReplies(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		g := newBatchGate(redistest.Key(t))
-		c, rdb := hookedClient(t, b, g)
-		names := batchNames(t, 4)
-		held, errs, _ := heldBatch(t, ctx, c, g, names)
-		g.drop.Store(true)
-		close(g.open)
-		must(t, <-held)
-		for range names {
-			if err := <-errs; err == nil {
+	eachHeldBatch(t, 4, func(t *testing.T, b redistest.Backend, r *batchRig, held, errs <-chan error, _ []*dsync.Mutex) {
+		r.g.drop.Store(true)
+		for _, err := range r.open(t, held, errs) {
+			if err == nil {
 				t.Fatal("a Lock whose reply was lost returned nil")
 			}
 		}
-		if g.drop.Load() {
+		if r.g.drop.Load() {
 			t.Fatal("no batch went out")
 		}
-		for _, n := range names {
-			if lockKeyExists(t, ctx, rdb, n) {
-				t.Fatalf("%s: a failed Lock left a hold in Redis", n)
-			}
-		}
+		r.assertHolds(t, r.names, false, "a failed Lock left a hold in Redis")
 	})
 }
