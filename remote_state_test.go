@@ -280,6 +280,19 @@ func rsForeignLock(key func(name string) string) func(testing.TB, redis.Universa
 	}
 }
 
+// rsLockHolders returns the holders of a mutex-like lock hash: the fields
+// of key(name).
+func rsLockHolders(key func(name string) string) func(context.Context, redis.UniversalClient, string) []string {
+	return func(ctx context.Context, rdb redis.UniversalClient, name string) []string {
+		return rsFields(ctx, rdb, key(name))
+	}
+}
+
+// mutexLockKey and rwWriterKey are the lock hashes of a Mutex and of an
+// RWMutex's writer.
+func mutexLockKey(n string) string { return mutexKeys(n).Lock }
+func rwWriterKey(n string) string  { return rwk(n).Writer }
+
 var errForeignRun = errors.New("the foreign run fails")
 
 var rsPrims = []*rsPrim{
@@ -292,10 +305,8 @@ var rsPrims = []*rsPrim{
 			m := c.Mutex(name)
 			return rsTake(ctx, tok, m.Lock, m.Unlock, m.Lease)
 		},
-		foreign: rsForeignLock(func(n string) string { return mutexKeys(n).Lock }),
-		holders: func(ctx context.Context, rdb redis.UniversalClient, name string) []string {
-			return rsFields(ctx, rdb, mutexKeys(name).Lock)
-		},
+		foreign: rsForeignLock(mutexLockKey),
+		holders: rsLockHolders(mutexLockKey),
 	},
 	{
 		name: "RWMutex.RLock",
@@ -306,10 +317,8 @@ var rsPrims = []*rsPrim{
 		},
 		// A reader is excluded by a writer.
 		live:    rwWriteLock,
-		foreign: rsForeignLock(func(n string) string { return rwk(n).Writer }),
-		holders: func(ctx context.Context, rdb redis.UniversalClient, name string) []string {
-			return rsFields(ctx, rdb, rwk(name).Writer)
-		},
+		foreign: rsForeignLock(rwWriterKey),
+		holders: rsLockHolders(rwWriterKey),
 	},
 	{
 		name:    "RWMutex.Lock",
@@ -317,9 +326,9 @@ var rsPrims = []*rsPrim{
 		keys:    func(n string) []string { return rwk(n).Keys() },
 		fence:   func(n string) string { return rwk(n).Fence },
 		acquire: rwWriteLock,
-		foreign: rsForeignLock(func(n string) string { return rwk(n).Writer }),
+		foreign: rsForeignLock(rwWriterKey),
 		holders: func(ctx context.Context, rdb redis.UniversalClient, name string) []string {
-			return append(rsFields(ctx, rdb, rwk(name).Writer), rsLiveReaders(ctx, rdb, name)...)
+			return append(rsFields(ctx, rdb, rwWriterKey(name)), rsLiveReaders(ctx, rdb, name)...)
 		},
 	},
 	{
@@ -882,14 +891,19 @@ func TestRemoteStateQueueGarbage(t *testing.T) {
 		prims []string
 		write func(e *rsEnv, tok, data string) []string
 	}
-	queues := []queue{
-		{"mutex", []string{"Mutex"}, func(e *rsEnv, tok, data string) []string {
-			k := mutexKeys(e.name)
+	// fifo writes a waiter into the queue zset and queue data hash that
+	// keys returns for a name.
+	fifo := func(keys func(name string) (queue, data string)) func(e *rsEnv, tok, data string) []string {
+		return func(e *rsEnv, tok, data string) []string {
+			q, d := keys(e.name)
 			ctx := context.Background()
-			e.rdb.ZAdd(ctx, k.Queue, redis.Z{Score: rsUs(rsNow(e.t, e.rdb)), Member: tok})
-			e.rdb.HSet(ctx, k.QueueData, tok, data)
-			return []string{k.Queue, k.QueueData}
-		}},
+			e.rdb.ZAdd(ctx, q, redis.Z{Score: rsUs(rsNow(e.t, e.rdb)), Member: tok})
+			e.rdb.HSet(ctx, d, tok, data)
+			return []string{q, d}
+		}
+	}
+	queues := []queue{
+		{"mutex", []string{"Mutex"}, fifo(func(n string) (string, string) { k := mutexKeys(n); return k.Queue, k.QueueData })},
 		{"readers", []string{"RWMutex.RLock", "RWMutex.Lock"}, func(e *rsEnv, tok, data string) []string {
 			k := rwk(e.name)
 			e.rdb.HSet(context.Background(), k.WaitingReaders, tok, data)
@@ -904,13 +918,7 @@ func TestRemoteStateQueueGarbage(t *testing.T) {
 			e.rdb.HSet(ctx, k.WriterQueueData, tok, data)
 			return []string{k.WaitingWriters, k.WriterQueue, k.WriterQueueData}
 		}},
-		{"semaphore", []string{"Semaphore"}, func(e *rsEnv, tok, data string) []string {
-			k := semKeys(e.name)
-			ctx := context.Background()
-			e.rdb.ZAdd(ctx, k.Queue, redis.Z{Score: rsUs(rsNow(e.t, e.rdb)), Member: tok})
-			e.rdb.HSet(ctx, k.QueueData, tok, data)
-			return []string{k.Queue, k.QueueData}
-		}},
+		{"semaphore", []string{"Semaphore"}, fifo(func(n string) (string, string) { k := semKeys(n); return k.Queue, k.QueueData })},
 	}
 	rsTable(t, func(p *rsPrim) []rsCase {
 		var cs []rsCase
