@@ -275,3 +275,37 @@ func TestConcurrentOnceHistory(t *testing.T) {
 	}
 	checkExclusion(t, "Once runs", h.spans)
 }
+
+// hammerClients runs, on perClient goroutines on each of clients new
+// Clients of b, the step that newStep makes for each (j is its index on its
+// Client) rounds times (see runSteps).
+func hammerClients(t *testing.T, b redistest.Backend, clients, perClient, rounds int, newStep func(c *dsync.Client, j int) func() error) {
+	t.Helper()
+	var steps []func() error
+	for i := 0; i < clients; i++ {
+		c := newClient(t, b)
+		for j := 0; j < perClient; j++ {
+			steps = append(steps, newStep(c, j))
+		}
+	}
+	runSteps(t, rounds, steps)
+}
+
+// runSteps runs each of steps rounds times on a goroutine of its own and
+// waits for them. A step's error is reported and ends its goroutine.
+func runSteps(t *testing.T, rounds int, steps []func() error) {
+	var wg sync.WaitGroup
+	for _, step := range steps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; k < rounds; k++ {
+				if err := step(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}

@@ -21,9 +21,8 @@ import (
 // A re-entry through a handle with a shorter TTL never moves the hold's
 // expiry earlier (Mutex and RWMutex write).
 func TestReentryNeverShortensExpiry(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := dsync.WithOwner(ctxT(t))
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		ctx = dsync.WithOwner(ctx)
 		c := newClient(t, b)
 		rdb := b.NewClient(t)
 		check := func(what, key string) {
@@ -51,9 +50,7 @@ func TestReentryNeverShortensExpiry(t *testing.T) {
 // own TTL, and once it unlocks, the first holder's hold must still last its
 // own lease, not the re-entry's (Mutex and RWMutex write).
 func TestReentryRenewalNeverShortensExpiry(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		own := dsync.WithOwner(ctx)
 		there := dsync.WithOwnerToken(ctx, dsync.OwnerToken(own))
 		c1 := newClient(t, b, dsync.TTL(30*time.Second))
@@ -101,9 +98,7 @@ func TestReentryRenewalNeverShortensExpiry(t *testing.T) {
 // loss and leaves the new holder's hold alone, and the lost Lease keeps
 // reporting ErrLeaseLost.
 func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		m := newClient(t, b).Mutex(name)
 		l := lockLease(t, ctx, m)
 		must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err())
@@ -135,9 +130,7 @@ func TestHandleStaysLockedAfterLeaseLoss(t *testing.T) {
 // loss, until its Unlock: Lock and TryLock through it wait and fail, also
 // once the holder knows the hold is gone (Mutex and RWMutex write).
 func TestHandleStaysLockedAfterLossReported(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b, dsync.TTL(time.Second))
 		rdb := b.NewClient(t)
 		m := c.Mutex(name + "-m")
@@ -190,9 +183,8 @@ func TestHandleStaysLockedAfterLossReported(t *testing.T) {
 // goroutine of the owner that still relies on the first hold learns that
 // it is gone.
 func TestOwnerHoldReplacedAfterLossIsLost(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := dsync.WithOwner(ctxT(t))
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		ctx = dsync.WithOwner(ctx)
 		c := newClient(t, b)
 		rdb := b.NewClient(t)
 		m := c.Mutex(name + "-m")
@@ -250,9 +242,7 @@ func TestOwnerHoldReplacedAfterLossIsLost(t *testing.T) {
 // later Acquire through the handle took alone, so the semaphore never has
 // more holders than permits.
 func TestSemaphoreHandleOwesLostPermits(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		s := newClient(t, b).Semaphore(name, 1)
 		other := newClient(t, b).Semaphore(name, 1)
 		if err := s.Acquire(ctx, 1); err != nil { // G1
@@ -293,9 +283,7 @@ func TestSemaphoreHandleOwesLostPermits(t *testing.T) {
 // one, and the replies may come back in either order. No permit is taken
 // for a lost one: every Release succeeds and nothing is left held.
 func TestSemaphoreHandleSharedWithoutLoss(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		s := newClient(t, b).Semaphore(name, 2)
 		const goroutines, rounds = 3, 60
 		errs := make(chan error, goroutines*rounds)
@@ -331,9 +319,7 @@ func TestSemaphoreHandleSharedWithoutLoss(t *testing.T) {
 // A PUBLISH that names a waiting call, without the proof only the script
 // has, wakes the waiter but grants it nothing.
 func TestForgedHandoverGrantsNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		holder := newClient(t, b).Mutex(name)
 		hl := lockLease(t, ctx, holder)
@@ -384,9 +370,7 @@ func TestForgedHandoverGrantsNothing(t *testing.T) {
 // Two goroutines of one owner that wait for a Mutex both get in when it is
 // released, as two levels of one hold: the first Unlock leaves it held.
 func TestOwnerWaitingInTwoGoroutinesCountsTwice(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		holder := newClient(t, b).Mutex(name)
 		must(t, holder.Lock(ctx))
 		octx := dsync.WithOwner(ctx)
@@ -507,9 +491,7 @@ func TestClientReentrancyAbandonLeavesAdoptedHold(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			eachBackend(t, func(t *testing.T, b redistest.Backend) {
-				ctx := ctxT(t)
-				name := redistest.Key(t)
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 				src, err := dsync.ScriptSource(tc.script)
 				if err != nil {
 					t.Fatal(err)

@@ -22,6 +22,12 @@ func eachBackend(t *testing.T, f func(t *testing.T, b redistest.Backend)) {
 	}
 }
 
+// eachName runs f on each backend (see eachBackend) with a context that
+// bounds the test's calls (see ctxT) and a name of its own.
+func eachName(t *testing.T, f func(t *testing.T, b redistest.Backend, ctx context.Context, name string)) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) { f(t, b, ctxT(t), redistest.Key(t)) })
+}
+
 // newClient returns a dsync Client on a fresh connection to b, closed at cleanup.
 func newClient(t *testing.T, b redistest.Backend, opts ...dsync.Option) *dsync.Client {
 	t.Helper()

@@ -9,13 +9,15 @@ import (
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
-func waitDone(t *testing.T, l *dsync.Lease, within time.Duration) time.Time {
+// waitDone waits up to within for l to be done and returns when it saw it,
+// or stops the test, saying after what it waited.
+func waitDone(t *testing.T, l *dsync.Lease, within time.Duration, after string) time.Time {
 	t.Helper()
 	select {
 	case <-l.Done():
 		return time.Now()
 	case <-time.After(within):
-		t.Fatalf("lease not done within %v", within)
+		t.Fatalf("lease not done within %v %s", within, after)
 		return time.Time{}
 	}
 }
@@ -37,7 +39,7 @@ func TestLeaseRenewalKeepsHold(t *testing.T) {
 		t.Fatalf("lease Err = %v while held", err)
 	}
 	must(t, m.Unlock(ctx))
-	waitDone(t, l, time.Second)
+	waitDone(t, l, time.Second, "after Unlock")
 	if err := l.Err(); err != nil {
 		t.Errorf("Err after Unlock = %v, want nil", err)
 	}
@@ -80,7 +82,7 @@ func TestLeaseLossReported(t *testing.T) {
 				l := lockLease(t, ctx, m)
 				must(t, do(ctx, b, name))
 				at := time.Now()
-				waitDone(t, l, 3*ttl) // one interval is ttl/3; generous bound
+				waitDone(t, l, 3*ttl, "after "+fault) // one interval is ttl/3; generous bound
 				t.Logf("loss reported after %v", time.Since(at))
 				assertLeaseLost(t, l)
 				checkIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock = %v, want ErrLeaseLost")
@@ -97,7 +99,7 @@ func TestLeaseLostOnServerRestart(t *testing.T) {
 	m := c.Mutex("restart")
 	l := lockLease(t, ctx, m)
 	srv.Restart() // no persistence: the hold is gone
-	waitDone(t, l, 5*time.Second)
+	waitDone(t, l, 5*time.Second, "after the server restarted")
 	assertLeaseLost(t, l)
 	checkIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock = %v, want ErrLeaseLost")
 	// The lock works again, with a larger fencing token than before.
@@ -177,9 +179,7 @@ func TestLeaseStalledRenewerReportsLossBeforeExpiry(t *testing.T) {
 }
 
 func TestFencingTokensIncrease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		var last uint64
 		check := func(m *dsync.Mutex, what string) {
 			t.Helper()
@@ -274,7 +274,7 @@ func TestFixedLeaseRunsOut(t *testing.T) {
 	if d := dsync.LeaseDeadline(l); d.After(start.Add(500 * time.Millisecond)) {
 		t.Errorf("loss due %v after Lock, after the TTL", d.Sub(start))
 	}
-	waitDone(t, l, 2*time.Second)
+	waitDone(t, l, 2*time.Second, "after its deadline")
 	assertLeaseLost(t, l)
 	if n := counter.RoundTrips(); n != 0 {
 		t.Errorf("a fixed lease sent %d commands while held, want 0", n)
@@ -290,7 +290,7 @@ func TestMaxHoldBoundsRenewal(t *testing.T) {
 	m := newClient(t, b, dsync.TTL(300*time.Millisecond), dsync.MaxHold(600*time.Millisecond)).Mutex(name)
 	l := lockLease(t, ctx, m)
 	start := time.Now()
-	waitDone(t, l, 3*time.Second)
+	waitDone(t, l, 3*time.Second, "after MaxHold")
 	// Renewal stops short of MaxHold: the hold ends after MaxHold less
 	// at most one TTL, and never after MaxHold.
 	if held := time.Since(start); held < 300*time.Millisecond || held > 700*time.Millisecond {

@@ -32,9 +32,7 @@ func TestTryLockTakesNoQueuePlace(t *testing.T) {
 		{"RWMutex", func(name string) string { return rwk(name).WriterQueue }, func(c *dsync.Client, name string) locker { return c.RWMutex(name) }},
 	} {
 		t.Run(kind.name, func(t *testing.T) {
-			eachBackend(t, func(t *testing.T, b redistest.Backend) {
-				ctx := ctxT(t)
-				name := redistest.Key(t)
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 				rdb := b.NewClient(t)
 				places := func() int64 {
 					n, err := rdb.ZCard(ctx, kind.queue(name)).Result()
@@ -117,9 +115,7 @@ func contend(t *testing.T, ctx context.Context, lockers []locker, d time.Duratio
 // to a queued waiter (no plain release ever wakes it): it must not sleep
 // until its timer, which with the default 30 s TTL is many seconds.
 func TestMutexWaiterNotStalledByHandOvers(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b)
 		first := c.Mutex(name)
 		must(t, first.Lock(ctx))

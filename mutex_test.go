@@ -2,10 +2,10 @@ package dsync_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,40 +18,28 @@ import (
 )
 
 func TestMutexExcludesAcrossClients(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const clients, perClient, rounds = 3, 3, 20
 		var inside, maxInside, total atomic.Int64
-		var wg sync.WaitGroup
-		for i := 0; i < clients; i++ {
-			c := newClient(t, b)
-			for j := 0; j < perClient; j++ {
-				m := c.Mutex(name) // one handle per goroutine, and no owner
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for k := 0; k < rounds; k++ {
-						if err := m.Lock(ctx); err != nil {
-							t.Errorf("Lock: %v", err)
-							return
-						}
-						n := inside.Add(1)
-						if n > maxInside.Load() {
-							maxInside.Store(n)
-						}
-						total.Add(1)
-						time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
-						inside.Add(-1)
-						if err := m.Unlock(ctx); err != nil {
-							t.Errorf("Unlock: %v", err)
-							return
-						}
-					}
-				}()
+		hammerClients(t, b, clients, perClient, rounds, func(c *dsync.Client, _ int) func() error {
+			m := c.Mutex(name) // one handle per goroutine, and no owner
+			return func() error {
+				if err := m.Lock(ctx); err != nil {
+					return fmt.Errorf("Lock: %w", err)
+				}
+				n := inside.Add(1)
+				if n > maxInside.Load() {
+					maxInside.Store(n)
+				}
+				total.Add(1)
+				time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
+				inside.Add(-1)
+				if err := m.Unlock(ctx); err != nil {
+					return fmt.Errorf("Unlock: %w", err)
+				}
+				return nil
 			}
-		}
-		wg.Wait()
+		})
 		if got := maxInside.Load(); got != 1 {
 			t.Errorf("holders at once = %d, want 1", got)
 		}
@@ -78,9 +66,7 @@ func assertNoLockKeys(t *testing.T, b redistest.Backend, name string) {
 }
 
 func TestMutexTryLock(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c1, c2 := newClient(t, b), newClient(t, b)
 		m1, m2 := c1.Mutex(name), c2.Mutex(name)
 		if ok, err := m1.TryLock(ctx); !ok || err != nil {
@@ -123,9 +109,8 @@ func TestMutexAnyGoroutineMayUnlockHandle(t *testing.T) {
 }
 
 func TestMutexReentrantOwner(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := dsync.WithOwner(ctxT(t))
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		ctx = dsync.WithOwner(ctx)
 		c := newClient(t, b)
 		m := c.Mutex(name)
 		other := newClient(t, b).Mutex(name)
@@ -180,9 +165,7 @@ func TestMutexOwnerTokenAcrossProcesses(t *testing.T) {
 }
 
 func TestMutexWaiterWokenByRelease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		holder := newClient(t, b).Mutex(name)
 		waiter := newClient(t, b).Mutex(name)
 		const rounds = 15
@@ -213,9 +196,7 @@ func TestMutexWaiterWokenByRelease(t *testing.T) {
 }
 
 func TestMutexNoStarvation(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const G = 4
 		var ls []locker
 		for g := 0; g < G; g++ {
@@ -251,9 +232,8 @@ func TestMutexUnlockWithDoneContext(t *testing.T) {
 var _ redis.UniversalClient = (*redis.Client)(nil)
 
 func TestMutexClientReentrancy(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := dsync.WithOwner(ctxT(t))
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		ctx = dsync.WithOwner(ctx)
 		counter := &redistest.Counter{}
 		c, _ := hookedClient(t, b, counter, dsync.ClientReentrancy())
 		m := c.Mutex(name)

@@ -19,9 +19,7 @@ func onceRunKey(name string) string { return "dsync:{" + name + "}:once" }
 // with a fresh lease: the lease is measured from the attempt that was
 // granted the run, not from the call's first attempt.
 func TestOnceTakeoverAfterALongWaitHasALiveLease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const ttl = time.Second
 		rdb := b.NewClient(t)
 		errBoom := errors.New("boom")

@@ -16,9 +16,7 @@ import (
 )
 
 func TestOnceRunsOnceAndWaitersReturnAfterF(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const clients, callers = 4, 12
 		cs := make([]*dsync.Client, clients)
 		for i := range cs {
@@ -80,9 +78,7 @@ func assertOnceRunKeyGone(t *testing.T, b redistest.Backend, name string) {
 }
 
 func TestOnceValueIsTheSameForAll(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const callers = 12
 		cs := []*dsync.Client{newClient(t, b), newClient(t, b), newClient(t, b)}
 		var runs atomic.Int64
@@ -123,9 +119,7 @@ func TestOnceValueIsTheSameForAll(t *testing.T) {
 }
 
 func TestOnceFailureHandsOver(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		errBoom := errors.New("boom")
 		var runs, fails atomic.Int64
 		f := func(ctx context.Context) error {
@@ -188,9 +182,7 @@ func TestOnceFailureWithoutWaitersLetsNextCallRun(t *testing.T) {
 }
 
 func TestOnceKilledRunnerHandsOverAfterTTL(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const ttl = 600 * time.Millisecond
 		dying := dsync.New(b.NewClient(t), dsync.TTL(ttl))
 		defer dying.Close()
@@ -245,9 +237,7 @@ func TestOnceKilledRunnerHandsOverAfterTTL(t *testing.T) {
 }
 
 func TestOnceLeaseLossCancelsF(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		c := newClient(t, b, dsync.TTL(300*time.Millisecond))
 		var cause error
@@ -299,9 +289,7 @@ func TestOnceCallerCtxCancelsF(t *testing.T) {
 }
 
 func TestOncePanicReleasesTheRun(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b)
 		func() {
 			defer func() {
@@ -371,9 +359,7 @@ func TestOncePeriod(t *testing.T) {
 }
 
 func TestOnceDoneCheckIsOneRoundTrip(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		must(t, newClient(t, b).Once(name).Do(ctx, func(context.Context) error { return nil }))
 		counter := &redistest.Counter{}
 		c, _ := hookedClient(t, b, counter)
@@ -388,9 +374,7 @@ func TestOnceDoneCheckIsOneRoundTrip(t *testing.T) {
 }
 
 func TestOnceLostReplyOfTheDoneMark(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		faults := &redistest.Faults{}
 		c, _ := hookedClient(t, b, faults)
 		// The reply of the script that sets the done mark is lost (on a

@@ -94,9 +94,7 @@ func TestOwnerWaitingInTwoGoroutinesEveryPrimitive(t *testing.T) {
 			want string // the count Redis holds
 		}{{"script", nil, "2"}, {"client", []dsync.Option{dsync.ClientReentrancy()}, "1"}} {
 			t.Run(p.name+"/"+mode.name, func(t *testing.T) {
-				eachBackend(t, func(t *testing.T, b redistest.Backend) {
-					ctx := ctxT(t)
-					name := redistest.Key(t)
+				eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 					rdb := b.NewClient(t)
 					block := p.block(newClient(t, b), name)
 					must(t, block.lock(ctx))

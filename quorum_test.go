@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"sync"
@@ -46,35 +47,30 @@ func hammer(t *testing.T, cs []*dsync.Quorum, name string, rounds int) {
 	ctx := ctxT(t)
 	var inside, maxInside, total atomic.Int64
 	var tokens rising
-	var wg sync.WaitGroup
+	var steps []func() error
 	for _, c := range cs {
 		for range 2 {
 			m := c.Mutex(name)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range rounds {
-					if err := m.Lock(ctx); err != nil {
-						t.Errorf("Lock: %v", err)
-						return
-					}
-					n := inside.Add(1)
-					if n > maxInside.Load() {
-						maxInside.Store(n)
-					}
-					tokens.check(t, ctx, m.Lease)
-					total.Add(1)
-					time.Sleep(200 * time.Microsecond)
-					inside.Add(-1)
-					if err := m.Unlock(ctx); err != nil {
-						t.Errorf("Unlock: %v", err)
-						return
-					}
+			steps = append(steps, func() error {
+				if err := m.Lock(ctx); err != nil {
+					return fmt.Errorf("Lock: %w", err)
 				}
-			}()
+				n := inside.Add(1)
+				if n > maxInside.Load() {
+					maxInside.Store(n)
+				}
+				tokens.check(t, ctx, m.Lease)
+				total.Add(1)
+				time.Sleep(200 * time.Microsecond)
+				inside.Add(-1)
+				if err := m.Unlock(ctx); err != nil {
+					return fmt.Errorf("Unlock: %w", err)
+				}
+				return nil
+			})
 		}
 	}
-	wg.Wait()
+	runSteps(t, rounds, steps)
 	if got := maxInside.Load(); got != 1 {
 		t.Errorf("holders at once = %d, want 1", got)
 	}

@@ -47,9 +47,7 @@ func take(t *testing.T, ctx context.Context, h holdCalls) *dsync.Lease {
 func TestRenewalNeverRevivesALostHold(t *testing.T) {
 	for _, p := range renewedHolds {
 		t.Run(p.name, func(t *testing.T) {
-			eachBackend(t, func(t *testing.T, b redistest.Backend) {
-				ctx := ctxT(t)
-				name := redistest.Key(t)
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 				rdb := b.NewClient(t)
 				octx := dsync.WithOwner(ctx)
 				// Renewed every 333 ms.

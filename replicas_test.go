@@ -13,9 +13,7 @@ import (
 // Without replicas WAIT acknowledges nothing: the Lock fails and leaves no
 // hold behind.
 func TestWaitReplicasWithoutReplicasFails(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		m := newClient(t, b, dsync.WaitReplicas(1, 10*time.Millisecond)).Mutex(name)
 		mustIs(t, m.Lock(ctx), dsync.ErrNotReplicated, "Lock = %v, want ErrNotReplicated")
 		if _, err := m.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
@@ -42,9 +40,7 @@ func TestWaitReplicasBadInput(t *testing.T) {
 // Every primitive's acquire honours WaitReplicas, and a failed one leaves
 // nothing held.
 func TestWaitReplicasEveryPrimitive(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b, dsync.WaitReplicas(1, 10*time.Millisecond))
 		free := newClient(t, b)
 		rw := c.RWMutex(name)

@@ -112,9 +112,7 @@ func TestRWMutexHandOverMakesWaiterOwner(t *testing.T) {
 }
 
 func TestRWMutexCancelledQueuedWriterLeavesNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		holder := newClient(t, b).RWMutex(name)
 		must(t, holder.Lock(ctx))
@@ -162,9 +160,7 @@ func TestRWMutexCancelledQueuedWriterLeavesNothing(t *testing.T) {
 // its caller abandoned (the hand-over raced with its ctx) is released by
 // the call's cleanup, and the call arriving late takes nothing.
 func TestRWMutexAbandonedHandOver(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		keys := rwk(name).Keys()
 		holder := newClient(t, b).RWMutex(name)

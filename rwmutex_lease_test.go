@@ -1,6 +1,7 @@
 package dsync_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -12,9 +13,7 @@ import (
 // RWMutex leases: expiry, fixed leases, renewal while waiting, loss.
 
 func TestRWMutexReaderLeaseExpiresAlone(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		// A reader whose process dies: its Client stops renewing.
 		dead := dsync.New(b.NewClient(t))
 		dr := dead.RWMutex(name, dsync.TTL(300*time.Millisecond))
@@ -50,9 +49,7 @@ func TestRWMutexReaderLeaseExpiresAlone(t *testing.T) {
 }
 
 func TestRWMutexFixedLeaseRunsOut(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b)
 		short := c.RWMutex(name, dsync.TTL(200*time.Millisecond), dsync.FixedLease())
 		long := c.RWMutex(name)
@@ -63,11 +60,7 @@ func TestRWMutexFixedLeaseRunsOut(t *testing.T) {
 			t.Fatal(err)
 		}
 		b.Advance(250 * time.Millisecond)
-		select {
-		case <-l.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("fixed read lease did not end")
-		}
+		waitDone(t, l, 5*time.Second, "(a fixed read lease)")
 		assertLeaseLost(t, l)
 		checkIs(t, short.RUnlock(ctx), dsync.ErrLeaseLost, "RUnlock after the lease ran out = %v, want ErrLeaseLost")
 		if l, err := long.RLease(ctx); err != nil || l.Err() != nil {
@@ -80,9 +73,7 @@ func TestRWMutexFixedLeaseRunsOut(t *testing.T) {
 }
 
 func TestRWMutexLongWaitKeepsLease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		// Renewed every 200 ms: a renewal may come 400 ms late (a loaded
 		// machine) before a lease runs out.
 		const ttl = 600 * time.Millisecond
@@ -148,7 +139,7 @@ func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
 					}
 					// The hold vanishes behind the owner's back.
 					must(t, b.NewClient(t).Del(ctx, keys...).Err())
-					waitDone(t, l, 3*ttl)
+					waitDone(t, l, 3*ttl, "after its keys were deleted")
 					assertLeaseLost(t, l)
 					// Each of the three levels is gone: the first unlock says
 					// so, the others find nothing.

@@ -33,9 +33,8 @@ func assertNextWriter(t *testing.T, ctx context.Context, b redistest.Backend, ot
 }
 
 func TestRWMutexReentrantOwner(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := dsync.WithOwner(ctxT(t))
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		ctx = dsync.WithOwner(ctx)
 		rw := newClient(t, b).RWMutex(name)
 		other := newClient(t, b).RWMutex(name)
 		octx := dsync.WithOwner(context.Background())
@@ -100,9 +99,8 @@ func TestRWMutexOwnerAcrossProcesses(t *testing.T) {
 }
 
 func TestRWMutexDowngrade(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := dsync.WithOwner(ctxT(t))
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		ctx = dsync.WithOwner(ctx)
 		rw := newClient(t, b).RWMutex(name)
 		other := newClient(t, b).RWMutex(name)
 		must(t, rw.Lock(ctx))
@@ -156,9 +154,8 @@ func TestRWMutexDowngrade(t *testing.T) {
 }
 
 func TestRWMutexUpgradeRefused(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := dsync.WithOwner(ctxT(t))
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		ctx = dsync.WithOwner(ctx)
 		rw := newClient(t, b).RWMutex(name)
 		must(t, rw.RLock(ctx))
 		start := time.Now()
@@ -313,9 +310,8 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 // owner's, and a read through it is a hold of its own, so that the first
 // process's RUnlock leaves it in place and a writer stays out.
 func TestRWMutexClientReentrancyCarriedToken(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := dsync.WithOwner(ctxT(t))
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		ctx = dsync.WithOwner(ctx)
 		one := dsync.New(b.NewClient(t), dsync.ClientReentrancy())
 		defer one.Close()
 		two := dsync.New(b.NewClient(t), dsync.ClientReentrancy())

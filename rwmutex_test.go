@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -52,9 +53,7 @@ func writerWaits(t *testing.T, rdb redis.UniversalClient, name string) func() bo
 }
 
 func TestRWMutexReadersShareWriterExcludes(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		var readers []*dsync.RWMutex
 		for i := 0; i < 4; i++ {
 			rw := newClient(t, b).RWMutex(name)
@@ -88,65 +87,51 @@ func TestRWMutexReadersShareWriterExcludes(t *testing.T) {
 }
 
 func TestRWMutexHammer(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const clients, perClient, rounds = 3, 3, 25
 		var readers, writers, maxReaders, reads, writes atomic.Int64
 		var bad atomic.Int64
-		var wg sync.WaitGroup
-		for i := 0; i < clients; i++ {
-			c := newClient(t, b)
-			for j := 0; j < perClient; j++ {
-				rw := c.RWMutex(name)
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					var gctx context.Context = ctx
-					if j == 0 {
-						gctx = dsync.WithOwner(ctx)
-					}
-					for k := 0; k < rounds; k++ {
-						pause := time.Duration(rand.IntN(300)) * time.Microsecond
-						if rand.IntN(4) == 0 {
-							if err := rw.Lock(gctx); err != nil {
-								t.Errorf("Lock: %v", err)
-								return
-							}
-							if writers.Add(1) != 1 || readers.Load() != 0 {
-								bad.Add(1)
-							}
-							writes.Add(1)
-							time.Sleep(pause)
-							writers.Add(-1)
-							if err := rw.Unlock(gctx); err != nil {
-								t.Errorf("Unlock: %v", err)
-								return
-							}
-							continue
-						}
-						if err := rw.RLock(gctx); err != nil {
-							t.Errorf("RLock: %v", err)
-							return
-						}
-						n := readers.Add(1)
-						if writers.Load() != 0 {
-							bad.Add(1)
-						}
-						for m := maxReaders.Load(); n > m && !maxReaders.CompareAndSwap(m, n); m = maxReaders.Load() {
-						}
-						reads.Add(1)
-						time.Sleep(pause)
-						readers.Add(-1)
-						if err := rw.RUnlock(gctx); err != nil {
-							t.Errorf("RUnlock: %v", err)
-							return
-						}
-					}
-				}()
+		hammerClients(t, b, clients, perClient, rounds, func(c *dsync.Client, j int) func() error {
+			rw := c.RWMutex(name)
+			var gctx context.Context = ctx
+			if j == 0 {
+				gctx = dsync.WithOwner(ctx)
 			}
-		}
-		wg.Wait()
+			return func() error {
+				pause := time.Duration(rand.IntN(300)) * time.Microsecond
+				if rand.IntN(4) == 0 {
+					if err := rw.Lock(gctx); err != nil {
+						return fmt.Errorf("Lock: %w", err)
+					}
+					if writers.Add(1) != 1 || readers.Load() != 0 {
+						bad.Add(1)
+					}
+					writes.Add(1)
+					time.Sleep(pause)
+					writers.Add(-1)
+					if err := rw.Unlock(gctx); err != nil {
+						return fmt.Errorf("Unlock: %w", err)
+					}
+					return nil
+				}
+				if err := rw.RLock(gctx); err != nil {
+					return fmt.Errorf("RLock: %w", err)
+				}
+				n := readers.Add(1)
+				if writers.Load() != 0 {
+					bad.Add(1)
+				}
+				for m := maxReaders.Load(); n > m && !maxReaders.CompareAndSwap(m, n); m = maxReaders.Load() {
+				}
+				reads.Add(1)
+				time.Sleep(pause)
+				readers.Add(-1)
+				if err := rw.RUnlock(gctx); err != nil {
+					return fmt.Errorf("RUnlock: %w", err)
+				}
+				return nil
+			}
+		})
 		t.Logf("reads %d, writes %d, most readers at once %d", reads.Load(), writes.Load(), maxReaders.Load())
 		if n := bad.Load(); n != 0 {
 			t.Errorf("a writer held the lock together with someone else %d times", n)
@@ -159,9 +144,7 @@ func TestRWMutexHammer(t *testing.T) {
 }
 
 func TestRWMutexOneHandleManyReaders(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rw := newClient(t, b).RWMutex(name)
 		const G = 5
 		var wg sync.WaitGroup
@@ -195,9 +178,7 @@ func TestRWMutexOneHandleManyReaders(t *testing.T) {
 }
 
 func TestRWMutexNotHeld(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rw := newClient(t, b).RWMutex(name)
 		octx := dsync.WithOwner(ctx)
 		for _, c := range []context.Context{ctx, octx} {
@@ -223,9 +204,7 @@ func TestRWMutexNotHeld(t *testing.T) {
 }
 
 func TestRWMutexLostUnlockReplyRetried(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		faults := &redistest.Faults{}
 		c, _ := hookedClient(t, b, faults)
 		rw := c.RWMutex(name)

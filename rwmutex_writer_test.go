@@ -15,9 +15,7 @@ import (
 // RWMutex waiting: writer preference, no starvation, wake-ups.
 
 func TestRWMutexWriterPreference(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		octx := dsync.WithOwner(ctx)
 		reader := newClient(t, b).RWMutex(name)
@@ -70,9 +68,7 @@ func TestRWMutexWriterPreference(t *testing.T) {
 }
 
 func TestRWMutexReadersCannotStarveWriter(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		var reads atomic.Int64
@@ -117,9 +113,7 @@ func TestRWMutexReadersCannotStarveWriter(t *testing.T) {
 }
 
 func TestRWMutexWriterGivingUpUnblocksReaders(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		holder := newClient(t, b).RWMutex(name)
 		must(t, holder.RLock(ctx))
@@ -178,9 +172,7 @@ func TestRWMutexWriterGivingUpUnblocksReaders(t *testing.T) {
 }
 
 func TestRWMutexWaitersWokenByRelease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		writer := newClient(t, b).RWMutex(name)
 		var readers []*dsync.RWMutex
 		for i := 0; i < 3; i++ {
@@ -237,9 +229,7 @@ func TestRWMutexWaitersWokenByRelease(t *testing.T) {
 }
 
 func TestRWMutexNoWriterStarvation(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		// 32 writers over 4 processes, as in the contended benchmark: without
 		// a queue, most wake-ups find the lock taken again, and some writers
 		// hardly ever get it.

@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -32,59 +33,38 @@ func assertNoSemKeys(t *testing.T, b redistest.Backend, name string) {
 func waitQueued(t *testing.T, b redistest.Backend, name string, want int64) {
 	t.Helper()
 	rdb := b.NewClient(t)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitFor(t, 10*time.Second, fmt.Sprintf("queue length %d", want), func() bool {
 		n, err := rdb.ZCard(context.Background(), semKeys(name).Queue).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("queue length %d, want %d", n, want)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		must(t, err)
+		return n == want
+	})
 }
 
 func TestSemaphorePeakEqualsSize(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const size, clients, perClient, rounds = 4, 3, 3, 15
 		var inside, peak, total atomic.Int64
-		var wg sync.WaitGroup
-		for i := 0; i < clients; i++ {
-			c := newClient(t, b)
-			for j := 0; j < perClient; j++ {
-				s := c.Semaphore(name, size) // one handle per goroutine
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for k := 0; k < rounds; k++ {
-						n := int64(1 + rand.IntN(2))
-						if err := s.Acquire(ctx, n); err != nil {
-							t.Errorf("Acquire(%d): %v", n, err)
-							return
-						}
-						v := inside.Add(n)
-						for p := peak.Load(); v > p && !peak.CompareAndSwap(p, v); p = peak.Load() {
-						}
-						total.Add(1)
-						// Hold long enough for holdings to overlap in the test's
-						// view, which lags the server's.
-						time.Sleep(time.Duration(3000+rand.IntN(5000)) * time.Microsecond)
-						inside.Add(-n)
-						if err := s.Release(ctx, n); err != nil {
-							t.Errorf("Release(%d): %v", n, err)
-							return
-						}
-					}
-				}()
+		hammerClients(t, b, clients, perClient, rounds, func(c *dsync.Client, _ int) func() error {
+			s := c.Semaphore(name, size) // one handle per goroutine
+			return func() error {
+				n := int64(1 + rand.IntN(2))
+				if err := s.Acquire(ctx, n); err != nil {
+					return fmt.Errorf("Acquire(%d): %w", n, err)
+				}
+				v := inside.Add(n)
+				for p := peak.Load(); v > p && !peak.CompareAndSwap(p, v); p = peak.Load() {
+				}
+				total.Add(1)
+				// Hold long enough for holdings to overlap in the test's
+				// view, which lags the server's.
+				time.Sleep(time.Duration(3000+rand.IntN(5000)) * time.Microsecond)
+				inside.Add(-n)
+				if err := s.Release(ctx, n); err != nil {
+					return fmt.Errorf("Release(%d): %w", n, err)
+				}
+				return nil
 			}
-		}
-		wg.Wait()
+		})
 		if got := peak.Load(); got != size {
 			t.Errorf("peak permits held at once = %d, want %d", got, size)
 		}
@@ -96,9 +76,7 @@ func TestSemaphorePeakEqualsSize(t *testing.T) {
 }
 
 func TestSemaphoreWeighted(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b)
 		x, y, z := c.Semaphore(name, 5), c.Semaphore(name, 5), newClient(t, b).Semaphore(name, 5)
 		try := func(s *dsync.Semaphore, n int64, want bool) {
@@ -132,9 +110,7 @@ func TestSemaphoreWeighted(t *testing.T) {
 }
 
 func TestSemaphoreHandleIsOneHolder(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		s := newClient(t, b).Semaphore(name, 4)
 		if _, err := s.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 			t.Fatalf("Lease before Acquire = %v, want ErrNotHeld", err)
@@ -173,11 +149,7 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 			t.Errorf("Lease after a partial release = %v, want the same token %d", l2, l.Token())
 		}
 		must(t, s.Release(ctx, 1))
-		select {
-		case <-l.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("lease not done after the last permit was released")
-		}
+		waitDone(t, l, 5*time.Second, "after the last permit was released")
 		if l.Err() != nil {
 			t.Errorf("Lease.Err after release = %v, want nil", l.Err())
 		}
@@ -195,9 +167,8 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 }
 
 func TestSemaphoreOwner(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := dsync.WithOwner(ctxT(t))
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		ctx = dsync.WithOwner(ctx)
 		s := newClient(t, b).Semaphore(name, 4)
 		other := newClient(t, b).Semaphore(name, 4) // another process
 		for i := 0; i < 2; i++ {
@@ -226,11 +197,7 @@ func TestSemaphoreOwner(t *testing.T) {
 		must(t, other.Release(ctxB, 1))
 		must(t, s.Release(ctx, 2))
 		mustIs(t, s.Release(ctx, 1), dsync.ErrNotHeld, "Release after all = %v, want ErrNotHeld")
-		select {
-		case <-la.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("lease not done after release")
-		}
+		waitDone(t, la, 5*time.Second, "after release")
 		assertNoSemKeys(t, b, name)
 	})
 }
@@ -238,9 +205,7 @@ func TestSemaphoreOwner(t *testing.T) {
 // TestSemaphoreFIFO: a large request first in line is served before later
 // small ones that would fit, and waiters are served in arrival order.
 func TestSemaphoreFIFO(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		holder := newClient(t, b).Semaphore(name, 4)
 		must(t, holder.Acquire(ctx, 4))
 		type served struct {
@@ -322,9 +287,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 }
 
 func TestSemaphoreDeadHolderPermitsReturn(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const ttl = 400 * time.Millisecond
 		dead := dsync.New(b.NewClient(t), dsync.TTL(ttl))
 		must(t, dead.Semaphore(name, 4).Acquire(ctx, 3))
@@ -346,9 +309,7 @@ func TestSemaphoreDeadHolderPermitsReturn(t *testing.T) {
 }
 
 func TestSemaphoreRenewalKeepsPermits(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		// Renewed every 500 ms: a renewal may come up to 1 s late on a
 		// loaded machine before the lease runs out.
 		const ttl = 1500 * time.Millisecond
@@ -367,9 +328,7 @@ func TestSemaphoreRenewalKeepsPermits(t *testing.T) {
 }
 
 func TestSemaphoreWaiterGivingUpUnblocksOthers(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		holder := newClient(t, b).Semaphore(name, 2)
 		must(t, holder.Acquire(ctx, 1))
 		bigCtx, giveUp := context.WithCancel(ctx)
@@ -396,9 +355,7 @@ func TestSemaphoreWaiterGivingUpUnblocksOthers(t *testing.T) {
 }
 
 func TestSemaphoreWokenByRelease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		holder := newClient(t, b).Semaphore(name, 1)
 		waiter := newClient(t, b).Semaphore(name, 1)
 		var lat []time.Duration
@@ -429,9 +386,7 @@ func TestSemaphoreWokenByRelease(t *testing.T) {
 // outcome is unknown. (Lost replies of Acquire and TryAcquire: see
 // TestContract.)
 func TestSemaphoreLostReleaseReply(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		faults := &redistest.Faults{}
 		c, _ := hookedClient(t, b, faults)
 		s := c.Semaphore(name, 2)
@@ -453,9 +408,7 @@ func TestSemaphoreLostReleaseReply(t *testing.T) {
 // TestSemaphoreScriptsIdempotent runs the scripts twice with one call id,
 // as go-redis does when it retries after a read timeout.
 func TestSemaphoreScriptsIdempotent(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		keys := semKeys(name).Keys()
 		acquire := func(tok, id string, n int64) []int64 {
@@ -514,9 +467,8 @@ func TestSemaphoreScriptsIdempotent(t *testing.T) {
 }
 
 func TestSemaphoreSizeMismatch(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := dsync.WithOwner(ctxT(t))
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		ctx = dsync.WithOwner(ctx)
 		four := newClient(t, b).Semaphore(name, 4)
 		five := newClient(t, b).Semaphore(name, 5)
 		must(t, four.Acquire(ctx, 1))

@@ -235,9 +235,7 @@ func TestNotificationFloodBoundsAttempts(t *testing.T) {
 	}
 	for _, p := range prims {
 		t.Run(p.name, func(t *testing.T) {
-			eachBackend(t, func(t *testing.T, b redistest.Backend) {
-				ctx := ctxT(t)
-				name := redistest.Key(t)
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 				release := make(chan struct{})
 				defer close(release)
 				p.hold(t, ctx, newClient(t, b), name, release)
