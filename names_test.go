@@ -26,38 +26,39 @@ func TestBraceNamesWork(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				ctx := ctxT(t)
 				c1, c2 := newClient(t, b, prefix), newClient(t, b, prefix)
-				braceMutex(ctx, t, c1.Mutex(name), c2.Mutex(name))
+				braceHold(ctx, t, "Mutex", mutexHold(c1, name), mutexHold(c2, name))
 				braceRWMutex(ctx, t, c1.RWMutex(name), c2.RWMutex(name))
-				braceSemaphore(ctx, t, c1.Semaphore(name, 2), c2.Semaphore(name, 2))
+				// s1 takes every permit, s2 asks for one.
+				braceHold(ctx, t, "Semaphore", semHold(2, 2)(c1, name), semHold(2, 1)(c2, name))
 				braceOnce(ctx, t, c1.Once(name), c2.Once(name))
 			})
 		}
 	})
 }
 
-// braceMutex: m1 locks, m2 is refused, then waits and is woken by m1's
-// release.
-func braceMutex(ctx context.Context, t *testing.T, m1, m2 *dsync.Mutex) {
+// braceHold: h1 takes the name and has a fencing token, h2 is refused,
+// then waits and is woken by h1's release.
+func braceHold(ctx context.Context, t *testing.T, what string, h1, h2 holdCalls) {
 	t.Helper()
-	if err := m1.Lock(ctx); err != nil {
-		t.Fatalf("Mutex Lock: %v", err)
+	if err := h1.lock(ctx); err != nil {
+		t.Fatalf("%s lock: %v", what, err)
 	}
-	if l, err := m1.Lease(ctx); err != nil || l.Token() == 0 {
-		t.Fatalf("Mutex Lease = %v, %v; want a fencing token", l, err)
+	if l, err := h1.lease(ctx); err != nil || l.Token() == 0 {
+		t.Fatalf("%s Lease = %v, %v; want a fencing token", what, l, err)
 	}
-	if ok, err := m2.TryLock(ctx); ok || err != nil {
-		t.Fatalf("Mutex TryLock while held = %v, %v; want false, nil", ok, err)
+	if ok, err := h2.try(ctx); ok || err != nil {
+		t.Fatalf("%s try while held = %v, %v; want false, nil", what, ok, err)
 	}
 	got := make(chan error, 1)
-	go func() { got <- m2.Lock(ctx) }()
-	if err := m1.Unlock(ctx); err != nil {
-		t.Fatalf("Mutex Unlock: %v", err)
+	go func() { got <- h2.lock(ctx) }()
+	if err := h1.unlock(ctx); err != nil {
+		t.Fatalf("%s unlock: %v", what, err)
 	}
 	if err := <-got; err != nil {
-		t.Fatalf("waiting Mutex Lock: %v", err)
+		t.Fatalf("waiting %s lock: %v", what, err)
 	}
-	if err := m2.Unlock(ctx); err != nil {
-		t.Fatalf("Mutex Unlock: %v", err)
+	if err := h2.unlock(ctx); err != nil {
+		t.Fatalf("%s unlock: %v", what, err)
 	}
 }
 
@@ -87,29 +88,6 @@ func braceRWMutex(ctx context.Context, t *testing.T, rw1, rw2 *dsync.RWMutex) {
 	}
 	if err := rw2.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock: %v", err)
-	}
-}
-
-// braceSemaphore: s1 takes every permit, s2 is refused, then waits and is
-// served by s1's release.
-func braceSemaphore(ctx context.Context, t *testing.T, s1, s2 *dsync.Semaphore) {
-	t.Helper()
-	if err := s1.Acquire(ctx, 2); err != nil {
-		t.Fatalf("Acquire: %v", err)
-	}
-	if ok, err := s2.TryAcquire(ctx, 1); ok || err != nil {
-		t.Fatalf("TryAcquire while full = %v, %v; want false, nil", ok, err)
-	}
-	got := make(chan error, 1)
-	go func() { got <- s2.Acquire(ctx, 1) }()
-	if err := s1.Release(ctx, 2); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	if err := <-got; err != nil {
-		t.Fatalf("waiting Acquire: %v", err)
-	}
-	if err := s2.Release(ctx, 1); err != nil {
-		t.Fatalf("Release: %v", err)
 	}
 }
 
