@@ -82,6 +82,16 @@ func held(t *testing.T, b *backend, ttl time.Duration) (*renew.Renewer, renew.Sp
 	return r, s, r.Add(s)
 }
 
+// eachHeld marks t parallel and runs f on each backend, in parallel, with
+// a Renewer that renews a fresh hold with ttl (see held).
+func eachHeld(t *testing.T, ttl time.Duration, f func(t *testing.T, b *backend, r *renew.Renewer, s renew.Spec, h *renew.Hold)) {
+	t.Parallel()
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		r, s, h := held(t, b, ttl)
+		f(t, b, r, s, h)
+	})
+}
+
 // assertLost fails unless h ended with errTestLost.
 func assertLost(t *testing.T, h *renew.Hold, what string) {
 	t.Helper()
@@ -115,6 +125,13 @@ func waitGone(t *testing.T, b *backend, key string, limit time.Duration) {
 	}
 }
 
+// liveAfter sleeps for d and checks that h is still live.
+func liveAfter(t *testing.T, h *renew.Hold, d time.Duration) {
+	t.Helper()
+	time.Sleep(d)
+	assertLive(t, h)
+}
+
 func assertLive(t *testing.T, h *renew.Hold) {
 	t.Helper()
 	select {
@@ -128,10 +145,8 @@ func assertLive(t *testing.T, h *renew.Hold) {
 }
 
 func TestRenewalKeepsKeyAlivePastTTL(t *testing.T) {
-	t.Parallel()
-	eachBackend(t, true, func(t *testing.T, b *backend) {
-		const ttl = time.Second
-		r, s, h := held(t, b, ttl)
+	const ttl = time.Second
+	eachHeld(t, ttl, func(t *testing.T, b *backend, r *renew.Renewer, s renew.Spec, h *renew.Hold) {
 		if got, want := h.Deadline(), s.Start.Add(ttl-drift(ttl)); !got.Equal(want) {
 			t.Errorf("initial Deadline() = %v, want Start+TTL-drift = %v", got, want)
 		}
@@ -153,12 +168,9 @@ func TestRenewalKeepsKeyAlivePastTTL(t *testing.T) {
 }
 
 func TestReleaseStopsRenewal(t *testing.T) {
-	t.Parallel()
-	eachBackend(t, true, func(t *testing.T, b *backend) {
-		const ttl = time.Second
-		r, s, h := held(t, b, ttl)
-		time.Sleep(1200 * time.Millisecond)
-		assertLive(t, h)
+	const ttl = time.Second
+	eachHeld(t, ttl, func(t *testing.T, b *backend, r *renew.Renewer, s renew.Spec, h *renew.Hold) {
+		liveAfter(t, h, 1200*time.Millisecond)
 		h.Release()
 		waitDone(t, h, time.Second)
 		if err := h.Err(); err != nil {
@@ -199,12 +211,9 @@ func TestRemoteChangeIsLost(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			eachBackend(t, true, func(t *testing.T, b *backend) {
-				const ttl = time.Second
-				r, s, h := held(t, b, ttl)
-				time.Sleep(400 * time.Millisecond)
-				assertLive(t, h)
+			const ttl = time.Second
+			eachHeld(t, ttl, func(t *testing.T, b *backend, r *renew.Renewer, s renew.Spec, h *renew.Hold) {
+				liveAfter(t, h, 400*time.Millisecond)
 				tc.change(b, s.Keys[0], ttl)
 				changed := time.Now()
 				at := waitDone(t, h, ttl/3+time.Second)
@@ -223,10 +232,8 @@ func TestRemoteChangeIsLost(t *testing.T) {
 }
 
 func TestMarkLostEndsHold(t *testing.T) {
-	t.Parallel()
-	eachBackend(t, true, func(t *testing.T, b *backend) {
-		const ttl = time.Second
-		r, _, h := held(t, b, ttl)
+	const ttl = time.Second
+	eachHeld(t, ttl, func(t *testing.T, b *backend, r *renew.Renewer, _ renew.Spec, h *renew.Hold) {
 		other := r.Add(acquire(t, b, ttl))
 		h.MarkLost()
 		waitDone(t, h, time.Second)
@@ -243,12 +250,9 @@ func TestMarkLostEndsHold(t *testing.T) {
 }
 
 func TestUnreachableRedisIsLostBeforeServerExpiry(t *testing.T) {
-	t.Parallel()
-	eachBackend(t, true, func(t *testing.T, b *backend) {
-		const ttl = 2 * time.Second
-		_, _, h := held(t, b, ttl)
-		time.Sleep(1200 * time.Millisecond) // at least one renewal
-		assertLive(t, h)
+	const ttl = 2 * time.Second
+	eachHeld(t, ttl, func(t *testing.T, b *backend, _ *renew.Renewer, _ renew.Spec, h *renew.Hold) {
+		liveAfter(t, h, 1200*time.Millisecond) // at least one renewal
 		b.stop()
 		stopped := time.Now()
 		at := waitDone(t, h, ttl+2*time.Second)
@@ -340,12 +344,9 @@ func TestMaxHoldBoundsRenewal(t *testing.T) {
 }
 
 func TestNoScriptIsReloaded(t *testing.T) {
-	t.Parallel()
-	eachBackend(t, true, func(t *testing.T, b *backend) {
-		const ttl = time.Second
-		_, s, h := held(t, b, ttl)
-		time.Sleep(1200 * time.Millisecond)
-		assertLive(t, h)
+	const ttl = time.Second
+	eachHeld(t, ttl, func(t *testing.T, b *backend, _ *renew.Renewer, s renew.Spec, h *renew.Hold) {
+		liveAfter(t, h, 1200*time.Millisecond)
 		if got := b.cnt.loads.Load(); got != 1 {
 			t.Errorf("SCRIPT LOADs before the flush = %d, want 1", got)
 		}
