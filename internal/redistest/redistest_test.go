@@ -157,10 +157,7 @@ func TestCounterCountsRoundTrips(t *testing.T) {
 
 			rdb.Set(ctx, key+":a", 1, time.Minute)
 			rdb.Get(ctx, key+":a")
-			if got := c.RoundTrips(); got != 2 {
-				t.Errorf("after 2 commands RoundTrips() = %d, want 2", got)
-			}
-			c.Reset()
+			assertTrips(t, &c, 2, "2 commands")
 			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 				for i := range 5 {
 					p.Incr(ctx, fmt.Sprintf("%s:%d", key, i))
@@ -170,10 +167,7 @@ func TestCounterCountsRoundTrips(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := c.RoundTrips(); got != 1 {
-				t.Errorf("after a 5-command pipeline RoundTrips() = %d, want 1", got)
-			}
-			c.Reset()
+			assertTrips(t, &c, 1, "a 5-command pipeline")
 			_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				p.Incr(ctx, key+":0")
 				p.Incr(ctx, key+":1")
@@ -182,9 +176,7 @@ func TestCounterCountsRoundTrips(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := c.RoundTrips(); got != 1 {
-				t.Errorf("after a transaction RoundTrips() = %d, want 1", got)
-			}
+			assertTrips(t, &c, 1, "a transaction")
 		})
 	}
 }
@@ -231,10 +223,7 @@ func TestCountOnClusterCountsEachNode(t *testing.T) {
 	if err := rdb.Set(ctx, keys[0], 1, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.RoundTrips(); got != 1 {
-		t.Errorf("after the first command RoundTrips() = %d, want 1 (topology look-ups not counted)", got)
-	}
-	c.Reset()
+	assertTrips(t, c, 1, "the first command (topology look-ups not counted)")
 	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, k := range keys {
 			p.Incr(ctx, k)
@@ -245,9 +234,17 @@ func TestCountOnClusterCountsEachNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.RoundTrips(); got != 3 {
-		t.Errorf("after a pipeline over 3 masters RoundTrips() = %d, want 3", got)
+	assertTrips(t, c, 3, "a pipeline over 3 masters")
+}
+
+// assertTrips checks that c counted want round trips since its last reset,
+// which were for what, and resets it.
+func assertTrips(t *testing.T, c *redistest.Counter, want int64, what string) {
+	t.Helper()
+	if got := c.RoundTrips(); got != want {
+		t.Errorf("after %s RoundTrips() = %d, want %d", what, got, want)
 	}
+	c.Reset()
 }
 
 func TestCounterConcurrent(t *testing.T) {
