@@ -187,40 +187,22 @@ func TestOwnerHoldReplacedAfterLossIsLost(t *testing.T) {
 		ctx = dsync.WithOwner(ctx)
 		c := newClient(t, b)
 		rdb := b.NewClient(t)
-		m := c.Mutex(name + "-m")
-		rw := c.RWMutex(name + "-rw")
-		s := c.Semaphore(name+"-s", 2)
 		cases := []struct {
-			what   string
-			lock   func() error
-			lease  func() (*dsync.Lease, error)
-			keys   []string
-			unlock func() error
+			what string
+			kind holdKind
+			name string
+			keys []string // the keys that, deleted, lose the hold
 		}{
-			{"Mutex", func() error { return m.Lock(ctx) }, func() (*dsync.Lease, error) { return m.Lease(ctx) },
-				[]string{mutexKeys(name + "-m").Lock}, func() error { return m.Unlock(ctx) }},
-			{"RWMutex", func() error { return rw.Lock(ctx) }, func() (*dsync.Lease, error) { return rw.Lease(ctx) },
-				[]string{rwk(name + "-rw").Writer}, func() error { return rw.Unlock(ctx) }},
-			{"Semaphore", func() error { return s.Acquire(ctx, 1) }, func() (*dsync.Lease, error) { return s.Lease(ctx) },
-				[]string{semKeys(name + "-s").State, semKeys(name + "-s").Holders}, func() error { return s.Release(ctx, 1) }},
+			{"Mutex", mutexHold, name + "-m", []string{mutexKeys(name + "-m").Lock}},
+			{"RWMutex", writeHold, name + "-rw", []string{rwk(name + "-rw").Writer}},
+			{"Semaphore", semHold(2, 1), name + "-s", []string{semKeys(name + "-s").State, semKeys(name + "-s").Holders}},
 		}
 		for _, tc := range cases {
-			if err := tc.lock(); err != nil {
-				t.Fatalf("%s: %v", tc.what, err)
-			}
-			first, err := tc.lease()
-			if err != nil {
-				t.Fatalf("%s: %v", tc.what, err)
-			}
+			h := tc.kind(c, tc.name)
+			first := lockLeaseOf(t, ctx, h, tc.what)
 			must(t, rdb.Del(ctx, tc.keys...).Err())
 			// Another goroutine of the owner takes the name afresh.
-			if err := tc.lock(); err != nil {
-				t.Fatalf("%s: lock after the loss: %v", tc.what, err)
-			}
-			second, err := tc.lease()
-			if err != nil {
-				t.Fatalf("%s: %v", tc.what, err)
-			}
+			second := lockLeaseOf(t, ctx, h, tc.what+": lock after the loss")
 			if second.Token() <= first.Token() {
 				t.Fatalf("%s: token %d after the loss, want above %d (a fresh hold)", tc.what, second.Token(), first.Token())
 			}
@@ -230,7 +212,7 @@ func TestOwnerHoldReplacedAfterLossIsLost(t *testing.T) {
 			if err := second.Err(); err != nil {
 				t.Fatalf("%s: the new hold's Lease Err = %v", tc.what, err)
 			}
-			if err := tc.unlock(); err != nil {
+			if err := h.unlock(ctx); err != nil {
 				t.Fatalf("%s: unlock of the new hold: %v", tc.what, err)
 			}
 		}

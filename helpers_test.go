@@ -55,6 +55,13 @@ func realOnly(t *testing.T) redistest.Backend {
 	return b
 }
 
+// realName returns the real server backend (or skips: see realOnly), a
+// context that bounds the test's calls and a name of its own.
+func realName(t *testing.T) (redistest.Backend, context.Context, string) {
+	t.Helper()
+	return realOnly(t), ctxT(t), redistest.Key(t)
+}
+
 // must stops the test on err.
 func must(t testing.TB, err error) {
 	t.Helper()
@@ -170,6 +177,20 @@ func lockLease(t testing.TB, ctx context.Context, h lockLeaser) *dsync.Lease {
 	must(t, h.Lock(ctx))
 	l, err := h.Lease(ctx)
 	must(t, err)
+	return l
+}
+
+// lockLeaseOf takes h's hold and returns its Lease, stopping the test with
+// what and the error on a failure.
+func lockLeaseOf(t testing.TB, ctx context.Context, h holdCalls, what string) *dsync.Lease {
+	t.Helper()
+	if err := h.lock(ctx); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	l, err := h.lease(ctx)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
 	return l
 }
 

@@ -23,9 +23,7 @@ func waitDone(t *testing.T, l *dsync.Lease, within time.Duration, after string) 
 }
 
 func TestLeaseRenewalKeepsHold(t *testing.T) {
-	b := realOnly(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
+	b, ctx, name := realName(t)
 	m := newClient(t, b, dsync.TTL(time.Second)).Mutex(name)
 	l := lockLease(t, ctx, m)
 	other := newClient(t, b).Mutex(name)
@@ -151,9 +149,7 @@ func TestLeaseSurvivesConnectionsCut(t *testing.T) {
 }
 
 func TestLeaseStalledRenewerReportsLossBeforeExpiry(t *testing.T) {
-	b := realOnly(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
+	b, ctx, name := realName(t)
 	const ttl = 600 * time.Millisecond
 	c := newClient(t, b, dsync.TTL(ttl))
 	m := c.Mutex(name)
@@ -225,9 +221,7 @@ func TestFencingTokensIncrease(t *testing.T) {
 func m2(c *dsync.Client, name string) *dsync.Mutex { return c.Mutex(name) }
 
 func TestDeadHolderFreesAtTTL(t *testing.T) {
-	b := realOnly(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
+	b, ctx, name := realName(t)
 	const ttl = time.Second
 	dead := dsync.New(b.NewClient(t), dsync.TTL(ttl))
 	must(t, dead.Mutex(name).Lock(ctx))
@@ -258,9 +252,7 @@ func TestDeadHolderOnMiniredis(t *testing.T) {
 }
 
 func TestFixedLeaseRunsOut(t *testing.T) {
-	b := realOnly(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
+	b, ctx, name := realName(t)
 	counter := &redistest.Counter{}
 	c, _ := hookedClient(t, b, counter, dsync.TTL(500*time.Millisecond), dsync.FixedLease())
 	m := c.Mutex(name)
@@ -284,9 +276,7 @@ func TestFixedLeaseRunsOut(t *testing.T) {
 }
 
 func TestMaxHoldBoundsRenewal(t *testing.T) {
-	b := realOnly(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
+	b, ctx, name := realName(t)
 	m := newClient(t, b, dsync.TTL(300*time.Millisecond), dsync.MaxHold(600*time.Millisecond)).Mutex(name)
 	l := lockLease(t, ctx, m)
 	start := time.Now()
@@ -300,9 +290,7 @@ func TestMaxHoldBoundsRenewal(t *testing.T) {
 }
 
 func TestLeaseAfterLongWaitIsLive(t *testing.T) {
-	b := realOnly(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
+	b, ctx, name := realName(t)
 	const ttl = 750 * time.Millisecond // renewed every 250 ms: 500 ms of slack
 	holder := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
 	waiter := newClient(t, b, dsync.TTL(ttl)).Mutex(name)

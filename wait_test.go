@@ -90,9 +90,7 @@ func TestSlowSubscriptionKeepsDeadline(t *testing.T) {
 // fails (its connection is slow to come up); go-redis subscribes again once
 // connected, and later waiters on the name must be woken at once again.
 func TestSlowSubscriptionDoesNotSlowLaterWaits(t *testing.T) {
-	b := realOnly(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
+	b, ctx, name := realName(t)
 	holder := newClient(t, b).Mutex(name)
 	rdb := b.NewClient(t)
 	if err := rdb.Ping(ctx).Err(); err != nil { // the command connection
@@ -129,9 +127,7 @@ func TestSlowSubscriptionDoesNotSlowLaterWaits(t *testing.T) {
 // subscribes again, and the release that follows still wakes the waiter at
 // once, not after the 30 s TTL.
 func TestWaiterSurvivesPubSubKill(t *testing.T) {
-	b := realOnly(t)
-	ctx := ctxT(t)
-	name := redistest.Key(t)
+	b, ctx, name := realName(t)
 	holder := newClient(t, b).Mutex(name)
 	must(t, holder.Lock(ctx))
 	m := newClient(t, b).Mutex(name)
