@@ -33,12 +33,41 @@ func reentryCount(t *testing.T, b redistest.Backend, name, tok string) int {
 	return n
 }
 
-func TestMutexUnlockRetriedLateChangesNothing(t *testing.T) {
+// eachRecordedMutex runs f on each backend with a Mutex of a fresh name on
+// a Client whose scripts rec records, the raw client rdb to replay them on,
+// and a ctx that has an owner if owned.
+func eachRecordedMutex(t *testing.T, owned bool, f func(t *testing.T, b redistest.Backend, ctx context.Context, name string, m *dsync.Mutex, rdb redis.UniversalClient, rec *redistest.Recorder)) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		c, rdb, rec := recorded(t, b)
 		name := redistest.Key(t)
-		ctx := dsync.WithOwner(ctxT(t))
-		m := c.Mutex(name)
+		ctx := ctxT(t)
+		if owned {
+			ctx = dsync.WithOwner(ctx)
+		}
+		f(t, b, ctx, name, c.Mutex(name), rdb, rec)
+	})
+}
+
+// replayAsBefore sends the recorded script call args again on rdb and
+// checks that it answers want, as its first run did.
+func replayAsBefore(t *testing.T, ctx context.Context, rdb redis.UniversalClient, args []any, want int64, what string) {
+	t.Helper()
+	if v, err := rdb.Do(ctx, args...).Int64(); err != nil || v != want {
+		t.Fatalf("replayed %s = %v, %v; want %d (as before)", what, v, err, want)
+	}
+}
+
+// assertLevelsAfterRetry checks that ctx's owner holds name's Mutex at want
+// levels after a late retry.
+func assertLevelsAfterRetry(t *testing.T, b redistest.Backend, ctx context.Context, name string, want int) {
+	t.Helper()
+	if n := reentryCount(t, b, name, dsync.OwnerToken(ctx)); n != want {
+		t.Fatalf("count after the late retry = %d, want %d", n, want)
+	}
+}
+
+func TestMutexUnlockRetriedLateChangesNothing(t *testing.T) {
+	eachRecordedMutex(t, true, func(t *testing.T, b redistest.Backend, ctx context.Context, name string, m *dsync.Mutex, rdb redis.UniversalClient, rec *redistest.Recorder) {
 		for i := 0; i < 2; i++ {
 			must(t, m.Lock(ctx))
 		}
@@ -49,12 +78,8 @@ func TestMutexUnlockRetriedLateChangesNothing(t *testing.T) {
 		if err := m.Lock(ctx); err != nil { // the owner re-enters meanwhile
 			t.Fatal(err)
 		}
-		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 2 {
-			t.Fatalf("replayed Unlock = %v, %v; want 2 (as before)", v, err)
-		}
-		if n := reentryCount(t, b, name, dsync.OwnerToken(ctx)); n != 2 {
-			t.Fatalf("count after the late retry = %d, want 2", n)
-		}
+		replayAsBefore(t, ctx, rdb, unlock, 2, "Unlock")
+		assertLevelsAfterRetry(t, b, ctx, name, 2)
 		if ok, _ := newClient(t, b).Mutex(name).TryLock(dsync.WithOwner(ctx)); ok {
 			t.Fatal("another owner got in while the first still holds a level")
 		}
@@ -64,11 +89,7 @@ func TestMutexUnlockRetriedLateChangesNothing(t *testing.T) {
 }
 
 func TestMutexLockRetriedLateChangesNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		c, rdb, rec := recorded(t, b)
-		name := redistest.Key(t)
-		ctx := dsync.WithOwner(ctxT(t))
-		m := c.Mutex(name)
+	eachRecordedMutex(t, true, func(t *testing.T, b redistest.Backend, ctx context.Context, name string, m *dsync.Mutex, rdb redis.UniversalClient, rec *redistest.Recorder) {
 		must(t, m.Lock(ctx))
 		if err := m.Lock(ctx); err != nil { // a re-entry whose reply "times out"
 			t.Fatal(err)
@@ -78,9 +99,7 @@ func TestMutexLockRetriedLateChangesNothing(t *testing.T) {
 		if v, err := rdb.Do(ctx, lock...).Int64Slice(); err != nil || len(v) != 2 || (v[0] != 1 && v[0] != 2) || v[1] <= 0 {
 			t.Fatalf("replayed Lock = %v, %v; want the fencing token (as before)", v, err)
 		}
-		if n := reentryCount(t, b, name, dsync.OwnerToken(ctx)); n != 1 {
-			t.Fatalf("count after the late retry = %d, want 1", n)
-		}
+		assertLevelsAfterRetry(t, b, ctx, name, 1)
 		must(t, m.Unlock(ctx))
 		if ok, _ := newClient(t, b).Mutex(name).TryLock(context.Background()); !ok {
 			t.Fatal("lock leaked by the late retry")
@@ -89,11 +108,7 @@ func TestMutexLockRetriedLateChangesNothing(t *testing.T) {
 }
 
 func TestMutexReleaseRetriedLateAnswersAsBefore(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		c, rdb, rec := recorded(t, b)
-		name := redistest.Key(t)
-		ctx := ctxT(t)
-		m := c.Mutex(name)
+	eachRecordedMutex(t, false, func(t *testing.T, b redistest.Backend, ctx context.Context, name string, m *dsync.Mutex, rdb redis.UniversalClient, rec *redistest.Recorder) {
 		must(t, m.Lock(ctx))
 		must(t, m.Unlock(ctx))
 		unlock := rec.Last()
@@ -104,9 +119,7 @@ func TestMutexReleaseRetriedLateAnswersAsBefore(t *testing.T) {
 			must(t, other.Unlock(ctx))
 		}
 		must(t, other.Lock(ctx))
-		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 1 {
-			t.Fatalf("replayed releasing Unlock = %v, %v; want 1 (as before)", v, err)
-		}
+		replayAsBefore(t, ctx, rdb, unlock, 1, "releasing Unlock")
 		if ok, _ := newClient(t, b).Mutex(name).TryLock(context.Background()); ok {
 			t.Fatal("the late retry released another holder's lock")
 		}
@@ -115,21 +128,13 @@ func TestMutexReleaseRetriedLateAnswersAsBefore(t *testing.T) {
 }
 
 func TestMutexUnlockOfNothingRetriedLateEndsNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		c, rdb, rec := recorded(t, b)
-		name := redistest.Key(t)
-		ctx := dsync.WithOwner(ctxT(t))
-		m := c.Mutex(name)
+	eachRecordedMutex(t, true, func(t *testing.T, b redistest.Backend, ctx context.Context, name string, m *dsync.Mutex, rdb redis.UniversalClient, rec *redistest.Recorder) {
 		// An Unlock with nothing held names no hold.
 		mustIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "Unlock of nothing = %v, want ErrNotHeld")
 		unlock := rec.Last()
 		must(t, m.Lock(ctx))
-		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 0 {
-			t.Fatalf("replayed Unlock = %v, %v; want 0 (as before)", v, err)
-		}
-		if n := reentryCount(t, b, name, dsync.OwnerToken(ctx)); n != 1 {
-			t.Fatalf("count after the late retry = %d, want 1", n)
-		}
+		replayAsBefore(t, ctx, rdb, unlock, 0, "Unlock")
+		assertLevelsAfterRetry(t, b, ctx, name, 1)
 		if err := m.Unlock(ctx); err != nil {
 			t.Fatalf("Unlock = %v, want nil", err)
 		}
