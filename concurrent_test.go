@@ -52,6 +52,34 @@ func (h *history) add(s span) {
 	h.mu.Unlock()
 }
 
+// hold takes a hold through lock, reads its fencing token through lease
+// (unless lease is nil), keeps it for a random pause, gives it back through
+// unlock and records the span it held: s with its times and token. A lock
+// that ctx's end cuts short records nothing; a release that ctx's end cuts
+// short completes in the background (see endedDuring).
+func (h *history) hold(t *testing.T, ctx context.Context, r *rand.Rand, s span, lock, unlock func(context.Context) error, lease func(context.Context) (*dsync.Lease, error)) {
+	if err := lock(ctx); err != nil {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("lock: %v", err)
+		}
+		return
+	}
+	s.from = time.Now()
+	if lease != nil {
+		if l, err := lease(ctx); err != nil {
+			t.Errorf("Lease: %v", err)
+		} else {
+			s.token = l.Token()
+		}
+	}
+	pause(r)
+	s.to = time.Now()
+	if err := unlock(ctx); err != nil && !endedDuring(ctx, err) {
+		t.Errorf("unlock: %v", err)
+	}
+	h.add(s)
+}
+
 // checkExclusion fails if a write span overlaps any other span, or if write
 // tokens do not rise with the order of acquisition.
 func checkExclusion(t *testing.T, what string, spans []span) {
@@ -110,6 +138,12 @@ func runFor(t *testing.T, b redistest.Backend, clients, workers int, d time.Dura
 	wg.Wait()
 }
 
+// runHistory runs f on the real server (or skips) for the histories: 6
+// workers on 3 Clients for 2 s (see runFor).
+func runHistory(t *testing.T, f func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand)) {
+	runFor(t, realOnly(t), 3, 6, 2*time.Second, f)
+}
+
 // endedDuring reports whether err, the error of a release made with ctx,
 // is ctx's own: ctx ended while the release was under way, which then
 // completes in the background (as Unlock documents).
@@ -120,94 +154,43 @@ func endedDuring(ctx context.Context, err error) bool {
 func pause(r *rand.Rand) { time.Sleep(time.Duration(r.IntN(1500)) * time.Microsecond) }
 
 func TestConcurrentMutexHistory(t *testing.T) {
-	b := realOnly(t)
 	name := redistest.Key(t)
 	var h history
-	runFor(t, b, 3, 6, 2*time.Second, func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand) {
+	runHistory(t, func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand) {
 		m := c.Mutex(name)
 		lctx := ctx
 		if r.IntN(2) == 0 {
 			lctx = dsync.WithOwner(ctx)
 		}
-		if err := m.Lock(lctx); err != nil {
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Errorf("Lock: %v", err)
-			}
-			return
-		}
-		from := time.Now()
-		l, err := m.Lease(lctx)
-		if err != nil {
-			t.Errorf("Lease: %v", err)
-		}
-		pause(r)
-		to := time.Now()
-		if err := m.Unlock(lctx); err != nil && !endedDuring(lctx, err) {
-			t.Errorf("Unlock: %v", err)
-		}
-		h.add(span{from: from, to: to, token: l.Token(), write: true, who: who})
+		h.hold(t, lctx, r, span{write: true, who: who}, m.Lock, m.Unlock, m.Lease)
 	})
 	checkExclusion(t, "Mutex", h.spans)
 }
 
 func TestConcurrentRWMutexHistory(t *testing.T) {
-	b := realOnly(t)
 	name := redistest.Key(t)
 	var h history
-	runFor(t, b, 3, 6, 2*time.Second, func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand) {
+	runHistory(t, func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand) {
 		rw := c.RWMutex(name)
-		write := r.IntN(3) == 0
-		lock, unlock := rw.RLock, rw.RUnlock
-		if write {
-			lock, unlock = rw.Lock, rw.Unlock
+		if r.IntN(3) == 0 {
+			h.hold(t, ctx, r, span{write: true, who: who}, rw.Lock, rw.Unlock, rw.Lease)
+		} else {
+			h.hold(t, ctx, r, span{who: who}, rw.RLock, rw.RUnlock, nil)
 		}
-		if err := lock(ctx); err != nil {
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Errorf("lock: %v", err)
-			}
-			return
-		}
-		from := time.Now()
-		var tok uint64
-		if write {
-			l, err := rw.Lease(ctx)
-			if err != nil {
-				t.Errorf("Lease: %v", err)
-			} else {
-				tok = l.Token()
-			}
-		}
-		pause(r)
-		to := time.Now()
-		if err := unlock(ctx); err != nil && !endedDuring(ctx, err) {
-			t.Errorf("unlock: %v", err)
-		}
-		h.add(span{from: from, to: to, token: tok, write: write, who: who})
 	})
 	checkExclusion(t, "RWMutex", h.spans)
 }
 
 func TestConcurrentSemaphoreHistory(t *testing.T) {
-	b := realOnly(t)
 	name := redistest.Key(t)
 	const size = 3
 	var h history
-	runFor(t, b, 3, 6, 2*time.Second, func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand) {
+	runHistory(t, func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand) {
 		s := c.Semaphore(name, size)
 		n := int64(1 + r.IntN(2))
-		if err := s.Acquire(ctx, n); err != nil {
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Errorf("Acquire: %v", err)
-			}
-			return
-		}
-		from := time.Now()
-		pause(r)
-		to := time.Now()
-		if err := s.Release(ctx, n); err != nil && !endedDuring(ctx, err) {
-			t.Errorf("Release: %v", err)
-		}
-		h.add(span{from: from, to: to, n: n, who: who})
+		h.hold(t, ctx, r, span{n: n, who: who},
+			func(ctx context.Context) error { return s.Acquire(ctx, n) },
+			func(ctx context.Context) error { return s.Release(ctx, n) }, nil)
 	})
 	// Sweep: at equal instants, releases first.
 	type ev struct {
@@ -236,12 +219,11 @@ func TestConcurrentSemaphoreHistory(t *testing.T) {
 }
 
 func TestConcurrentOnceHistory(t *testing.T) {
-	b := realOnly(t)
 	name := redistest.Key(t)
 	var h history
 	var mu sync.Mutex
 	var succeeded time.Time
-	runFor(t, b, 3, 6, 2*time.Second, func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand) {
+	runHistory(t, func(ctx context.Context, c *dsync.Client, who int, r *rand.Rand) {
 		o := c.Once(name)
 		ok := r.IntN(8) == 0
 		err := o.Do(ctx, func(context.Context) error {
