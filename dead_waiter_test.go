@@ -59,55 +59,48 @@ func TestDeadWaiterDelaysOthersByItsOwnTTL(t *testing.T) {
 	)
 	for _, p := range exclusives {
 		t.Run(p.name, func(t *testing.T) {
-			for _, b := range redistest.AllBackends(t) {
-				if b.Mini != nil {
-					continue
-				}
-				t.Run(b.Name, func(t *testing.T) {
-					ctx := ctxT(t)
-					name := redistest.Key(t)
-					rdb := b.NewClient(t)
-					holder := p.calls(newClient(t, b), name)
-					must(t, holder.lock(ctx))
-					// The waiter's process dies once it has its place: every
-					// command it would send from then on fails.
-					drdb := b.NewClient(t)
-					faults := &redistest.Faults{}
-					drdb.AddHook(faults)
-					dc := dsync.New(drdb)
-					dead := p.calls(dc, name, dsync.TTL(deadTTL))
-					dctx, cancel := context.WithCancel(ctx)
-					got := make(chan error, 1)
-					go func() { got <- dead.lock(dctx) }()
-					waitFor(t, 10*time.Second, "the waiter's place", func() bool {
-						n, _ := rdb.ZCard(ctx, p.queue(name)).Result()
-						return n > 0
-					})
-					faults.FailNext(1<<30, nil)
-					cancel()
-					<-got
-					dc.Close()
-
-					newcomer := p.calls(newClient(t, b), name)
-					nctx, ncancel := context.WithTimeout(ctx, within)
-					defer ncancel()
-					ngot := make(chan error, 1)
-					start := time.Now()
-					go func() { ngot <- newcomer.lock(nctx) }()
-					// The newcomer is refused by the holder's 30 s hold (or
-					// queues behind the dead waiter) before the release.
-					waitFor(t, 10*time.Second, "the newcomer's attempt", func() bool {
-						n, _ := rdb.ZCard(ctx, p.queue(name)).Result()
-						return n > 1
-					})
-					must(t, holder.unlock(ctx))
-					if err := <-ngot; err != nil {
-						t.Fatalf("newcomer after a dead waiter with a %v TTL = %v after %v; want the hold",
-							deadTTL, err, time.Since(start).Round(time.Millisecond))
-					}
-					must(t, newcomer.unlock(ctx))
+			eachRealName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+				rdb := b.NewClient(t)
+				holder := p.calls(newClient(t, b), name)
+				must(t, holder.lock(ctx))
+				// The waiter's process dies once it has its place: every
+				// command it would send from then on fails.
+				drdb := b.NewClient(t)
+				faults := &redistest.Faults{}
+				drdb.AddHook(faults)
+				dc := dsync.New(drdb)
+				dead := p.calls(dc, name, dsync.TTL(deadTTL))
+				dctx, cancel := context.WithCancel(ctx)
+				got := make(chan error, 1)
+				go func() { got <- dead.lock(dctx) }()
+				waitFor(t, 10*time.Second, "the waiter's place", func() bool {
+					n, _ := rdb.ZCard(ctx, p.queue(name)).Result()
+					return n > 0
 				})
-			}
+				faults.FailNext(1<<30, nil)
+				cancel()
+				<-got
+				dc.Close()
+
+				newcomer := p.calls(newClient(t, b), name)
+				nctx, ncancel := context.WithTimeout(ctx, within)
+				defer ncancel()
+				ngot := make(chan error, 1)
+				start := time.Now()
+				go func() { ngot <- newcomer.lock(nctx) }()
+				// The newcomer is refused by the holder's 30 s hold (or
+				// queues behind the dead waiter) before the release.
+				waitFor(t, 10*time.Second, "the newcomer's attempt", func() bool {
+					n, _ := rdb.ZCard(ctx, p.queue(name)).Result()
+					return n > 1
+				})
+				must(t, holder.unlock(ctx))
+				if err := <-ngot; err != nil {
+					t.Fatalf("newcomer after a dead waiter with a %v TTL = %v after %v; want the hold",
+						deadTTL, err, time.Since(start).Round(time.Millisecond))
+				}
+				must(t, newcomer.unlock(ctx))
+			})
 		})
 	}
 }

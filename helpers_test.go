@@ -28,6 +28,17 @@ func eachName(t *testing.T, f func(t *testing.T, b redistest.Backend, ctx contex
 	eachBackend(t, func(t *testing.T, b redistest.Backend) { f(t, b, ctxT(t), redistest.Key(t)) })
 }
 
+// eachRealName runs f as eachName does, on the backends whose TTLs run
+// down by themselves: the real server and the cluster.
+func eachRealName(t *testing.T, f func(t *testing.T, b redistest.Backend, ctx context.Context, name string)) {
+	for _, b := range redistest.AllBackends(t) {
+		if b.Mini != nil {
+			continue
+		}
+		t.Run(b.Name, func(t *testing.T) { f(t, b, ctxT(t), redistest.Key(t)) })
+	}
+}
+
 // newClient returns a dsync Client on a fresh connection to b, closed at cleanup.
 func newClient(t *testing.T, b redistest.Backend, opts ...dsync.Option) *dsync.Client {
 	t.Helper()

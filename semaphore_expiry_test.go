@@ -51,48 +51,41 @@ func TestSemaphoreWaiterAfterLastLeaseEnds(t *testing.T) {
 		deadTTL = time.Second
 		within  = 5 * time.Second // the waiter's TTL is 30 s
 	)
-	for _, b := range redistest.AllBackends(t) {
-		if b.Mini != nil {
-			continue
-		}
-		t.Run(b.Name, func(t *testing.T) {
-			ctx := ctxT(t)
-			name := redistest.Key(t)
-			rdb := b.NewClient(t)
-			holder := newClient(t, b).Semaphore(name, 1)
-			must(t, holder.Acquire(ctx, 1))
-			dc := dsync.New(b.NewClient(t))
-			defer dc.Close()
-			dying := make(chan error, 1)
-			go func() { dying <- dc.Semaphore(name, 1, dsync.TTL(deadTTL)).Acquire(ctx, 1) }()
-			waitFor(t, 10*time.Second, "the first waiter's place", func() bool {
-				return rdb.ZCard(ctx, semKeys(name).Queue).Val() == 1
-			})
-			wrdb := b.NewClient(t)
-			// The first attempt and the one after subscribing go at once;
-			// later ones arrive 100 ms late.
-			wrdb.AddHook(&slowScripts{skip: 2, delay: 100 * time.Millisecond})
-			s := newClientOn(t, wrdb).Semaphore(name, 1)
-			wctx, cancel := context.WithTimeout(ctx, within)
-			defer cancel()
-			got := make(chan error, 1)
-			start := time.Now()
-			go func() { got <- s.Acquire(wctx, 1) }()
-			waitFor(t, 10*time.Second, "the second waiter's place", func() bool {
-				return rdb.ZCard(ctx, semKeys(name).Queue).Val() == 2
-			})
-			must(t, holder.Release(ctx, 1))
-			if err := <-dying; err != nil {
-				t.Fatalf("first waiter = %v, want the permit", err)
-			}
-			dc.Close() // it dies holding the permit: its lease runs out by itself
-			if err := <-got; err != nil {
-				t.Fatalf("Acquire after the %v lease of a dead holder = %v after %v; want the permit",
-					deadTTL, err, time.Since(start).Round(time.Millisecond))
-			}
-			must(t, s.Release(ctx, 1))
+	eachRealName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		rdb := b.NewClient(t)
+		holder := newClient(t, b).Semaphore(name, 1)
+		must(t, holder.Acquire(ctx, 1))
+		dc := dsync.New(b.NewClient(t))
+		defer dc.Close()
+		dying := make(chan error, 1)
+		go func() { dying <- dc.Semaphore(name, 1, dsync.TTL(deadTTL)).Acquire(ctx, 1) }()
+		waitFor(t, 10*time.Second, "the first waiter's place", func() bool {
+			return rdb.ZCard(ctx, semKeys(name).Queue).Val() == 1
 		})
-	}
+		wrdb := b.NewClient(t)
+		// The first attempt and the one after subscribing go at once;
+		// later ones arrive 100 ms late.
+		wrdb.AddHook(&slowScripts{skip: 2, delay: 100 * time.Millisecond})
+		s := newClientOn(t, wrdb).Semaphore(name, 1)
+		wctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		got := make(chan error, 1)
+		start := time.Now()
+		go func() { got <- s.Acquire(wctx, 1) }()
+		waitFor(t, 10*time.Second, "the second waiter's place", func() bool {
+			return rdb.ZCard(ctx, semKeys(name).Queue).Val() == 2
+		})
+		must(t, holder.Release(ctx, 1))
+		if err := <-dying; err != nil {
+			t.Fatalf("first waiter = %v, want the permit", err)
+		}
+		dc.Close() // it dies holding the permit: its lease runs out by itself
+		if err := <-got; err != nil {
+			t.Fatalf("Acquire after the %v lease of a dead holder = %v after %v; want the permit",
+				deadTTL, err, time.Since(start).Round(time.Millisecond))
+		}
+		must(t, s.Release(ctx, 1))
+	})
 }
 
 // newClientOn returns a dsync Client on rdb, closed at cleanup.
