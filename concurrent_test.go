@@ -273,6 +273,16 @@ func hammerClients(t *testing.T, b redistest.Backend, clients, perClient, rounds
 	runSteps(t, rounds, steps)
 }
 
+// inParallel runs f on n goroutines at once and waits for them; an error
+// f returns is reported.
+func inParallel(t *testing.T, n int, f func() error) {
+	steps := make([]func() error, n)
+	for i := range steps {
+		steps[i] = f
+	}
+	runSteps(t, 1, steps)
+}
+
 // runSteps runs each of steps rounds times on a goroutine of its own and
 // waits for them. A step's error is reported and ends its goroutine.
 func runSteps(t *testing.T, rounds int, steps []func() error) {

@@ -236,6 +236,17 @@ func TestOnceKilledRunnerHandsOverAfterTTL(t *testing.T) {
 	})
 }
 
+// untilCancelled waits up to 10 s for fctx to end and returns its error,
+// or an error that says notCancelled.
+func untilCancelled(fctx context.Context, notCancelled string) error {
+	select {
+	case <-fctx.Done():
+		return fctx.Err()
+	case <-time.After(10 * time.Second):
+		return errors.New(notCancelled)
+	}
+}
+
 func TestOnceLeaseLossCancelsF(t *testing.T) {
 	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
@@ -246,13 +257,9 @@ func TestOnceLeaseLossCancelsF(t *testing.T) {
 			if err := rdb.Del(ctx, keys.ForOnce(dsync.DefaultPrefix, name).Run).Err(); err != nil {
 				t.Error(err)
 			}
-			select {
-			case <-fctx.Done():
-				cause = context.Cause(fctx)
-				return fctx.Err()
-			case <-time.After(10 * time.Second):
-				return errors.New("f's ctx not cancelled after the lease was lost")
-			}
+			err := untilCancelled(fctx, "f's ctx not cancelled after the lease was lost")
+			cause = context.Cause(fctx)
+			return err
 		})
 		if !errors.Is(cause, dsync.ErrLeaseLost) {
 			t.Errorf("cause of f's ctx = %v, want ErrLeaseLost", cause)
@@ -273,12 +280,7 @@ func TestOnceCallerCtxCancelsF(t *testing.T) {
 		ctx, cancel := context.WithCancel(ctxT(t))
 		err := c.Once(name).Do(ctx, func(fctx context.Context) error {
 			cancel()
-			select {
-			case <-fctx.Done():
-				return fctx.Err()
-			case <-time.After(10 * time.Second):
-				return errors.New("f's ctx not cancelled")
-			}
+			return untilCancelled(fctx, "f's ctx not cancelled")
 		})
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("Do = %v, want context.Canceled", err)

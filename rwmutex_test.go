@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -147,31 +146,17 @@ func TestRWMutexOneHandleManyReaders(t *testing.T) {
 	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rw := newClient(t, b).RWMutex(name)
 		const G = 5
-		var wg sync.WaitGroup
-		for i := 0; i < G; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := rw.RLock(ctx); err != nil {
-					t.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
+		inParallel(t, G, func() error { return rw.RLock(ctx) })
 		if n, _ := b.NewClient(t).ZCard(ctx, rwk(name).Readers).Result(); n != G {
 			t.Errorf("readers in Redis = %d, want %d", n, G)
 		}
 		// Any goroutine may release them, one per RUnlock.
-		for i := 0; i < G; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := rw.RUnlock(context.Background()); err != nil {
-					t.Errorf("RUnlock: %v", err)
-				}
-			}()
-		}
-		wg.Wait()
+		inParallel(t, G, func() error {
+			if err := rw.RUnlock(context.Background()); err != nil {
+				return fmt.Errorf("RUnlock: %w", err)
+			}
+			return nil
+		})
 		checkIs(t, rw.RUnlock(ctx), dsync.ErrNotHeld, "extra RUnlock = %v, want ErrNotHeld")
 		assertRWReleased(t, b, name)
 	})

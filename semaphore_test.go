@@ -118,17 +118,7 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 		mustIs(t, s.Release(ctx, 1), dsync.ErrNotHeld, "Release before Acquire = %v, want ErrNotHeld")
 		// Goroutines sharing the handle add to one holding, as with a
 		// shared semaphore.Weighted, and any of them may release.
-		var wg sync.WaitGroup
-		for i := 0; i < 3; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := s.Acquire(ctx, 1); err != nil {
-					t.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
+		inParallel(t, 3, func() error { return s.Acquire(ctx, 1) })
 		l, err := s.Lease(ctx)
 		if err != nil || l.Token() == 0 {
 			t.Fatalf("Lease = %v, %v; want a token", l, err)
