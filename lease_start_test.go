@@ -3,7 +3,6 @@ package dsync_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,15 +19,8 @@ import (
 // waiter hears of them.
 func muted(t *testing.T, name string) string {
 	t.Helper()
-	src, err := dsync.ScriptSource(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const pub = "redis.call('PUBLISH', ch,"
-	if !strings.Contains(src, pub) {
-		t.Fatalf("%s publishes no other way than %q", name, pub)
-	}
-	return strings.ReplaceAll(src, pub, "redis.call('PUBLISH', ch .. ':muted',")
+	// mutate fails the test if the script publishes some other way.
+	return mutate(t, name, "redis.call('PUBLISH', ch,", "redis.call('PUBLISH', ch .. ':muted',")
 }
 
 // handoverSide is one holder of a primitive whose release hands the hold
