@@ -159,6 +159,25 @@ const (
 	pauseFor    = 2 * time.Second
 )
 
+// cancelledInPause runs call (what) with a ctx of parent that is cancelled
+// cancelAfter into it, while the server holds the command, and checks that
+// it returns context.Canceled then, allowing slack.
+func cancelledInPause(t *testing.T, parent context.Context, what string, call func(ctx context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(parent)
+	time.AfterFunc(cancelAfter, cancel)
+	start := time.Now()
+	err := call(ctx)
+	took := time.Since(start)
+	cancel()
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("%s cancelled while the server held it returned %v, want context.Canceled", what, err)
+	}
+	if took > cancelAfter+slack {
+		t.Errorf("%s cancelled after %v returned after %v", what, cancelAfter, took.Round(time.Millisecond))
+	}
+}
+
 // A pausable is a private real server whose writes a test pauses (CLIENT
 // PAUSE), as a busy server or a network that delays replies would hold them.
 type pausable struct {
@@ -236,18 +255,7 @@ func TestCancelWhileServerHoldsCommand(t *testing.T) {
 		}
 		wcancel()
 		paused := ps.pause(t)
-		ctx, cancel := context.WithCancel(context.Background())
-		time.AfterFunc(cancelAfter, cancel)
-		start := time.Now()
-		err := op.call(c, ctx, name)
-		took := time.Since(start)
-		cancel()
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("%s cancelled while the server held it returned %v, want context.Canceled", op.name, err)
-		}
-		if took > cancelAfter+slack {
-			t.Errorf("%s cancelled after %v returned after %v", op.name, cancelAfter, took.Round(time.Millisecond))
-		}
+		cancelledInPause(t, context.Background(), op.name, func(ctx context.Context) error { return op.call(c, ctx, name) })
 		// After the pause the server runs what the call sent, and its
 		// clean-up.
 		time.Sleep(time.Until(paused.Add(pauseFor)))
@@ -338,18 +346,7 @@ func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
 					t.Fatal(err)
 				}
 				paused := ps.pause(t)
-				ctx, cancel := context.WithCancel(octx)
-				time.AfterFunc(cancelAfter, cancel)
-				start := time.Now()
-				err = p.unlock(ctx)
-				took := time.Since(start)
-				cancel()
-				if !errors.Is(err, context.Canceled) {
-					t.Errorf("release cancelled while the server held it returned %v, want context.Canceled", err)
-				}
-				if took > cancelAfter+slack {
-					t.Errorf("release cancelled after %v returned after %v", cancelAfter, took.Round(time.Millisecond))
-				}
+				cancelledInPause(t, octx, "release", p.unlock)
 				if mode.local {
 					// The owner locks again while its release is pending:
 					// not a re-entry of the hold being released.
@@ -372,11 +369,7 @@ func TestReleaseCancelledWhileServerHoldsIt(t *testing.T) {
 					time.Sleep(time.Until(paused.Add(pauseFor)))
 				}
 				dsync.WaitCleanups(c)
-				select {
-				case <-lease.Done():
-				case <-time.After(5 * time.Second):
-					t.Fatal("the lease of the released hold is not done")
-				}
+				waitDone(t, lease, 5*time.Second, "(the lease of the released hold)")
 				if err := lease.Err(); err != nil {
 					t.Errorf("the released hold's lease reports %v, want nil (released, not lost)", err)
 				}
