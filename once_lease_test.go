@@ -15,6 +15,17 @@ import (
 // onceRunKey is the run hash of the Once called name.
 func onceRunKey(name string) string { return "dsync:{" + name + "}:once" }
 
+// waitWaitedFor waits, while ctx lasts, until a waiter marked the run hash
+// of the Once name as waited for.
+func waitWaitedFor(t *testing.T, ctx context.Context, rdb redis.UniversalClient, name string) {
+	t.Helper()
+	dl, _ := ctx.Deadline()
+	waitFor(t, time.Until(dl), "the waiter to wait", func() bool {
+		ok, _ := rdb.HExists(ctx, onceRunKey(name), "w").Result()
+		return ok
+	})
+}
+
 // A call that waited longer than the TTL for a run that then failed runs f
 // with a fresh lease: the lease is measured from the attempt that was
 // granted the run, not from the call's first attempt.
@@ -71,15 +82,7 @@ func TestOnceTakeoverAfterALongWaitHasALiveLease(t *testing.T) {
 		}()
 		// The waiter's first attempt was refused once it marked the run
 		// hash as waited for.
-		for {
-			if ok, _ := rdb.HExists(ctx, onceRunKey(name), "w").Result(); ok {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatal("the waiter never waited")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitWaitedFor(t, ctx, rdb, name)
 		firstAfter = time.Now()
 		time.Sleep(ttl + ttl/2) // the runner's lease is renewed meanwhile
 		close(fail)
@@ -230,15 +233,7 @@ func TestOnceLateCopyOfAnAttemptTakesNothing(t *testing.T) {
 					return nil
 				})
 			}()
-			for {
-				if ok, _ := rdb.HExists(ctx, onceRunKey(name), "w").Result(); ok {
-					break
-				}
-				if ctx.Err() != nil {
-					t.Fatal("the waiter never waited")
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitWaitedFor(t, ctx, rdb, name)
 			close(finish)
 			if err := <-runner; err != nil {
 				t.Fatal(err)
