@@ -21,8 +21,7 @@ import (
 // A re-entry through a handle with a shorter TTL never moves the hold's
 // expiry earlier (Mutex and RWMutex write).
 func TestReentryNeverShortensExpiry(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		ctx = dsync.WithOwner(ctx)
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b)
 		rdb := b.NewClient(t)
 		check := func(what, key string) {
@@ -183,8 +182,7 @@ func TestHandleStaysLockedAfterLossReported(t *testing.T) {
 // goroutine of the owner that still relies on the first hold learns that
 // it is gone.
 func TestOwnerHoldReplacedAfterLossIsLost(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		ctx = dsync.WithOwner(ctx)
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b)
 		rdb := b.NewClient(t)
 		cases := []struct {

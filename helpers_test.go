@@ -28,6 +28,14 @@ func eachName(t *testing.T, f func(t *testing.T, b redistest.Backend, ctx contex
 	eachBackend(t, func(t *testing.T, b redistest.Backend) { f(t, b, ctxT(t), redistest.Key(t)) })
 }
 
+// eachOwnerName runs f as eachName does, with a ctx that carries an owner
+// of its own (see dsync.WithOwner).
+func eachOwnerName(t *testing.T, f func(t *testing.T, b redistest.Backend, ctx context.Context, name string)) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		f(t, b, dsync.WithOwner(ctx), name)
+	})
+}
+
 // eachRealName runs f as eachName does, on the backends whose TTLs run
 // down by themselves: the real server and the cluster.
 func eachRealName(t *testing.T, f func(t *testing.T, b redistest.Backend, ctx context.Context, name string)) {

@@ -109,8 +109,7 @@ func TestMutexAnyGoroutineMayUnlockHandle(t *testing.T) {
 }
 
 func TestMutexReentrantOwner(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		ctx = dsync.WithOwner(ctx)
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b)
 		m := c.Mutex(name)
 		other := newClient(t, b).Mutex(name)
@@ -232,8 +231,7 @@ func TestMutexUnlockWithDoneContext(t *testing.T) {
 var _ redis.UniversalClient = (*redis.Client)(nil)
 
 func TestMutexClientReentrancy(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		ctx = dsync.WithOwner(ctx)
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		counter := &redistest.Counter{}
 		c, _ := hookedClient(t, b, counter, dsync.ClientReentrancy())
 		m := c.Mutex(name)

@@ -33,8 +33,7 @@ func assertNextWriter(t *testing.T, ctx context.Context, b redistest.Backend, ot
 }
 
 func TestRWMutexReentrantOwner(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		ctx = dsync.WithOwner(ctx)
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rw := newClient(t, b).RWMutex(name)
 		other := newClient(t, b).RWMutex(name)
 		octx := dsync.WithOwner(context.Background())
@@ -99,8 +98,7 @@ func TestRWMutexOwnerAcrossProcesses(t *testing.T) {
 }
 
 func TestRWMutexDowngrade(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		ctx = dsync.WithOwner(ctx)
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rw := newClient(t, b).RWMutex(name)
 		other := newClient(t, b).RWMutex(name)
 		must(t, rw.Lock(ctx))
@@ -154,8 +152,7 @@ func TestRWMutexDowngrade(t *testing.T) {
 }
 
 func TestRWMutexUpgradeRefused(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		ctx = dsync.WithOwner(ctx)
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rw := newClient(t, b).RWMutex(name)
 		must(t, rw.RLock(ctx))
 		start := time.Now()
@@ -310,8 +307,7 @@ func TestRWMutexClientReentrancy(t *testing.T) {
 // owner's, and a read through it is a hold of its own, so that the first
 // process's RUnlock leaves it in place and a writer stays out.
 func TestRWMutexClientReentrancyCarriedToken(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		ctx = dsync.WithOwner(ctx)
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		one := dsync.New(b.NewClient(t), dsync.ClientReentrancy())
 		defer one.Close()
 		two := dsync.New(b.NewClient(t), dsync.ClientReentrancy())

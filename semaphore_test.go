@@ -157,8 +157,7 @@ func TestSemaphoreHandleIsOneHolder(t *testing.T) {
 }
 
 func TestSemaphoreOwner(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		ctx = dsync.WithOwner(ctx)
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		s := newClient(t, b).Semaphore(name, 4)
 		other := newClient(t, b).Semaphore(name, 4) // another process
 		for i := 0; i < 2; i++ {
@@ -457,8 +456,7 @@ func TestSemaphoreScriptsIdempotent(t *testing.T) {
 }
 
 func TestSemaphoreSizeMismatch(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		ctx = dsync.WithOwner(ctx)
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		four := newClient(t, b).Semaphore(name, 4)
 		five := newClient(t, b).Semaphore(name, 5)
 		must(t, four.Acquire(ctx, 1))
