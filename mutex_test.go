@@ -20,34 +20,55 @@ import (
 func TestMutexExcludesAcrossClients(t *testing.T) {
 	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const clients, perClient, rounds = 3, 3, 20
-		var inside, maxInside, total atomic.Int64
+		var h mutexHolders
+		pause := func() time.Duration { return time.Duration(rand.IntN(200)) * time.Microsecond }
 		hammerClients(t, b, clients, perClient, rounds, func(c *dsync.Client, _ int) func() error {
-			m := c.Mutex(name) // one handle per goroutine, and no owner
-			return func() error {
-				if err := m.Lock(ctx); err != nil {
-					return fmt.Errorf("Lock: %w", err)
-				}
-				n := inside.Add(1)
-				if n > maxInside.Load() {
-					maxInside.Store(n)
-				}
-				total.Add(1)
-				time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
-				inside.Add(-1)
-				if err := m.Unlock(ctx); err != nil {
-					return fmt.Errorf("Unlock: %w", err)
-				}
-				return nil
-			}
+			// One handle per goroutine, and no owner.
+			return h.step(ctx, c.Mutex(name), pause, nil)
 		})
-		if got := maxInside.Load(); got != 1 {
-			t.Errorf("holders at once = %d, want 1", got)
-		}
-		if got, want := total.Load(), int64(clients*perClient*rounds); got != want {
-			t.Errorf("acquisitions = %d, want %d", got, want)
-		}
+		h.check(t, clients*perClient*rounds)
 		assertNoLockKeys(t, b, name)
 	})
+}
+
+// mutexHolders counts the holds of a Mutex in a hammer test: how many are
+// inside at once, the most there ever were, and how many there were.
+type mutexHolders struct{ inside, most, total atomic.Int64 }
+
+// step returns a hammer step that locks m, counts the hold, calls during
+// (unless nil) while it holds, sleeps for pause(), leaves and unlocks.
+func (h *mutexHolders) step(ctx context.Context, m *dsync.Mutex, pause func() time.Duration, during func()) func() error {
+	return func() error {
+		if err := m.Lock(ctx); err != nil {
+			return fmt.Errorf("Lock: %w", err)
+		}
+		n := h.inside.Add(1)
+		if n > h.most.Load() {
+			h.most.Store(n)
+		}
+		if during != nil {
+			during()
+		}
+		h.total.Add(1)
+		time.Sleep(pause())
+		h.inside.Add(-1)
+		if err := m.Unlock(ctx); err != nil {
+			return fmt.Errorf("Unlock: %w", err)
+		}
+		return nil
+	}
+}
+
+// check reports holds that overlapped and a number of holds other than
+// want.
+func (h *mutexHolders) check(t *testing.T, want int64) {
+	t.Helper()
+	if got := h.most.Load(); got != 1 {
+		t.Errorf("holders at once = %d, want 1", got)
+	}
+	if got := h.total.Load(); got != want {
+		t.Errorf("acquisitions = %d, want %d", got, want)
+	}
 }
 
 // mutexKeys returns the keys of the Mutex called name.

@@ -3,11 +3,9 @@ package dsync_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,38 +43,18 @@ func newQuorum(t *testing.T, rdbs []redis.UniversalClient, opts ...dsync.Option)
 func hammer(t *testing.T, cs []*dsync.Quorum, name string, rounds int) {
 	t.Helper()
 	ctx := ctxT(t)
-	var inside, maxInside, total atomic.Int64
+	var h mutexHolders
 	var tokens rising
+	pause := func() time.Duration { return 200 * time.Microsecond }
 	var steps []func() error
 	for _, c := range cs {
 		for range 2 {
 			m := c.Mutex(name)
-			steps = append(steps, func() error {
-				if err := m.Lock(ctx); err != nil {
-					return fmt.Errorf("Lock: %w", err)
-				}
-				n := inside.Add(1)
-				if n > maxInside.Load() {
-					maxInside.Store(n)
-				}
-				tokens.check(t, ctx, m.Lease)
-				total.Add(1)
-				time.Sleep(200 * time.Microsecond)
-				inside.Add(-1)
-				if err := m.Unlock(ctx); err != nil {
-					return fmt.Errorf("Unlock: %w", err)
-				}
-				return nil
-			})
+			steps = append(steps, h.step(ctx, m, pause, func() { tokens.check(t, ctx, m.Lease) }))
 		}
 	}
 	runSteps(t, rounds, steps)
-	if got := maxInside.Load(); got != 1 {
-		t.Errorf("holders at once = %d, want 1", got)
-	}
-	if got, want := total.Load(), int64(len(cs)*2*rounds); got != want {
-		t.Errorf("acquisitions = %d, want %d", got, want)
-	}
+	h.check(t, int64(len(cs)*2*rounds))
 }
 
 // rising checks that the fencing tokens of successive holds rise.
