@@ -226,7 +226,7 @@ func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
 // A Release of n that settles some and releases the rest from the live
 // holding also returns ErrLeaseLost.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
-	if err := s.check(); err != nil && !errors.Is(err, ErrClosed) {
+	if err := s.check(); err != nil {
 		return err
 	}
 	if err := s.checkN(n); err != nil {
