@@ -1295,3 +1295,161 @@ func TestAdvKeysExpireWhileContended(t *testing.T) {
 		assertNoSemKeys(t, b, name)
 	})
 }
+
+// The owner of a hold re-enters with TryLock (and Lock) also while others
+// are queued for it: they wait for its last Unlock, which hands the lock
+// to the first in line with a larger fencing token.
+func TestAdvOwnerReentersPastTheQueue(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		octx := dsync.WithOwner(ctx)
+		m := newClient(t, b).Mutex(name)
+		l := lockLease(t, octx, m)
+		w := newClient(t, b).Mutex(name)
+		got := make(chan error, 1)
+		go func() { got <- w.Lock(ctx) }()
+		waitFor(t, 10*time.Second, "the waiter queued", func() bool {
+			n, _ := rdb.ZCard(ctx, mutexKeys(name).Queue).Result()
+			return n == 1
+		})
+		if ok, err := m.TryLock(octx); !ok || err != nil {
+			t.Fatalf("the owner's TryLock with a waiter queued = %v, %v; want true (re-entry)", ok, err)
+		}
+		rctx, cancel := context.WithTimeout(octx, 5*time.Second)
+		must(t, m.Lock(rctx))
+		cancel()
+		if c := reentryCount(t, b, name, dsync.OwnerToken(octx)); c != 3 {
+			t.Errorf("count in Redis = %d, want 3", c)
+		}
+		for i := 0; i < 2; i++ {
+			must(t, m.Unlock(octx))
+			select {
+			case err := <-got:
+				t.Fatalf("the waiter got in (%v) while the owner holds", err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		must(t, m.Unlock(octx))
+		recvNil(t, got, 10*time.Second, "waiter not handed the lock")
+		if wl, err := w.Lease(ctx); err != nil || wl.Token() <= l.Token() {
+			t.Errorf("waiter's Lease = %v, %v; want a token > %d", wl, err, l.Token())
+		}
+		must(t, w.Unlock(ctx))
+		assertNoLockKeys(t, b, name)
+	})
+}
+
+// One handle without an owner shared by goroutines that all wait: the
+// release lets exactly one in (a hand-over grants one call), and the
+// others wait for that one's release, as with a shared sync.Mutex; a
+// shared Semaphore handle's waiters are each granted their own permits.
+func TestAdvSharedHandleWaitersOneAtATime(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		holder := newClient(t, b).Mutex(name)
+		must(t, holder.Lock(ctx))
+		m := newClient(t, b).Mutex(name)
+		got := make(chan error, 3)
+		for i := 0; i < 3; i++ {
+			go func() { got <- m.Lock(ctx) }()
+		}
+		waitFor(t, 10*time.Second, "a waiter queued", func() bool {
+			n, _ := rdb.ZCard(ctx, mutexKeys(name).Queue).Result()
+			return n >= 1
+		})
+		time.Sleep(50 * time.Millisecond)
+		must(t, holder.Unlock(ctx))
+		for i := 0; i < 3; i++ {
+			recvNil(t, got, 10*time.Second, "a waiter of the shared handle not let in")
+			select {
+			case err := <-got:
+				t.Fatalf("two goroutines of one handle hold it at once (%v)", err)
+			case <-time.After(150 * time.Millisecond):
+			}
+			if ok, _ := holder.TryLock(ctx); ok {
+				t.Fatal("another handle got in while the shared handle holds")
+			}
+			must(t, m.Unlock(ctx))
+		}
+		assertNoLockKeys(t, b, name)
+
+		sname := redistest.Key(t)
+		sh := newClient(t, b).Semaphore(sname, 2)
+		must(t, sh.Acquire(ctx, 2))
+		s := newClient(t, b).Semaphore(sname, 2)
+		for i := 0; i < 2; i++ {
+			go func() { got <- s.Acquire(ctx, 1) }()
+		}
+		waitQueued(t, b, sname, 2)
+		for i := 0; i < 2; i++ {
+			must(t, sh.Release(ctx, 1))
+			recvNil(t, got, 10*time.Second, "a waiter of the shared semaphore handle not served")
+			select {
+			case err := <-got:
+				t.Fatalf("both waiters served by one released permit (%v)", err)
+			case <-time.After(150 * time.Millisecond):
+			}
+		}
+		if n, _ := rdb.HGet(ctx, semKeys(sname).State, ":used").Int(); n != 2 {
+			t.Errorf(":used = %d, want 2", n)
+		}
+		must(t, s.Release(ctx, 2))
+		assertNoSemKeys(t, b, sname)
+	})
+}
+
+// redsync's TestMutexQuorum: with k of 5 masters held by someone else
+// (a Client on that master alone), a Quorum's TryLock succeeds exactly
+// when a majority is free, never touches the others' holds, and an Unlock
+// through another Quorum with the same owner token (redsync's split
+// lock/unlock) releases it on every master that granted it.
+func TestAdvQuorumCloggedMasters(t *testing.T) {
+	const n = 5
+	rdbs := miniMasters(t, n)
+	ctx := ctxT(t)
+	for k := 0; k <= n; k++ {
+		name := redistest.Key(t)
+		var cloggers []*dsync.Mutex
+		for i := 0; i < k; i++ {
+			c := dsync.New(rdbs[i])
+			t.Cleanup(func() { c.Close() })
+			m := c.Mutex(name)
+			must(t, m.Lock(ctx))
+			cloggers = append(cloggers, m)
+		}
+		q := newQuorum(t, rdbs)
+		octx := dsync.WithOwner(ctx)
+		ok, err := q.Mutex(name).TryLock(octx)
+		want := n-k >= n/2+1
+		if ok != want || (err != nil && !errors.Is(err, dsync.ErrNoQuorum)) {
+			t.Errorf("k=%d clogged: TryLock = %v, %v; want %v", k, ok, err, want)
+		}
+		for i := 0; i < n; i++ {
+			owned := holderField(t, rdbs[i], mutexKeys(name).Lock, dsync.OwnerToken(octx)) != ""
+			if owned && (!ok || i < k) {
+				t.Errorf("k=%d: master %d records the quorum's owner (TryLock %v, clogged %v)", k, i, ok, i < k)
+			}
+			if ok && i >= k && !owned {
+				t.Errorf("k=%d: free master %d does not record the granted hold", k, i)
+			}
+		}
+		if ok {
+			other := newQuorum(t, rdbs)
+			must(t, other.Mutex(name).Unlock(dsync.WithOwnerToken(ctx, dsync.OwnerToken(octx))))
+			for i := k; i < n; i++ {
+				if ex, _ := rdbs[i].Exists(ctx, mutexKeys(name).Lock).Result(); ex != 0 {
+					t.Errorf("k=%d: master %d still holds after the split Unlock", k, i)
+				}
+			}
+		}
+		for i, m := range cloggers {
+			if err := m.Unlock(ctx); err != nil {
+				t.Errorf("k=%d: clogger %d's Unlock = %v, want nil (its hold untouched)", k, i, err)
+			}
+		}
+	}
+}
