@@ -1453,3 +1453,46 @@ func TestAdvQuorumCloggedMasters(t *testing.T) {
 		}
 	}
 }
+
+// Counts beyond 2^53 cannot be counted exactly by the scripts (Lua
+// numbers are doubles): a size of 2^60 let 2^60 + 1 permits be held (a
+// TryAcquire(1) with all permits held succeeded). Such a size is bad
+// input; the largest size allowed counts exactly.
+func TestAdvSemaphoreHugeSize(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		for _, size := range []int64{1 << 60, dsync.MaxSemaphoreSize + 1, 1<<63 - 1} {
+			err := newClient(t, b).Semaphore(name, size).Acquire(ctx, 1)
+			checkIs(t, err, dsync.ErrInvalid, "Acquire on a semaphore of a size past 2^52 = %v, want ErrInvalid")
+		}
+		const size = dsync.MaxSemaphoreSize
+		s := newClient(t, b).Semaphore(name, size)
+		other := newClient(t, b).Semaphore(name, size)
+		third := newClient(t, b).Semaphore(name, size)
+		must(t, s.Acquire(ctx, 1))
+		if ok, err := other.TryAcquire(ctx, size-1); !ok || err != nil {
+			t.Fatalf("TryAcquire(size-1) with 1 held = %v, %v; want true", ok, err)
+		}
+		if ok, err := third.TryAcquire(ctx, 1); ok || err != nil {
+			t.Errorf("TryAcquire(1) with all %d permits held = %v, %v; want false", size, ok, err)
+		}
+		if ok, err := third.TryAcquire(ctx, size); ok || err != nil {
+			t.Errorf("TryAcquire(size) with all permits held = %v, %v; want false", ok, err)
+		}
+		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name).State, ":used").Int64(); n != size {
+			t.Errorf(":used = %d, want %d", n, size)
+		}
+		must(t, other.Release(ctx, size-2))
+		if ok, err := third.TryAcquire(ctx, size-1); ok || err != nil {
+			t.Errorf("TryAcquire(size-1) with 2 held = %v, %v; want false", ok, err)
+		}
+		if ok, err := third.TryAcquire(ctx, size-2); !ok || err != nil {
+			t.Errorf("TryAcquire(size-2) with 2 held = %v, %v; want true", ok, err)
+		}
+		must(t, other.Release(ctx, 1))
+		must(t, s.Release(ctx, 1))
+		must(t, third.Release(ctx, size-2))
+		assertNoSemKeys(t, b, name)
+	})
+}
