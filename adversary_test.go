@@ -53,6 +53,13 @@ func assertAllExpire(t *testing.T, b redistest.Backend, name string, max time.Du
 	return ks
 }
 
+// eachMode runs f with script reentrancy (the default) and with
+// ClientReentrancy: the options for the owner's Client.
+func eachMode(t *testing.T, f func(t *testing.T, local bool, opts ...dsync.Option)) {
+	t.Run("script", func(t *testing.T) { f(t, false) })
+	t.Run("client", func(t *testing.T) { f(t, true, dsync.ClientReentrancy()) })
+}
+
 // x/sync/semaphore's TestWeightedTryAcquire on one handle, which holds for
 // all its goroutines as a Weighted does.
 func TestAdvSemaphoreTryAcquireSequence(t *testing.T) {
@@ -402,46 +409,48 @@ func TestAdvFencingAcrossMutexAndSemaphore(t *testing.T) {
 // owner's Lock is then an upgrade, refused at once; RUnlock frees all.
 func TestAdvRWMutexWriteReadWriteReentry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		rw := newClient(t, b).RWMutex(name)
-		other := newClient(t, b).RWMutex(name)
-		octx := dsync.WithOwner(ctx)
-		wl := lockLease(t, octx, rw)
-		must(t, rw.RLock(octx))
-		must(t, rw.Lock(octx)) // re-enters the write hold
-		if l, err := rw.Lease(octx); err != nil || l.Token() != wl.Token() {
-			t.Fatalf("write Lease after re-entry = %v, %v; want token %d", l, err, wl.Token())
-		}
-		if ok, _ := other.TryRLock(ctx); ok {
-			t.Fatal("another reader got in while the owner writes")
-		}
-		must(t, rw.Unlock(octx))
-		if ok, _ := other.TryRLock(ctx); ok {
-			t.Fatal("another reader got in while the owner still writes (one level left)")
-		}
-		must(t, rw.Unlock(octx))
-		checkIs(t, rw.Unlock(octx), dsync.ErrNotHeld, "third Unlock = %v, want ErrNotHeld")
-		if n, _ := b.NewClient(t).Exists(ctx, rwk(name).Writer).Result(); n != 0 {
-			t.Error("writer hash left after the last Unlock")
-		}
-		if ok, err := other.TryRLock(ctx); !ok || err != nil {
-			t.Fatalf("another reader beside the downgraded owner = %v, %v; want true", ok, err)
-		}
-		must(t, other.RUnlock(ctx))
-		if ok, _ := other.TryLock(ctx); ok {
-			t.Fatal("a writer got in beside the owner's read hold")
-		}
-		mustIs(t, rw.Lock(octx), dsync.ErrUpgrade, "Lock while reading = %v, want ErrUpgrade")
-		if ok, err := rw.TryLock(octx); ok || !errors.Is(err, dsync.ErrUpgrade) {
-			t.Errorf("TryLock while reading = %v, %v; want false, ErrUpgrade", ok, err)
-		}
-		must(t, rw.RUnlock(octx))
-		checkIs(t, rw.RUnlock(octx), dsync.ErrNotHeld, "second RUnlock = %v, want ErrNotHeld")
-		if !writeFree(t, ctx, other) {
-			t.Fatal("not free after the owner's last RUnlock")
-		}
-		assertRWReleased(t, b, name)
+		eachMode(t, func(t *testing.T, local bool, opts ...dsync.Option) {
+			ctx := ctxT(t)
+			name := redistest.Key(t)
+			rw := newClient(t, b, opts...).RWMutex(name)
+			other := newClient(t, b).RWMutex(name)
+			octx := dsync.WithOwner(ctx)
+			wl := lockLease(t, octx, rw)
+			must(t, rw.RLock(octx))
+			must(t, rw.Lock(octx)) // re-enters the write hold
+			if l, err := rw.Lease(octx); err != nil || l.Token() != wl.Token() {
+				t.Fatalf("write Lease after re-entry = %v, %v; want token %d", l, err, wl.Token())
+			}
+			if ok, _ := other.TryRLock(ctx); ok {
+				t.Fatal("another reader got in while the owner writes")
+			}
+			must(t, rw.Unlock(octx))
+			if ok, _ := other.TryRLock(ctx); ok {
+				t.Fatal("another reader got in while the owner still writes (one level left)")
+			}
+			must(t, rw.Unlock(octx))
+			checkIs(t, rw.Unlock(octx), dsync.ErrNotHeld, "third Unlock = %v, want ErrNotHeld")
+			if n, _ := b.NewClient(t).Exists(ctx, rwk(name).Writer).Result(); n != 0 {
+				t.Error("writer hash left after the last Unlock")
+			}
+			if ok, err := other.TryRLock(ctx); !ok || err != nil {
+				t.Fatalf("another reader beside the downgraded owner = %v, %v; want true", ok, err)
+			}
+			must(t, other.RUnlock(ctx))
+			if ok, _ := other.TryLock(ctx); ok {
+				t.Fatal("a writer got in beside the owner's read hold")
+			}
+			mustIs(t, rw.Lock(octx), dsync.ErrUpgrade, "Lock while reading = %v, want ErrUpgrade")
+			if ok, err := rw.TryLock(octx); ok || !errors.Is(err, dsync.ErrUpgrade) {
+				t.Errorf("TryLock while reading = %v, %v; want false, ErrUpgrade", ok, err)
+			}
+			must(t, rw.RUnlock(octx))
+			checkIs(t, rw.RUnlock(octx), dsync.ErrNotHeld, "second RUnlock = %v, want ErrNotHeld")
+			if !writeFree(t, ctx, other) {
+				t.Fatal("not free after the owner's last RUnlock")
+			}
+			assertRWReleased(t, b, name)
+		})
 	})
 }
 
@@ -1111,40 +1120,42 @@ func TestAdvOnceEmptyValueIsNil(t *testing.T) {
 // token 0.
 func TestAdvRWMutexDowngradeWithWriterWaiting(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		rdb := b.NewClient(t)
-		rw := newClient(t, b).RWMutex(name)
-		octx := dsync.WithOwner(ctx)
-		must(t, rw.Lock(octx))
-		w2 := newClient(t, b).RWMutex(name)
-		wrote := make(chan error, 1)
-		go func() { wrote <- w2.Lock(ctx) }()
-		waitFor(t, 10*time.Second, "the second writer waiting", func() bool {
-			n, _ := rdb.ZCard(ctx, rwk(name).WaitingWriters).Result()
-			return n == 1
+		eachMode(t, func(t *testing.T, local bool, opts ...dsync.Option) {
+			ctx := ctxT(t)
+			name := redistest.Key(t)
+			rdb := b.NewClient(t)
+			rw := newClient(t, b, opts...).RWMutex(name)
+			octx := dsync.WithOwner(ctx)
+			must(t, rw.Lock(octx))
+			w2 := newClient(t, b).RWMutex(name)
+			wrote := make(chan error, 1)
+			go func() { wrote <- w2.Lock(ctx) }()
+			waitFor(t, 10*time.Second, "the second writer waiting", func() bool {
+				n, _ := rdb.ZCard(ctx, rwk(name).WaitingWriters).Result()
+				return n == 1
+			})
+			// Let it wait past the starvation threshold, so that it queues.
+			time.Sleep(50 * time.Millisecond)
+			if ok, err := rw.TryRLock(octx); !ok || err != nil {
+				t.Fatalf("the writer's TryRLock with a writer waiting = %v, %v; want true", ok, err)
+			}
+			if l, err := rw.RLease(octx); err != nil || l.Token() != 0 {
+				t.Errorf("RLease = %v, %v; want token 0", l, err)
+			}
+			must(t, rw.Unlock(octx))
+			select {
+			case err := <-wrote:
+				t.Fatalf("the waiting writer got in (%v) while the downgraded owner reads", err)
+			case <-time.After(300 * time.Millisecond):
+			}
+			if n, _ := rdb.ZCard(ctx, rwk(name).Readers).Result(); n != 1 {
+				t.Errorf("readers in Redis = %d, want 1 (the downgraded owner)", n)
+			}
+			must(t, rw.RUnlock(octx))
+			recvNil(t, wrote, 10*time.Second, "waiting writer not in after the last RUnlock")
+			must(t, w2.Unlock(ctx))
+			assertRWReleased(t, b, name)
 		})
-		// Let it wait past the starvation threshold, so that it queues.
-		time.Sleep(50 * time.Millisecond)
-		if ok, err := rw.TryRLock(octx); !ok || err != nil {
-			t.Fatalf("the writer's TryRLock with a writer waiting = %v, %v; want true", ok, err)
-		}
-		if l, err := rw.RLease(octx); err != nil || l.Token() != 0 {
-			t.Errorf("RLease = %v, %v; want token 0", l, err)
-		}
-		must(t, rw.Unlock(octx))
-		select {
-		case err := <-wrote:
-			t.Fatalf("the waiting writer got in (%v) while the downgraded owner reads", err)
-		case <-time.After(300 * time.Millisecond):
-		}
-		if n, _ := rdb.ZCard(ctx, rwk(name).Readers).Result(); n != 1 {
-			t.Errorf("readers in Redis = %d, want 1 (the downgraded owner)", n)
-		}
-		must(t, rw.RUnlock(octx))
-		recvNil(t, wrote, 10*time.Second, "waiting writer not in after the last RUnlock")
-		must(t, w2.Unlock(ctx))
-		assertRWReleased(t, b, name)
 	})
 }
 
@@ -1301,43 +1312,45 @@ func TestAdvKeysExpireWhileContended(t *testing.T) {
 // to the first in line with a larger fencing token.
 func TestAdvOwnerReentersPastTheQueue(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		rdb := b.NewClient(t)
-		octx := dsync.WithOwner(ctx)
-		m := newClient(t, b).Mutex(name)
-		l := lockLease(t, octx, m)
-		w := newClient(t, b).Mutex(name)
-		got := make(chan error, 1)
-		go func() { got <- w.Lock(ctx) }()
-		waitFor(t, 10*time.Second, "the waiter queued", func() bool {
-			n, _ := rdb.ZCard(ctx, mutexKeys(name).Queue).Result()
-			return n == 1
-		})
-		if ok, err := m.TryLock(octx); !ok || err != nil {
-			t.Fatalf("the owner's TryLock with a waiter queued = %v, %v; want true (re-entry)", ok, err)
-		}
-		rctx, cancel := context.WithTimeout(octx, 5*time.Second)
-		must(t, m.Lock(rctx))
-		cancel()
-		if c := reentryCount(t, b, name, dsync.OwnerToken(octx)); c != 3 {
-			t.Errorf("count in Redis = %d, want 3", c)
-		}
-		for i := 0; i < 2; i++ {
-			must(t, m.Unlock(octx))
-			select {
-			case err := <-got:
-				t.Fatalf("the waiter got in (%v) while the owner holds", err)
-			case <-time.After(100 * time.Millisecond):
+		eachMode(t, func(t *testing.T, local bool, opts ...dsync.Option) {
+			ctx := ctxT(t)
+			name := redistest.Key(t)
+			rdb := b.NewClient(t)
+			octx := dsync.WithOwner(ctx)
+			m := newClient(t, b, opts...).Mutex(name)
+			l := lockLease(t, octx, m)
+			w := newClient(t, b).Mutex(name)
+			got := make(chan error, 1)
+			go func() { got <- w.Lock(ctx) }()
+			waitFor(t, 10*time.Second, "the waiter queued", func() bool {
+				n, _ := rdb.ZCard(ctx, mutexKeys(name).Queue).Result()
+				return n == 1
+			})
+			if ok, err := m.TryLock(octx); !ok || err != nil {
+				t.Fatalf("the owner's TryLock with a waiter queued = %v, %v; want true (re-entry)", ok, err)
 			}
-		}
-		must(t, m.Unlock(octx))
-		recvNil(t, got, 10*time.Second, "waiter not handed the lock")
-		if wl, err := w.Lease(ctx); err != nil || wl.Token() <= l.Token() {
-			t.Errorf("waiter's Lease = %v, %v; want a token > %d", wl, err, l.Token())
-		}
-		must(t, w.Unlock(ctx))
-		assertNoLockKeys(t, b, name)
+			rctx, cancel := context.WithTimeout(octx, 5*time.Second)
+			must(t, m.Lock(rctx))
+			cancel()
+			if c, want := holderField(t, rdb, mutexKeys(name).Lock, dsync.OwnerToken(octx)), map[bool]string{false: "3", true: "1"}[local]; c != want {
+				t.Errorf("count in Redis = %q, want %s", c, want)
+			}
+			for i := 0; i < 2; i++ {
+				must(t, m.Unlock(octx))
+				select {
+				case err := <-got:
+					t.Fatalf("the waiter got in (%v) while the owner holds", err)
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			must(t, m.Unlock(octx))
+			recvNil(t, got, 10*time.Second, "waiter not handed the lock")
+			if wl, err := w.Lease(ctx); err != nil || wl.Token() <= l.Token() {
+				t.Errorf("waiter's Lease = %v, %v; want a token > %d", wl, err, l.Token())
+			}
+			must(t, w.Unlock(ctx))
+			assertNoLockKeys(t, b, name)
+		})
 	})
 }
 
@@ -1494,5 +1507,33 @@ func TestAdvSemaphoreHugeSize(t *testing.T) {
 		must(t, s.Release(ctx, 1))
 		must(t, third.Release(ctx, size-2))
 		assertNoSemKeys(t, b, name)
+	})
+}
+
+// f succeeds although the caller's ctx ended while it ran: f returned nil,
+// so the Once is done (marked in the background if need be), and a later
+// call does not run f again.
+func TestAdvOnceSucceedsAfterCallerCtxEnded(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		name := redistest.Key(t)
+		c := newClient(t, b)
+		ctx, cancel := context.WithCancel(context.Background())
+		err := c.Once(name).Do(ctx, func(context.Context) error {
+			cancel()
+			return nil
+		})
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("Do = %v, want nil or context.Canceled", err)
+		}
+		dsync.WaitCleanups(c)
+		qctx := ctxT(t)
+		if done, err := newClient(t, b).Once(name).Done(qctx); !done || err != nil {
+			t.Errorf("Done = %v, %v; want true: f returned nil", done, err)
+		}
+		ran := false
+		must(t, newClient(t, b).Once(name).Do(qctx, func(context.Context) error { ran = true; return nil }))
+		if ran {
+			t.Error("f ran again after a run that returned nil")
+		}
 	})
 }
