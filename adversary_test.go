@@ -1537,3 +1537,139 @@ func TestAdvOnceSucceedsAfterCallerCtxEnded(t *testing.T) {
 		}
 	})
 }
+
+// Waiting costs one shared pub/sub connection per Client, not one per
+// waiter: many waiters on many names and every primitive, as the server
+// sees it (CLIENT LIST).
+func TestAdvOnePubSubConnectionPerClient(t *testing.T) {
+	b := realOnly(t)
+	ctx := ctxT(t)
+	clientName := "adv-ps-" + strings.ReplaceAll(redistest.Key(t)[len(t.Name())+1:], ":", "")
+	rdb := redis.NewClient(&redis.Options{Addr: b.Addrs[0], ClientName: clientName})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := dsync.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	holder := newClient(t, b)
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	const names = 8
+	for i := 0; i < names; i++ {
+		name := redistest.Key(t)
+		must(t, holder.Mutex(name).Lock(ctx))
+		must(t, holder.RWMutex(name).Lock(ctx))
+		must(t, holder.Semaphore(name, 1).Acquire(ctx, 1))
+		for _, w := range []func() error{
+			func() error { return c.Mutex(name).Lock(wctx) },
+			func() error { return c.RWMutex(name).RLock(wctx) },
+			func() error { return c.Semaphore(name, 1).Acquire(wctx, 1) },
+		} {
+			wg.Add(1)
+			go func() { defer wg.Done(); _ = w() }()
+		}
+	}
+	subscribers := func() int {
+		list, err := b.NewClient(t).ClientList(ctx).Result()
+		must(t, err)
+		n := 0
+		for _, line := range strings.Split(list, "\n") {
+			if !strings.Contains(line, " name="+clientName+" ") {
+				continue
+			}
+			if !strings.Contains(line, " sub=0 ") || !strings.Contains(line, " psub=0 ") ||
+				(strings.Contains(line, " ssub=") && !strings.Contains(line, " ssub=0 ")) {
+				n++
+			}
+		}
+		return n
+	}
+	time.Sleep(500 * time.Millisecond) // every waiter is waiting
+	if n := subscribers(); n != 1 {
+		t.Errorf("%d connections of the Client subscribed with %d waiters, want 1", n, 3*names)
+	}
+	cancel()
+	wg.Wait()
+}
+
+// sync.RWMutex's alternation: readers that waited for a writer all get in
+// at its Unlock, even though another writer waits too; a reader that
+// comes after that writer waits for it; the second writer gets in when
+// those readers leave, then the late reader.
+func TestAdvRWMutexAlternation(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		w1 := newClient(t, b).RWMutex(name)
+		must(t, w1.Lock(ctx))
+		type ev struct {
+			who string
+			err error
+		}
+		evs := make(chan ev, 8)
+		var readers []*dsync.RWMutex
+		for i := 0; i < 3; i++ {
+			r := newClient(t, b).RWMutex(name)
+			readers = append(readers, r)
+			go func() { evs <- ev{"reader", r.RLock(ctx)} }()
+		}
+		waitFor(t, 10*time.Second, "three readers waiting", func() bool {
+			n, _ := rdb.HLen(ctx, rwk(name).WaitingReaders).Result()
+			return n == 3
+		})
+		w2 := newClient(t, b).RWMutex(name)
+		go func() { evs <- ev{"writer", w2.Lock(ctx)} }()
+		waitFor(t, 10*time.Second, "the second writer waiting", func() bool {
+			n, _ := rdb.ZCard(ctx, rwk(name).WaitingWriters).Result()
+			return n >= 1
+		})
+		must(t, w1.Unlock(ctx))
+		for i := 0; i < 3; i++ {
+			select {
+			case e := <-evs:
+				if e.who != "reader" || e.err != nil {
+					t.Fatalf("after the first writer's Unlock: %s %v, want the waiting readers", e.who, e.err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("waiting readers not let in by the writer's Unlock")
+			}
+		}
+		late := newClient(t, b).RWMutex(name)
+		if ok, _ := late.TryRLock(ctx); ok {
+			t.Fatal("a late reader got in while the second writer waits")
+		}
+		go func() { evs <- ev{"late reader", late.RLock(ctx)} }()
+		time.Sleep(200 * time.Millisecond)
+		for _, r := range readers {
+			select {
+			case e := <-evs:
+				t.Fatalf("%s got in (%v) while readers hold", e.who, e.err)
+			default:
+			}
+			must(t, r.RUnlock(ctx))
+		}
+		select {
+		case e := <-evs:
+			if e.who != "writer" || e.err != nil {
+				t.Fatalf("after the readers left: %s %v, want the second writer", e.who, e.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("second writer not in after the readers left")
+		}
+		select {
+		case e := <-evs:
+			t.Fatalf("%s got in (%v) while the second writer holds", e.who, e.err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		must(t, w2.Unlock(ctx))
+		select {
+		case e := <-evs:
+			if e.who != "late reader" || e.err != nil {
+				t.Fatalf("%s %v, want the late reader", e.who, e.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("late reader not in after the second writer left")
+		}
+		must(t, late.RUnlock(ctx))
+		assertRWReleased(t, b, name)
+	})
+}
