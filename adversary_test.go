@@ -14,6 +14,7 @@ import (
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
 )
 
 // Cases taken from the suites of sync, golang.org/x/sync/semaphore,
@@ -303,6 +304,12 @@ func TestAdvMutexForeignUnlockKeepsHold(t *testing.T) {
 		}
 		if l.Err() != nil {
 			t.Errorf("Lease.Err = %v, want nil", l.Err())
+		}
+		// Redisson's isHeldByCurrentThread: only the owner sees a Lease.
+		for what, lctx := range map[string]context.Context{"another owner": dsync.WithOwner(ctx), "no owner": ctx} {
+			if _, err := m.Lease(lctx); !errors.Is(err, dsync.ErrNotHeld) {
+				t.Errorf("Lease for %s = %v, want ErrNotHeld", what, err)
+			}
 		}
 		if ok, _ := newClient(t, b).Mutex(name).TryLock(ctx); ok {
 			t.Fatal("another client got in after foreign unlocks")
@@ -1670,6 +1677,120 @@ func TestAdvRWMutexAlternation(t *testing.T) {
 			t.Fatal("late reader not in after the second writer left")
 		}
 		must(t, late.RUnlock(ctx))
+		assertRWReleased(t, b, name)
+	})
+}
+
+// scriptCopies returns the runs of script among those rec recorded,
+// oldest first.
+func scriptCopies(t *testing.T, rec *redistest.Recorder, script string) [][]any {
+	t.Helper()
+	hash := lua.Script(script).Hash()
+	var out [][]any
+	for _, a := range rec.All() {
+		if len(a) > 1 && rwScriptHash(a) == hash {
+			out = append(out, a)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no run of %s recorded", script)
+	}
+	return out
+}
+
+// Late copies of the end of a Once's run (go-redis re-sends a script after
+// a read timeout; the first copy may arrive later): the end of a failed
+// run that arrives while a later run is under way ends nothing, and the
+// end of a successful run that arrives after a Reset does not mark the
+// Once done again.
+func TestAdvOnceLateEndOfRunChangesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		c, rdb, rec := recorded(t, b)
+		o := c.Once(name)
+		rec.Reset()
+		if err := o.Do(ctx, func(context.Context) error { return errors.New("fails") }); err == nil {
+			t.Fatal("Do = nil, want f's error")
+		}
+		failedEnd := scriptCopies(t, rec, "once_release")
+		started, finish := make(chan struct{}), make(chan error)
+		second := make(chan error, 1)
+		rec.Reset()
+		go func() {
+			second <- o.Do(ctx, func(context.Context) error { close(started); return <-finish })
+		}()
+		<-started
+		runTok, err := rdb.HGet(ctx, onceKeys(name).Run, "t").Result()
+		must(t, err)
+		for _, a := range failedEnd {
+			if _, err := rdb.Do(ctx, a...).Result(); err != nil && !errors.Is(err, redis.Nil) {
+				t.Fatalf("late copy: %v", err)
+			}
+		}
+		if tok, _ := rdb.HGet(ctx, onceKeys(name).Run, "t").Result(); tok != runTok {
+			t.Fatalf("run hash token %q after the late copy, want %q (the run under way)", tok, runTok)
+		}
+		qctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+		err = newClient(t, b).Once(name).Do(qctx, func(context.Context) error {
+			t.Error("f ran beside the run under way after a late copy of an earlier run's end")
+			return nil
+		})
+		cancel()
+		checkIs(t, err, context.DeadlineExceeded, "Do beside a run = %v, want DeadlineExceeded")
+		finish <- nil
+		must(t, <-second)
+		successEnd := scriptCopies(t, rec, "once_release")
+		must(t, o.Reset(ctx))
+		for _, a := range successEnd {
+			if _, err := rdb.Do(ctx, a...).Result(); err != nil && !errors.Is(err, redis.Nil) {
+				t.Fatalf("late copy: %v", err)
+			}
+		}
+		if done, err := o.Done(ctx); done || err != nil {
+			t.Errorf("Done after Reset and a late copy of the success = %v, %v; want false", done, err)
+		}
+		ran := false
+		must(t, o.Do(ctx, func(context.Context) error { ran = true; return nil }))
+		if !ran {
+			t.Error("f did not run after Reset: a late copy marked the Once done again")
+		}
+	})
+}
+
+// Script reentrancy spans processes: an owner that reads in one process
+// and asks for the write lock in another (its token carried over) gets
+// ErrUpgrade at once, not a wait for itself; one that writes in one
+// process may read (downgrade) and re-enter in another.
+func TestAdvRWMutexCarriedOwnerUpgradeAndDowngrade(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		a, c := newClient(t, b).RWMutex(name), newClient(t, b).RWMutex(name)
+		octx := dsync.WithOwner(ctx)
+		carried := dsync.WithOwnerToken(ctx, dsync.OwnerToken(octx))
+		must(t, a.RLock(octx))
+		lctx, cancel := context.WithTimeout(carried, 5*time.Second)
+		mustIs(t, c.Lock(lctx), dsync.ErrUpgrade, "Lock by the reader's token elsewhere = %v, want ErrUpgrade")
+		cancel()
+		must(t, c.RUnlock(carried)) // the owner's one read level, from the other process
+		// This process's record of the hold ended without its release:
+		// lost, or not held; either way nothing is released.
+		if err := a.RUnlock(octx); !errors.Is(err, dsync.ErrNotHeld) && !errors.Is(err, dsync.ErrLeaseLost) {
+			t.Errorf("RUnlock after the owner's only level was released elsewhere = %v, want ErrNotHeld or ErrLeaseLost", err)
+		}
+		must(t, a.Lock(octx))
+		must(t, c.RLock(carried))
+		must(t, c.Lock(carried))
+		must(t, a.Unlock(octx))
+		must(t, c.Unlock(carried))
+		if writeFree(t, ctx, newClient(t, b).RWMutex(name)) {
+			t.Fatal("a writer got in beside the owner's read hold")
+		}
+		must(t, a.RUnlock(octx))
+		if !writeFree(t, ctx, newClient(t, b).RWMutex(name)) {
+			t.Fatal("not free after the owner's last release")
+		}
 		assertRWReleased(t, b, name)
 	})
 }
