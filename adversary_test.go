@@ -1828,3 +1828,88 @@ func TestAdvOnceLateCopyOfADoneCheck(t *testing.T) {
 		}
 	})
 }
+
+// Redlock over 1, 2 and 4 masters (majorities 1, 2 and 3): one holder at a
+// time, and a minority of masters granted never counts.
+func TestAdvQuorumSizes(t *testing.T) {
+	for _, n := range []int{1, 2, 4} {
+		rdbs := miniMasters(t, n)
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		q1, q2 := newQuorum(t, rdbs), newQuorum(t, rdbs)
+		m1, m2 := q1.Mutex(name), q2.Mutex(name)
+		l := lockLease(t, ctx, m1)
+		if ok, err := m2.TryLock(ctx); ok || err != nil {
+			t.Fatalf("n=%d: TryLock while held = %v, %v; want false", n, ok, err)
+		}
+		must(t, m1.Unlock(ctx))
+		if l.Err() != nil {
+			t.Errorf("n=%d: Lease.Err after Unlock = %v", n, l.Err())
+		}
+		// Held by another on a half of the masters: no majority is free.
+		var cs []*dsync.Mutex
+		for i := 0; i < n/2 && n > 1; i++ {
+			c := dsync.New(rdbs[i])
+			t.Cleanup(func() { c.Close() })
+			m := c.Mutex(name)
+			must(t, m.Lock(ctx))
+			cs = append(cs, m)
+		}
+		ok, err := m2.TryLock(ctx)
+		if want := n-len(cs) >= n/2+1; ok != want {
+			t.Errorf("n=%d with %d masters held elsewhere: TryLock = %v, %v; want %v", n, len(cs), ok, err, want)
+		}
+		if ok {
+			must(t, m2.Unlock(ctx))
+		}
+		for _, m := range cs {
+			must(t, m.Unlock(ctx))
+		}
+		if ok, err := m2.TryLock(ctx); !ok || err != nil {
+			t.Fatalf("n=%d: TryLock when free = %v, %v", n, ok, err)
+		}
+		must(t, m2.Unlock(ctx))
+	}
+}
+
+// x/sync's TestAllocCancelDoesntStarve on one shared handle: a large
+// Acquire waits behind the handle's own permit; TryAcquire fails once it
+// is queued; when it gives up, a small Acquire through the same handle
+// gets in at once.
+func TestAdvSemaphoreAllocCancelDoesntStarve(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		name := redistest.Key(t)
+		sem := newClient(t, b).Semaphore(name, 10)
+		bg := ctxT(t)
+		must(t, sem.Acquire(bg, 1))
+		ctx, cancel := context.WithCancel(bg)
+		defer cancel()
+		big := make(chan error, 1)
+		go func() { big <- sem.Acquire(ctx, 10) }()
+		queued := false
+		for i := 0; i < 5000 && !queued; i++ {
+			ok, err := sem.TryAcquire(bg, 1)
+			must(t, err)
+			if ok {
+				must(t, sem.Release(bg, 1))
+				time.Sleep(time.Millisecond)
+			}
+			queued = !ok
+		}
+		if !queued {
+			t.Fatal("TryAcquire kept succeeding: the large Acquire never queued")
+		}
+		cancel()
+		mustIs(t, <-big, context.Canceled, "the large Acquire = %v, want Canceled")
+		small, scancel := context.WithTimeout(bg, 5*time.Second) // the TTL is 30 s
+		defer scancel()
+		if err := sem.Acquire(small, 1); err != nil {
+			t.Fatalf("Acquire(1) after the large one gave up = %v", err)
+		}
+		if n, _ := b.NewClient(t).HGet(bg, semKeys(name).State, ":used").Int(); n != 2 {
+			t.Errorf(":used = %d, want 2", n)
+		}
+		must(t, sem.Release(bg, 2))
+		assertNoSemKeys(t, b, name)
+	})
+}
