@@ -42,13 +42,32 @@ type batcher struct {
 }
 
 // A queuedCall is a script call waiting in a batcher's queue, then in a
-// batch in flight.
+// batch in flight. Its done channel has room for the one value sent when
+// the call is over (see over), so that the call and its channel are used
+// again (see queuedCalls) once the caller received it; a call whose caller
+// gave up on it is left to the garbage collector.
 type queuedCall struct {
 	ctx  context.Context
 	sc   *script
 	cmd  *redis.Cmd
 	gone atomic.Bool // its caller returned (ctx ended): not sent if not yet
 	done chan struct{}
+}
+
+// queuedCalls holds queuedCalls that are over, ready to be used again.
+var queuedCalls = sync.Pool{New: func() any { return &queuedCall{done: make(chan struct{}, 1)} }}
+
+// over tells q's caller that q is over; q is the caller's from here on.
+func (q *queuedCall) over() { q.done <- struct{}{} }
+
+// reuse returns q's reply and keeps q for another call; q is over (or
+// was never queued) and its caller received from done.
+func (q *queuedCall) reuse() *redis.Cmd {
+	cmd := q.cmd
+	q.ctx, q.sc, q.cmd = nil, nil, nil
+	q.gone.Store(false)
+	queuedCalls.Put(q)
+	return cmd
 }
 
 // enter reports whether a call of c may go out at once (counted in flight,
@@ -113,7 +132,7 @@ func (c *Client) startBatch(batch []*queuedCall) {
 	}
 	for _, q := range batch {
 		q.cmd.SetErr(ErrClosed)
-		close(q.done)
+		q.over()
 	}
 	c.leave()
 }
@@ -121,21 +140,24 @@ func (c *Client) startBatch(batch []*queuedCall) {
 // evalQueued sends a call to the queue (see maxFlight), or at once if the
 // calls in flight ended meanwhile, and waits for its reply or for ctx's end.
 func (c *Client) evalQueued(ctx context.Context, sc *script, a []any) *redis.Cmd {
-	q := &queuedCall{ctx: ctx, sc: sc, cmd: redis.NewCmd(ctx, a...), done: make(chan struct{})}
+	q := queuedCalls.Get().(*queuedCall)
+	q.ctx, q.sc, q.cmd = ctx, sc, redis.NewCmd(ctx, a...)
 	if c.enter(q) {
+		q.reuse()
 		return c.evalAlone(ctx, sc, a)
 	}
 	if ctx.Done() == nil {
 		<-q.done
-		return q.cmd
+		return q.reuse()
 	}
 	if !awaitCall(ctx, q.done) {
+		// q goes on without its caller; it is not used again.
 		q.gone.Store(true)
 		cmd := redis.NewCmd(ctx, a...)
 		cmd.SetErr(ctx.Err())
 		return cmd
 	}
-	return q.cmd
+	return q.reuse()
 }
 
 // sendBatch sends batch, calls taken from the queue, as one pipeline (one
@@ -148,7 +170,7 @@ func (c *Client) sendBatch(batch []*queuedCall) {
 	for _, q := range batch {
 		if q.gone.Load() {
 			q.cmd.SetErr(q.ctx.Err())
-			close(q.done)
+			q.over()
 			continue
 		}
 		sent = append(sent, q)
@@ -159,7 +181,7 @@ func (c *Client) sendBatch(batch []*queuedCall) {
 	case 1:
 		q := sent[0]
 		q.cmd = c.evalNow(q.ctx, q.sc, q.cmd.Args())
-		close(q.done)
+		q.over()
 		return
 	}
 	// Calls of several callers go on a ctx of none of them: a caller whose
@@ -178,6 +200,6 @@ func (c *Client) sendBatch(batch []*queuedCall) {
 		case err != nil:
 			q.cmd.SetErr(scriptError(err))
 		}
-		close(q.done)
+		q.over()
 	}
 }

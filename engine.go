@@ -41,9 +41,9 @@ const (
 type grant struct {
 	kind  grantKind
 	fence uint64 // taken, handed: the hold's fencing token
-	// taken, handed: fence as the reply carried it, boxed by go-redis, for
-	// the unlocks that name the hold (see holdID); nil for a hand-over
-	// learned from a notification.
+	// taken, handed: fence as the reply carried it, boxed by go-redis (or
+	// boxed once here, for a hand-over learned from a notification), for
+	// the renewals and unlocks that name the hold (see holdID).
 	fenceArg any
 	wait     time.Duration // refused: the longest the caller need wait
 	err      error         // final
@@ -216,7 +216,7 @@ func (c *Client) await(ctx context.Context, a *acquisition, op acquirer, g grant
 					// Handed over after the last attempt, which was
 					// refused: the lease starts no later than the send
 					// time of that attempt.
-					return grant{kind: handed, fence: f}, last, nil
+					return grant{kind: handed, fence: f, fenceArg: f}, last, nil
 				}
 				// Ask the script whether the hold is still this call's:
 				// if so, it was handed over after the last refusal, and

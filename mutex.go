@@ -166,11 +166,19 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 				return nil
 			}
 		}
-		return settle(m.b, ctx, mutexRelease{m, k, otok, h}, releaseMutexOwner)
+		return settle(m.b, ctx, mutexRelease{m, k, otok, h}, mutexOwnerSettler)
 	}
-	return settle(m.b, ctx, mutexRelease{m: m}, func(ctx context.Context, r mutexRelease) error {
-		return r.m.b.unlockSlot(ctx, &r.m.slot, r.m.impl.unlock)
-	})
+	return settle(m.b, ctx, mutexRelease{m: m}, mutexHandleSettler)
+}
+
+var (
+	mutexOwnerSettler  = &settler[mutexRelease]{f: releaseMutexOwner}
+	mutexHandleSettler = &settler[mutexRelease]{f: releaseMutexHandle}
+)
+
+// releaseMutexHandle ends the hold of the handle r.m.
+func releaseMutexHandle(ctx context.Context, r mutexRelease) error {
+	return r.m.b.unlockSlot(ctx, &r.m.slot, r.m.impl.unlock)
 }
 
 // mutexRelease is what an Unlock of m releases: a level of the hold of

@@ -2521,10 +2521,37 @@ func (w *nemWorld) checkTokens(hs []*nemHold) {
 			i++
 		}
 		if best != nil && best.tok >= b.tok {
+			if c := w.joinedUnknown(b.h, best.ret); c != nil {
+				// Not a fresh acquisition: the holder joined (re-entered,
+				// or added permits to) the holding that an earlier call
+				// of its own may have taken, one whose reply it never
+				// got, with that holding's token.
+				w.counts["holds that joined a holding of an unknown-outcome call"]++
+				continue
+			}
 			w.report("token", "%s %s: fencing token %d of a holding acquired by a call made at %s is not above token %d, returned at %s: %s after %s",
 				b.h.kind, b.h.name, b.tok, w.at(b.start), best.tok, w.at(best.ret), w.desc(b.h, nil), w.desc(best.h, nil))
 		}
 	}
+}
+
+// joinedUnknown returns an acquire call of h's holder on h's name, made
+// before before (when a smaller token than h's was already issued) and
+// ended within the longest TTL before h's acquire was called, whose
+// outcome is unknown (an error, not a refusal): the holding it may have
+// taken in Redis keeps its token when the holder acquires again while the
+// holding lasts (a re-entry, or an owner's permits adding up). Nil if none.
+func (w *nemWorld) joinedUnknown(h *nemHold, before time.Time) *nemCall {
+	if h.ident == "" || !h.owned {
+		return nil
+	}
+	for _, c := range w.callsBy[h.name] {
+		if c.ident == h.ident && c.write == h.write && c.err != nil && c.start.Before(before) &&
+			c.end.Add(w.cl.ttl[1]).After(h.call) && c.end.Before(h.call) {
+			return c
+		}
+	}
+	return nil
 }
 
 // checkErrors: releases and leases tell the holder the truth.
@@ -2982,6 +3009,43 @@ func TestNemesisVanishedCountsDeletionsFromTheHolding(t *testing.T) {
 			t.Errorf("the holding deleted at 300 ms, before the re-entry: reported %q, want nothing", got)
 		case !deleted && len(got) == 0:
 			t.Errorf("no deletion: nothing reported, want a vanished hold")
+		}
+	}
+}
+
+// TestNemesisTokenJoinOfAnUnknownOutcome: a holding whose token is below
+// one issued before its acquire was called is reported, unless an earlier
+// call of the same holder, whose outcome it never learned, may have taken
+// the holding it joined (a Semaphore owner's permits add up under the
+// holding's token).
+func TestNemesisTokenJoinOfAnUnknownOutcome(t *testing.T) {
+	base := time.Now()
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	tok := uint64(base.UnixMicro())
+	for _, unknown := range []bool{true, false} {
+		var got []string
+		w := &nemWorld{t: t, cl: &nemClass{ttl: nemSpan{2 * time.Second, 4 * time.Second}}, start: base, cancelAt: at(2000),
+			trace: newTrace(10), reports: map[string]int{}, summary: map[string]int{}, counts: map[string]int{},
+			onReport: func(check, msg string) { got = append(got, check+": "+msg) }}
+		mk := func(ident string, token uint64, call int) *nemHold {
+			return &nemHold{kind: kSem, name: "x", write: true, n: 1, ident: ident, owned: true, ttl: 2 * time.Second,
+				call: at(call), ret: at(call + 10), rel: at(call + 100), relDone: at(call + 110), token: token, lease: &dsync.Lease{}}
+		}
+		// o's call at 50 ms fails; p acquires at 100 ms with the next
+		// token; o acquires again at 500 ms and gets the earlier one.
+		w.callsBy = map[string][]*nemCall{"x": {{what: "Acquire", kind: kSem, name: "x", ident: "owner o", owned: true,
+			write: true, start: at(50), end: at(400), err: context.DeadlineExceeded}}}
+		if !unknown {
+			w.callsBy["x"][0].ident = "owner q"
+		}
+		w.checkTokens([]*nemHold{mk("owner p", tok+1, 100), mk("owner o", tok, 500)})
+		switch {
+		case unknown && len(got) > 0:
+			t.Errorf("o's failed call at 50 ms may have taken the holding: reported %q, want nothing", got)
+		case unknown && w.counts["holds that joined a holding of an unknown-outcome call"] != 1:
+			t.Errorf("the join was not counted: %v", w.counts)
+		case !unknown && len(got) == 0:
+			t.Errorf("no failed call of o: nothing reported, want a token report")
 		}
 	}
 }

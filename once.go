@@ -353,7 +353,7 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 		return nil, errors.Join(ErrClosed, err)
 	}
 	fin := onceFinish{o: o, tok: tok, h: h, val: val, ferr: err, out: new([]byte)}
-	if serr := settle(&o.c.base, ctx, fin, finishOnce); serr != nil || err != nil {
+	if serr := settle(&o.c.base, ctx, fin, onceSettler); serr != nil || err != nil {
 		if err != nil && errors.Is(serr, ctx.Err()) && ctx.Err() != nil && !errors.Is(serr, err) {
 			// ctx ended while the failed run was being ended: f's error
 			// is the call's (the run ends in the background).
@@ -374,6 +374,8 @@ type onceFinish struct {
 	ferr error
 	out  *[]byte
 }
+
+var onceSettler = &settler[onceFinish]{f: finishOnce}
 
 // finishOnce ends a run of f, on a ctx from settle: it marks the Once done
 // (or the run failed) and returns Do's result, its value in a.out. If ctx

@@ -6,6 +6,7 @@ package dsync
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -146,7 +147,7 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 	return nil
 }
 
-// settle runs f(ctx, a), an Unlock or Release of a hold, on a ctx that a
+// settle runs rl.f(ctx, a), an Unlock or Release of a hold, on a ctx that a
 // cancellation cannot cut short, and returns its error, or ctx.Err() if
 // ctx ends first: the release then goes on in the background, owned by
 // the Client (b) and bounded by the Redis client's own timeouts, and
@@ -157,7 +158,8 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 // (releaseTimeout). So a release is never lost to a cancellation, and the
 // caller still returns when its ctx ends. (f is a plain function and a its
 // arguments, so that a ctx that cannot end costs no allocation.)
-func settle[A any](b *base, ctx context.Context, a A, f func(context.Context, A) error) error {
+func settle[A any](b *base, ctx context.Context, a A, rl *settler[A]) error {
+	f := rl.f
 	switch {
 	case ctx.Done() == nil:
 		return f(ctx, a)
@@ -168,10 +170,14 @@ func settle[A any](b *base, ctx context.Context, a A, f func(context.Context, A)
 	case !b.releases.add():
 		return f(context.WithoutCancel(ctx), a) // closed
 	}
-	r := &releaseCall[A]{b: b, ctx: context.WithoutCancel(ctx), a: a, f: f, done: make(chan struct{})}
+	r, _ := rl.calls.Get().(*releaseCall[A])
+	if r == nil {
+		r = &releaseCall[A]{done: make(chan struct{}, 1)}
+	}
+	r.b, r.ctx, r.a, r.rl = b, context.WithoutCancel(ctx), a, rl
 	go r.run()
 	if awaitCall(ctx, r.done) {
-		return r.err
+		return r.reuse()
 	}
 	// A release that ctx's end caught in flight usually has its reply in a
 	// moment: its outcome is worth cleanupGrace more.
@@ -179,27 +185,48 @@ func settle[A any](b *base, ctx context.Context, a A, f func(context.Context, A)
 	defer putTimer(t)
 	select {
 	case <-r.done:
-		return r.err
+		return r.reuse()
 	case <-t.C:
+		// The release goes on without its caller; r is not used again.
 		return ctx.Err()
 	}
 }
 
+// A settler is a release function (an Unlock or Release of one kind of
+// hold), with the releaseCalls that ran it kept for the next ones (see settle).
+type settler[A any] struct {
+	f     func(context.Context, A) error
+	calls sync.Pool
+}
+
 // A releaseCall is a release that runs in a goroutine of its own (see
-// settle), as one allocation.
+// settle). Its done channel has room for the one value run sends when the
+// release is over, so that the call and its channel are used again once
+// the caller received it; a call whose caller gave up on it is left to the
+// garbage collector.
 type releaseCall[A any] struct {
 	b    *base
 	ctx  context.Context
 	a    A
-	f    func(context.Context, A) error
+	rl   *settler[A]
 	err  error
 	done chan struct{}
 }
 
 func (r *releaseCall[A]) run() {
-	defer r.b.releases.end()
-	r.err = r.f(r.ctx, r.a)
-	close(r.done)
+	b := r.b
+	defer b.releases.end()
+	r.err = r.rl.f(r.ctx, r.a)
+	r.done <- struct{}{} // r is the caller's from here on
+}
+
+// reuse returns r's outcome and keeps r for its releaser's next call; r's
+// run is over (the caller received from done).
+func (r *releaseCall[A]) reuse() error {
+	err, rl := r.err, r.rl
+	*r = releaseCall[A]{done: r.done}
+	rl.calls.Put(r)
+	return err
 }
 
 // runRelease runs a release, run. Under client reentrancy (local) the

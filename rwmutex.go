@@ -254,7 +254,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 			return nil
 		}
 	}
-	return settle(rw.b, ctx, rwRelease{rw, mode, otok, owned, h}, releaseRW)
+	return settle(rw.b, ctx, rwRelease{rw, mode, otok, owned, h}, rwSettler)
 }
 
 // rwRelease is what an unlock of rw releases: a level of owner otok's hold
@@ -267,6 +267,8 @@ type rwRelease struct {
 	owned bool
 	h     *hold
 }
+
+var rwSettler = &settler[rwRelease]{f: releaseRW}
 
 // releaseRW is unlock once an inner unlock under client reentrancy is
 // ruled out, on a ctx from settle.

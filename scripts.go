@@ -91,14 +91,16 @@ func (c *Client) evalAlone(ctx context.Context, sc *script, a []any) *redis.Cmd 
 		defer c.leave()
 		return c.evalNow(ctx, sc, a)
 	}
-	e := &evalCall{c: c, ctx: ctx, sc: sc, a: a, done: make(chan struct{})}
+	e := evalCalls.Get().(*evalCall)
+	e.c, e.ctx, e.sc, e.a = c, ctx, sc, a
 	go e.run()
 	if !awaitCall(ctx, e.done) {
+		// The call goes on without its caller; e is not used again.
 		cmd := redis.NewCmd(ctx, a...)
 		cmd.SetErr(ctx.Err())
 		return cmd
 	}
-	return e.cmd
+	return e.reuse()
 }
 
 // evalNow is evalCall, returning when go-redis does.

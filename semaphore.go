@@ -243,7 +243,7 @@ func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err != nil {
 		return err
 	}
-	return settle(&s.c.base, ctx, semReleaseOf{s, tok, owned, n}, releaseSem)
+	return settle(&s.c.base, ctx, semReleaseOf{s, tok, owned, n}, semSettler)
 }
 
 // semReleaseOf is what a Release of s releases: n permits of owner tok
@@ -254,6 +254,8 @@ type semReleaseOf struct {
 	owned bool
 	n     int64
 }
+
+var semSettler = &settler[semReleaseOf]{f: releaseSem}
 
 // releaseSem is Release, on a ctx from settle.
 func releaseSem(ctx context.Context, a semReleaseOf) error {

@@ -131,7 +131,10 @@ func awaitCall(ctx context.Context, done <-chan struct{}) bool {
 }
 
 // An evalCall is a script call that runs in a goroutine of its own (see
-// within), as one allocation.
+// within). Its done channel has room for the one value run sends when the
+// call is over, so that the call and its channel are used again (see
+// evalCalls) once the caller received it; a call whose caller gave up on
+// it is left to the garbage collector.
 type evalCall struct {
 	c    *Client
 	ctx  context.Context
@@ -141,9 +144,22 @@ type evalCall struct {
 	done chan struct{}
 }
 
+// evalCalls holds evalCalls that are over, ready to be used again.
+var evalCalls = sync.Pool{New: func() any { return &evalCall{done: make(chan struct{}, 1)} }}
+
 func (e *evalCall) run() {
-	defer e.c.calls.end()
-	e.cmd = e.c.evalNow(e.ctx, e.sc, e.a)
-	e.c.leave()
-	close(e.done)
+	c := e.c
+	defer c.calls.end()
+	e.cmd = c.evalNow(e.ctx, e.sc, e.a)
+	c.leave()
+	e.done <- struct{}{} // e is the caller's from here on
+}
+
+// reuse returns e's reply and puts e back for another call; e's run is
+// over (the caller received from done).
+func (e *evalCall) reuse() *redis.Cmd {
+	cmd := e.cmd
+	*e = evalCall{done: e.done}
+	evalCalls.Put(e)
+	return cmd
 }
