@@ -408,6 +408,11 @@ func TestAdvFencingAcrossMutexAndSemaphore(t *testing.T) {
 				must(t, rdb.Del(ctx, rwk(name).Fence).Err())
 			}
 		}
+		ttl, err = rdb.PTTL(ctx, rwk(name).Fence).Result()
+		must(t, err)
+		if ttl < 11*time.Hour || ttl > 24*time.Hour {
+			t.Errorf("RWMutex fence hash PTTL %v, want 12 to 24 hours", ttl)
+		}
 	})
 }
 
@@ -1911,5 +1916,53 @@ func TestAdvSemaphoreAllocCancelDoesntStarve(t *testing.T) {
 		}
 		must(t, sem.Release(bg, 2))
 		assertNoSemKeys(t, b, name)
+	})
+}
+
+// "One round trip per operation": an uncontended take and release of
+// every primitive is two round trips, a Once run two (take the run, end
+// it) and a Do on a done Once one.
+func TestAdvUncontendedRoundTrips(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		counter := &redistest.Counter{}
+		c, _ := hookedClient(t, b, counter)
+		m, rw, s, o := c.Mutex(name), c.RWMutex(name), c.Semaphore(name, 3), c.Once(name)
+		octx := dsync.WithOwner(ctx)
+		ops := []struct {
+			what string
+			want int64
+			run  func() error
+		}{
+			{"Mutex Lock+Unlock", 2, func() error { must(t, m.Lock(ctx)); return m.Unlock(ctx) }},
+			{"Mutex owner Lock+Unlock", 2, func() error { must(t, m.Lock(octx)); return m.Unlock(octx) }},
+			{"RWMutex Lock+Unlock", 2, func() error { must(t, rw.Lock(ctx)); return rw.Unlock(ctx) }},
+			{"RWMutex RLock+RUnlock", 2, func() error { must(t, rw.RLock(octx)); return rw.RUnlock(octx) }},
+			{"Semaphore Acquire+Release", 2, func() error { must(t, s.Acquire(ctx, 2)); return s.Release(ctx, 2) }},
+			{"Semaphore TryAcquire+Release", 2, func() error {
+				ok, err := s.TryAcquire(octx, 3)
+				must(t, err)
+				if !ok {
+					t.Fatal("TryAcquire on a free semaphore = false")
+				}
+				return s.Release(octx, 3)
+			}},
+			{"Once first Do", 2, func() error { return o.Do(ctx, func(context.Context) error { return nil }) }},
+			{"Once Do when done", 1, func() error { return o.Do(ctx, func(context.Context) error { return nil }) }},
+			{"Once Done", 1, func() error { _, err := o.Done(ctx); return err }},
+		}
+		for round := 0; round < 2; round++ {
+			for _, op := range ops {
+				if strings.HasPrefix(op.what, "Once first") {
+					must(t, o.Reset(ctx))
+				}
+				counter.Reset()
+				must(t, op.run())
+				if n := counter.RoundTrips(); round == 1 && n != op.want {
+					t.Errorf("%s: %d round trips, want %d", op.what, n, op.want)
+				}
+			}
+		}
 	})
 }
