@@ -1966,3 +1966,67 @@ func TestAdvUncontendedRoundTrips(t *testing.T) {
 		}
 	})
 }
+
+// ClientReentrancy speaks of re-entries of locks: an owner's Acquires on a
+// Semaphore made with it still count every permit in Redis, so the size
+// holds across processes.
+func TestAdvSemaphoreClientReentrancyCountsEveryPermit(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		octx := dsync.WithOwner(ctx)
+		s := newClient(t, b, dsync.ClientReentrancy()).Semaphore(name, 3)
+		must(t, s.Acquire(octx, 1))
+		must(t, s.Acquire(octx, 1))
+		if ok, _ := s.TryAcquire(octx, 1); !ok {
+			t.Fatal("TryAcquire(1) with 2 of 3 held = false")
+		}
+		other := newClient(t, b).Semaphore(name, 3)
+		if ok, _ := other.TryAcquire(ctx, 1); ok {
+			t.Fatal("another holder got a permit with all 3 held by the owner")
+		}
+		if n, _ := b.NewClient(t).HGet(ctx, semKeys(name).State, ":used").Int(); n != 3 {
+			t.Errorf(":used = %d, want 3", n)
+		}
+		must(t, s.Release(octx, 2))
+		if ok, _ := other.TryAcquire(ctx, 2); !ok {
+			t.Fatal("2 permits not free after the owner released 2 of 3")
+		}
+		must(t, other.Release(ctx, 2))
+		must(t, s.Release(octx, 1))
+		assertNoSemKeys(t, b, name)
+	})
+}
+
+// A ring client is refused as bad input, before anything is sent. It was
+// accepted, and the first Lock that had to wait panicked inside go-redis
+// (Ring.Subscribe without a channel); a ring's pub/sub reaches one shard
+// only, so waiters on the other shards would wait out their leases.
+func TestAdvRingClientRefused(t *testing.T) {
+	m1, m2 := redistest.Miniredis(t), redistest.Miniredis(t)
+	counter := &redistest.Counter{}
+	ring := func() redis.UniversalClient {
+		r := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": m1.Addrs[0], "b": m2.Addrs[0]}})
+		r.AddHook(counter)
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	ctx := ctxT(t)
+	c := dsync.New(ring())
+	t.Cleanup(func() { c.Close() })
+	q := dsync.NewQuorum([]redis.UniversalClient{m1.NewClient(t), ring(), m2.NewClient(t)})
+	t.Cleanup(func() { q.Close() })
+	for what, f := range map[string]func() error{
+		"Client Mutex.Lock":      func() error { return c.Mutex("x").Lock(ctx) },
+		"Client Semaphore":       func() error { return c.Semaphore("x", 2).Acquire(ctx, 1) },
+		"Client Once":            func() error { return c.Once("x").Do(ctx, func(context.Context) error { return nil }) },
+		"Client RWMutex.RLock":   func() error { return c.RWMutex("x").RLock(ctx) },
+		"Quorum Mutex.Lock":      func() error { return q.Mutex("x").Lock(ctx) },
+		"Quorum RWMutex.TryLock": func() error { _, err := q.RWMutex("x").TryLock(ctx); return err },
+	} {
+		checkIs(t, f(), dsync.ErrInvalid, what+" over a ring client = %v, want ErrInvalid")
+	}
+	if n := counter.RoundTrips(); n != 0 {
+		t.Errorf("%d commands sent through the ring client, want 0", n)
+	}
+}
