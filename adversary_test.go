@@ -2030,3 +2030,51 @@ func TestAdvRingClientRefused(t *testing.T) {
 		t.Errorf("%d commands sent through the ring client, want 0", n)
 	}
 }
+
+// redislock's concurrent obtain: many goroutines over several Clients try
+// at once; exactly one gets a Mutex (an RWMutex's write lock), exactly
+// size of them a permit of a Semaphore.
+func TestAdvConcurrentTriesExactWinners(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		clients := []*dsync.Client{newClient(t, b), newClient(t, b), newClient(t, b), newClient(t, b)}
+		const tries, rounds, size = 16, 5, 3
+		for _, k := range []struct {
+			kind holdKind
+			want int
+		}{{mutexHold, 1}, {writeHold, 1}, {semHold(size, 1), size}} {
+			for r := 0; r < rounds; r++ {
+				name := redistest.Key(t)
+				var wg sync.WaitGroup
+				var mu sync.Mutex
+				var won []holdCalls
+				start := make(chan struct{})
+				for i := 0; i < tries; i++ {
+					h := k.kind(clients[i%len(clients)], name)
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-start
+						ok, err := h.try(ctx)
+						if err != nil {
+							t.Error(err)
+						}
+						if ok {
+							mu.Lock()
+							won = append(won, h)
+							mu.Unlock()
+						}
+					}()
+				}
+				close(start)
+				wg.Wait()
+				if len(won) != k.want {
+					t.Fatalf("round %d: %d of %d tries won, want %d", r, len(won), tries, k.want)
+				}
+				for _, h := range won {
+					must(t, h.unlock(ctx))
+				}
+			}
+		}
+	})
+}
