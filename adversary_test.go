@@ -62,6 +62,16 @@ func eachMode(t *testing.T, f func(t *testing.T, local bool, opts ...dsync.Optio
 	t.Run("client", func(t *testing.T) { f(t, true, dsync.ClientReentrancy()) })
 }
 
+// waitZCard waits until the zset key (a queue, the waiting writers) has
+// at least n members.
+func waitZCard(t *testing.T, rdb redis.UniversalClient, key string, n int64, what string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, what, func() bool {
+		got, _ := rdb.ZCard(context.Background(), key).Result()
+		return got >= n
+	})
+}
+
 // x/sync/semaphore's TestWeightedTryAcquire on one handle, which holds for
 // all its goroutines as a Weighted does.
 func TestAdvSemaphoreTryAcquireSequence(t *testing.T) {
@@ -519,10 +529,7 @@ func TestAdvRWMutexWriterPreferenceReentrantReader(t *testing.T) {
 			mu.Unlock()
 			wrote <- err
 		}()
-		waitFor(t, 10*time.Second, "a waiting writer in Redis", func() bool {
-			n, _ := rdb.ZCard(ctx, rwk(name).WaitingWriters).Result()
-			return n > 0
-		})
+		waitZCard(t, rdb, rwk(name).WaitingWriters, 1, "a waiting writer in Redis")
 		late := newClient(t, b).RWMutex(name)
 		if ok, err := late.TryRLock(ctx); ok || err != nil {
 			t.Fatalf("TryRLock with a writer waiting = %v, %v; want false, nil", ok, err)
@@ -989,10 +996,7 @@ func TestAdvOddOwnerTokens(t *testing.T) {
 				m := newClient(t, b).Mutex(name)
 				got := make(chan error, 1)
 				go func() { got <- m.Lock(octx) }()
-				waitFor(t, 10*time.Second, "the owner queued", func() bool {
-					n, _ := rdb.ZCard(ctx, mutexKeys(name).Queue).Result()
-					return n == 1
-				})
+				waitZCard(t, rdb, mutexKeys(name).Queue, 1, "the owner queued")
 				must(t, holder.Unlock(ctx))
 				recvNil(t, got, 10*time.Second, "owner not handed the Mutex")
 				must(t, m.Lock(octx))
@@ -1024,10 +1028,7 @@ func TestAdvOddOwnerTokens(t *testing.T) {
 				must(t, r.RLock(ctx))
 				w := newClient(t, b).RWMutex(name)
 				go func() { got <- w.Lock(octx) }()
-				waitFor(t, 10*time.Second, "the writer waiting", func() bool {
-					n, _ := rdb.ZCard(ctx, rwk(name).WaitingWriters).Result()
-					return n == 1
-				})
+				waitZCard(t, rdb, rwk(name).WaitingWriters, 1, "the writer waiting")
 				must(t, r.RUnlock(ctx))
 				recvNil(t, got, 10*time.Second, "owner not handed the write lock")
 				must(t, w.RLock(octx))
@@ -1143,10 +1144,7 @@ func TestAdvRWMutexDowngradeWithWriterWaiting(t *testing.T) {
 			w2 := newClient(t, b).RWMutex(name)
 			wrote := make(chan error, 1)
 			go func() { wrote <- w2.Lock(ctx) }()
-			waitFor(t, 10*time.Second, "the second writer waiting", func() bool {
-				n, _ := rdb.ZCard(ctx, rwk(name).WaitingWriters).Result()
-				return n == 1
-			})
+			waitZCard(t, rdb, rwk(name).WaitingWriters, 1, "the second writer waiting")
 			// Let it wait past the starvation threshold, so that it queues.
 			time.Sleep(50 * time.Millisecond)
 			if ok, err := rw.TryRLock(octx); !ok || err != nil {
@@ -1335,10 +1333,7 @@ func TestAdvOwnerReentersPastTheQueue(t *testing.T) {
 			w := newClient(t, b).Mutex(name)
 			got := make(chan error, 1)
 			go func() { got <- w.Lock(ctx) }()
-			waitFor(t, 10*time.Second, "the waiter queued", func() bool {
-				n, _ := rdb.ZCard(ctx, mutexKeys(name).Queue).Result()
-				return n == 1
-			})
+			waitZCard(t, rdb, mutexKeys(name).Queue, 1, "the waiter queued")
 			if ok, err := m.TryLock(octx); !ok || err != nil {
 				t.Fatalf("the owner's TryLock with a waiter queued = %v, %v; want true (re-entry)", ok, err)
 			}
@@ -1383,10 +1378,7 @@ func TestAdvSharedHandleWaitersOneAtATime(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			go func() { got <- m.Lock(ctx) }()
 		}
-		waitFor(t, 10*time.Second, "a waiter queued", func() bool {
-			n, _ := rdb.ZCard(ctx, mutexKeys(name).Queue).Result()
-			return n >= 1
-		})
+		waitZCard(t, rdb, mutexKeys(name).Queue, 1, "a waiter queued")
 		time.Sleep(50 * time.Millisecond)
 		must(t, holder.Unlock(ctx))
 		for i := 0; i < 3; i++ {
@@ -1631,10 +1623,7 @@ func TestAdvRWMutexAlternation(t *testing.T) {
 		})
 		w2 := newClient(t, b).RWMutex(name)
 		go func() { evs <- ev{"writer", w2.Lock(ctx)} }()
-		waitFor(t, 10*time.Second, "the second writer waiting", func() bool {
-			n, _ := rdb.ZCard(ctx, rwk(name).WaitingWriters).Result()
-			return n >= 1
-		})
+		waitZCard(t, rdb, rwk(name).WaitingWriters, 1, "the second writer waiting")
 		must(t, w1.Unlock(ctx))
 		for i := 0; i < 3; i++ {
 			select {
