@@ -2067,3 +2067,49 @@ func TestAdvConcurrentTriesExactWinners(t *testing.T) {
 		}
 	})
 }
+
+// A handle without an owner that reads twice holds two read holds:
+// RUnlock releases the most recent, and RLease then gives the earlier.
+func TestAdvRWMutexHandleReadHoldsLastInFirstOut(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		rdb := b.NewClient(t)
+		rw := newClient(t, b).RWMutex(name)
+		must(t, rw.RLock(ctx))
+		l1, err := rw.RLease(ctx)
+		must(t, err)
+		must(t, rw.RLock(ctx))
+		l2, err := rw.RLease(ctx)
+		must(t, err)
+		if l1.Done() == l2.Done() {
+			t.Fatal("two read holds share one Lease")
+		}
+		if n, _ := rdb.ZCard(ctx, rwk(name).Readers).Result(); n != 2 {
+			t.Errorf("readers in Redis = %d, want 2", n)
+		}
+		must(t, rw.RUnlock(ctx))
+		select {
+		case <-l2.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the most recent read hold's Lease not done after RUnlock")
+		}
+		select {
+		case <-l1.Done():
+			t.Fatal("the earlier read hold ended with the most recent one's RUnlock")
+		default:
+		}
+		if l, err := rw.RLease(ctx); err != nil || l.Done() != l1.Done() {
+			t.Errorf("RLease after one RUnlock = %v, %v; want the earlier hold's", l, err)
+		}
+		if n, _ := rdb.ZCard(ctx, rwk(name).Readers).Result(); n != 1 {
+			t.Errorf("readers in Redis = %d, want 1", n)
+		}
+		must(t, rw.RUnlock(ctx))
+		checkIs(t, rw.RUnlock(ctx), dsync.ErrNotHeld, "third RUnlock = %v, want ErrNotHeld")
+		if l1.Err() != nil || l2.Err() != nil {
+			t.Errorf("Err after release = %v, %v; want nil", l1.Err(), l2.Err())
+		}
+		assertRWReleased(t, b, name)
+	})
+}
