@@ -11,10 +11,11 @@ import (
 	"github.com/dsync-go/dsync/internal/redistest"
 )
 
-// benchDial returns a dialer for the server the benchmarks run on: the one
-// named by $DSYNC_BENCH_REDIS_ADDR (bench/run.sh starts one), else the test
-// helper's real server. It skips when there is neither: timings on
-// miniredis say nothing about round trips.
+// benchDial returns a dialer for the server the benchmarks run on: the
+// cluster named by $DSYNC_BENCH_CLUSTER_ADDRS or the server named by
+// $DSYNC_BENCH_REDIS_ADDR (bench/run.sh starts them), else the test
+// helper's real server. It skips when there is none: timings on miniredis
+// say nothing about round trips.
 func benchDial(b *testing.B) lockbench.Dial {
 	b.Helper()
 	if dial, ok := lockbench.EnvDial(); ok {
@@ -32,8 +33,7 @@ func benchDial(b *testing.B) lockbench.Dial {
 func benchClient(b *testing.B, opts ...dsync.Option) (*dsync.Client, *redistest.Counter) {
 	b.Helper()
 	rdb := benchDial(b)(b)
-	counter := &redistest.Counter{}
-	rdb.AddHook(counter)
+	counter := redistest.Count(rdb)
 	c := dsync.New(rdb, opts...)
 	b.Cleanup(func() { c.Close() })
 	return c, counter
@@ -85,8 +85,7 @@ func BenchmarkMutexCancelCtx(b *testing.B) {
 // compare-and-delete script, two round trips.
 func BenchmarkRawFloor(b *testing.B) {
 	rdb := benchDial(b)(b)
-	counter := &redistest.Counter{}
-	rdb.AddHook(counter)
+	counter := redistest.Count(rdb)
 	key := redistest.Key(b)
 	del := redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 	ctx := context.Background()

@@ -47,14 +47,11 @@ func BenchmarkRWMutexReentry(b *testing.B) {
 // lock and its unlock.
 func BenchmarkRWMutexReadHeavy(b *testing.B) {
 	const clients, goroutines, readPct = 4, 8, 90
-	be, ok := redistest.Real(b)
-	if !ok {
-		b.Skip("benchmarks need redis-server on PATH")
-	}
+	dial := benchDial(b)
 	name := redistest.Key(b)
 	var handles []*dsync.RWMutex
 	for i := 0; i < clients; i++ {
-		c := dsync.New(be.NewClient(b))
+		c := dsync.New(dial(b))
 		b.Cleanup(func() { c.Close() })
 		handles = append(handles, c.RWMutex(name))
 	}

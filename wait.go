@@ -66,7 +66,9 @@ type notifier struct {
 	closed  bool
 	done    chan struct{} // closed when the receiver exits
 	stop    chan struct{}
-	subs    sync.WaitGroup // SUBSCRIBEs being sent (see watchSince)
+	subs    sync.WaitGroup // the sender of ops (see send)
+	ops     []subOp        // SUBSCRIBEs and UNSUBSCRIBEs to send, in order
+	opsSet  chan struct{}  // a value when ops has something
 
 	// Tests only: called with each message before it is delivered, on
 	// the receiving goroutine (it may hold the message back).
@@ -114,6 +116,61 @@ func newNotifier(rdb redis.UniversalClient) *notifier {
 		chans:   make(map[string]*channel),
 		pending: make(map[string]int),
 		stop:    make(chan struct{}),
+		opsSet:  make(chan struct{}, 1),
+	}
+}
+
+// A subOp is a SUBSCRIBE (or UNSUBSCRIBE, unsub) of channels, queued under
+// n.mu and sent by send.
+type subOp struct {
+	unsub bool
+	names []string
+}
+
+// queue adds a SUBSCRIBE or UNSUBSCRIBE of names to the ops send sends;
+// n.mu is held. They go out in the order queued: an UNSUBSCRIBE of a swept
+// channel before the SUBSCRIBE of a waiter that watches it again.
+func (n *notifier) queue(unsub bool, names ...string) {
+	n.ops = append(n.ops, subOp{unsub: unsub, names: names})
+	select {
+	case n.opsSet <- struct{}{}:
+	default:
+	}
+}
+
+// send sends the queued ops on ps until n is closed, merging neighbours of
+// one kind into one command. It runs on a goroutine of its own, never under
+// n.mu: on a connection that is slow to come up (a dial, a handshake the
+// server is slow to answer) a command waits up to subscribeWait, and n.mu
+// must not wait with it, or every waiter of the Client would (see
+// watchSince, unwatch). go-redis keeps the channels even if sending
+// SUBSCRIBE failed and subscribes them again when it reconnects:
+// confirmations follow either way.
+func (n *notifier) send(ps *redis.PubSub) {
+	defer n.subs.Done()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.opsSet:
+		}
+		n.mu.Lock()
+		ops := n.ops
+		n.ops = nil
+		n.mu.Unlock()
+		for i := 0; i < len(ops); {
+			op := ops[i]
+			for i++; i < len(ops) && ops[i].unsub == op.unsub; i++ {
+				op.names = append(op.names, ops[i].names...)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), subscribeWait)
+			if op.unsub {
+				_ = ps.Unsubscribe(ctx, op.names...)
+			} else {
+				_ = ps.Subscribe(ctx, op.names...)
+			}
+			cancel()
+		}
 	}
 }
 
@@ -165,6 +222,8 @@ func (n *notifier) watchSince(name string, to addressee, mk mark) (*watcher, boo
 		n.ps = n.rdb.Subscribe(context.Background())
 		n.done = make(chan struct{})
 		go n.receive(n.ps)
+		n.subs.Add(1)
+		go n.send(n.ps)
 	}
 	ch := n.chans[name]
 	if ch == nil {
@@ -176,21 +235,9 @@ func (n *notifier) watchSince(name string, to addressee, mk mark) (*watcher, boo
 		n.chans[name], n.chans[own] = ch, ch
 		n.pending[name]++
 		n.pending[own]++
-		// SUBSCRIBE is sent in the background: on a connection that is slow
-		// to come up (a dial, a handshake the server is slow to answer) it
-		// would hold the caller past its ctx, and every other call of the
-		// Client behind n.mu. The waiter waits for the confirmation (see
-		// awaitReady), bounded by its ctx. go-redis keeps the channels even
-		// if sending SUBSCRIBE failed and subscribes them again when it
-		// reconnects: confirmations follow either way.
-		ps := n.ps
-		n.subs.Add(1)
-		go func() {
-			defer n.subs.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), subscribeWait)
-			defer cancel()
-			_ = ps.Subscribe(ctx, name, own)
-		}()
+		// SUBSCRIBE is sent in the background (see send); the waiter waits
+		// for the confirmation (see awaitReady), bounded by its ctx.
+		n.queue(false, name, own)
 	}
 	ch.watchers[w] = struct{}{}
 	w.ready = ch.ready
@@ -366,9 +413,7 @@ func (n *notifier) sweep() {
 		}
 	}
 	if len(names) > 0 && n.ps != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), subscribeWait)
-		_ = n.ps.Unsubscribe(ctx, names...)
-		cancel()
+		n.queue(true, names...)
 	}
 }
 

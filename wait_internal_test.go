@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -145,5 +146,72 @@ func TestSums(t *testing.T) {
 	}
 	if p := proofSum("secret", 12345); !p.is(digest("secret 12345")) || p.is(digest("secret 1234")) {
 		t.Error("proofSum does not match digest of secret, space, fence")
+	}
+}
+
+// TestSweepDoesNotHoldWaiters: the notifier's SUBSCRIBEs and UNSUBSCRIBEs
+// wait on a pub/sub connection that is slow to come up (here a dial that
+// hangs until its ctx ends), never under the lock that every waiter of the
+// Client takes to watch and unwatch a channel: a sweep of idle channels
+// then must not hold a waiter past its ctx.
+func TestSweepDoesNotHoldWaiters(t *testing.T) {
+	addr := redistest.Miniredis(t).Addrs[0]
+	stop := make(chan struct{})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-stop:
+			return nil, net.ErrClosed
+		}
+	}})
+	n := newNotifier(rdb)
+	t.Cleanup(func() {
+		close(stop)
+		n.close()
+		rdb.Close()
+	})
+
+	// A channel watched (its SUBSCRIBE hangs in the dial), left idle long
+	// enough ago for a sweep to unsubscribe it.
+	n.unwatch(n.watch("idle"))
+	n.mu.Lock()
+	n.chans["idle"].idle = time.Now().Add(-2 * linger)
+	n.mu.Unlock()
+
+	// A sweep runs (and has returned, or is under way) while waiters watch
+	// and unwatch channels.
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		n.sweep()
+	}()
+	select {
+	case <-swept:
+	case <-time.After(subscribeWait / 2):
+	}
+	took := make(chan time.Duration, 1)
+	go func() {
+		start := time.Now()
+		for _, name := range []string{"busy", "other"} {
+			n.unwatch(n.watch(name))
+		}
+		took <- time.Since(start)
+	}()
+	select {
+	case d := <-took:
+		if d > subscribeWait/2 {
+			t.Errorf("watch and unwatch took %v while a sweep ran: the sweep held the notifier behind a connection slow to come up", d)
+		}
+	case <-time.After(5 * subscribeWait):
+		// The clean-up ends the hanging dials, and with them the sweep.
+		t.Fatalf("watch and unwatch did not return within %v while a sweep ran: the sweep holds the notifier behind a connection slow to come up", 5*subscribeWait)
+	}
+	<-swept
+	n.mu.Lock()
+	_, still := n.chans["idle"]
+	n.mu.Unlock()
+	if still {
+		t.Error("the idle channel was not swept")
 	}
 }

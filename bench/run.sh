@@ -4,12 +4,23 @@
 # machine, the tables with ratios taken within this run, and the targets.
 #
 #   bench/run.sh                 # from the repository root
+#   CLUSTER=1 bench/run.sh       # the same on a 3-master Redis Cluster too
+#
+# With CLUSTER=1 it also starts a local Redis Cluster of three masters
+# (free loopback ports, pinned like the single server, stopped by PID on
+# exit) and runs every benchmark on both, interleaved round by round; it
+# then prints the cluster's tables and the cluster's figures as ratios to
+# the single server's of the same run. The benchmarks reach the cluster
+# through go-redis's cluster client ($DSYNC_BENCH_CLUSTER_ADDRS) and count
+# round trips per node. The server time per script is measured on the
+# single server only (a node runs a script as a single server does).
 #
 # Environment: COUNT (rounds of the uncontended benchmarks, each library
 # once a round, median taken; default 3), BENCHTIME (per run; default 2s), DSYNC_BENCH_WINDOW (measuring
 # window of each contended benchmark; default 2s), ONCE_ROUNDS (rounds of
 # the contended Once benchmark; default 300), PIN=0 to not pin the
-# server and the benchmarks to separate cores. Progress goes to stderr.
+# server and the benchmarks to separate cores, CLUSTER=1 (above). Progress
+# goes to stderr.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,6 +29,8 @@ count=${COUNT:-3}
 benchtime=${BENCHTIME:-2s}
 export DSYNC_BENCH_WINDOW=${DSYNC_BENCH_WINDOW:-2s}
 once_rounds=${ONCE_ROUNDS:-300}
+targets=(single)
+[ "${CLUSTER:-0}" = 1 ] && targets+=(cluster)
 
 for bin in go redis-server redis-cli; do
 	command -v "$bin" >/dev/null || { echo "run.sh: $bin not on PATH" >&2; exit 1; }
@@ -35,32 +48,47 @@ echo "run.sh: building" >&2
 start_server "$work"
 export DSYNC_BENCH_REDIS_ADDR=127.0.0.1:$port
 echo "run.sh: redis-server pid $pid on $DSYNC_BENCH_REDIS_ADDR" >&2
+if [ "${#targets[@]}" -gt 1 ]; then
+	start_cluster "$work/cluster"
+	echo "run.sh: redis cluster pids ${cluster_pids[*]} on $cluster_addrs" >&2
+fi
 
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-run() { # dir binary output args...
-	local dir=$1 bin=$2 out=$3
-	shift 3
-	(cd "$dir" && "${client_pin[@]}" "$bin" -test.run '^$' "$@") | tee -a "$out" >&2
+# run runs benchmarks on the single server (target single) or the cluster
+# (target cluster); a cluster's output goes to cluster-OUTPUT.
+run() { # target dir binary output args...
+	local target=$1 dir=$2 bin=$3 out=$4 env=()
+	shift 4
+	if [ "$target" = cluster ]; then
+		env=("DSYNC_BENCH_CLUSTER_ADDRS=$cluster_addrs")
+		out=$(dirname "$out")/cluster-$(basename "$out")
+	fi
+	(cd "$dir" && env ${env[@]+"${env[@]}"} ${client_pin[@]+"${client_pin[@]}"} "$bin" -test.run '^$' "$@") | tee -a "$out" >&2
 }
 
-# Each round runs every library once, so that a slow spell on the machine
-# hits all of them alike; the table takes the median over the rounds.
+# Each round runs every library once (on each target), so that a slow
+# spell on the machine hits all of them alike; the table takes the median
+# over the rounds.
 for round in $(seq 1 "$count"); do
-	echo "run.sh: round $round of $count: dsync primitives" >&2
-	run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.benchtime "$benchtime" \
-		-test.bench '^(BenchmarkRawFloor|BenchmarkMutex|BenchmarkMutexFixed|BenchmarkRWMutexRead|BenchmarkRWMutexWrite|BenchmarkOnceDone)$'
-	run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.benchtime "$benchtime" \
-		-test.bench '^(BenchmarkMutexReentry|BenchmarkRWMutexReentry|BenchmarkSemaphore|BenchmarkDistinct)$/^(mode=.*|op=uncontended|lib=.*)$'
-	echo "run.sh: round $round of $count: peers, uncontended and distinct names" >&2
-	run "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchmem -test.benchtime "$benchtime" \
-		-test.bench '^(BenchmarkUncontended|BenchmarkDistinct)$'
+	for target in "${targets[@]}"; do
+		echo "run.sh: round $round of $count, $target: dsync primitives" >&2
+		run "$target" "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.benchtime "$benchtime" \
+			-test.bench '^(BenchmarkRawFloor|BenchmarkMutex|BenchmarkMutexFixed|BenchmarkRWMutexRead|BenchmarkRWMutexWrite|BenchmarkOnceDone)$'
+		run "$target" "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.benchtime "$benchtime" \
+			-test.bench '^(BenchmarkMutexReentry|BenchmarkRWMutexReentry|BenchmarkSemaphore|BenchmarkDistinct)$/^(mode=.*|op=uncontended|lib=.*)$'
+		echo "run.sh: round $round of $count, $target: peers, uncontended and distinct names" >&2
+		run "$target" "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchmem -test.benchtime "$benchtime" \
+			-test.bench '^(BenchmarkUncontended|BenchmarkDistinct)$'
+	done
 done
-echo "run.sh: peers, contended" >&2
-run "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchtime 1x -test.bench '^BenchmarkContended$'
-echo "run.sh: dsync primitives, contended" >&2
-run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchtime 1x \
-	-test.bench '^BenchmarkContended$/^lib=dsync-(rwmutex|semaphore)$'
-run "$repo" "$work/dsync.test" "$work/root.txt" -test.benchtime "${once_rounds}x" -test.bench '^BenchmarkOnceContended$'
+for target in "${targets[@]}"; do
+	echo "run.sh: $target: peers, contended" >&2
+	run "$target" "$here/peers" "$work/peers.test" "$work/peers.txt" -test.benchtime 1x -test.bench '^BenchmarkContended$'
+	echo "run.sh: $target: dsync primitives, contended" >&2
+	run "$target" "$repo" "$work/dsync.test" "$work/root.txt" -test.benchtime 1x \
+		-test.bench '^BenchmarkContended$/^lib=dsync-(rwmutex|semaphore)$'
+	run "$target" "$repo" "$work/dsync.test" "$work/root.txt" -test.benchtime "${once_rounds}x" -test.bench '^BenchmarkOnceContended$'
+done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 commandstats=$(redis-cli -p "$port" info commandstats | tr -d '\r' | grep -E 'cmdstat_(evalsha|eval|set|publish|subscribe)' || true)
@@ -68,13 +96,14 @@ commandstats=$(redis-cli -p "$port" info commandstats | tr -d '\r' | grep -E 'cm
 # Server time per script (it resets the server's statistics: after the
 # whole-run commandstats above).
 echo "run.sh: server time per script" >&2
-run "$repo" "$work/dsync.test" "$work/servertime.txt" -test.benchtime 1x -test.bench '^BenchmarkServerTime$'
+run single "$repo" "$work/dsync.test" "$work/servertime.txt" -test.benchtime 1x -test.bench '^BenchmarkServerTime$'
 
 model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 pinning="not pinned"
 if [ ${#server_pin[@]} -gt 0 ]; then
 	pinning="redis-server on CPU 0, benchmarks on CPU 1"
 	[ "$ncpu" -gt 2 ] && pinning="redis-server on CPU 0, benchmarks on CPUs 1-$((ncpu - 1))"
+	[ "${#targets[@]}" -gt 1 ] && pinning="${pinning/redis-server/redis-server and the 3 cluster nodes}"
 fi
 cat <<EOT
 ## Results
@@ -107,3 +136,16 @@ $commandstats
 \`\`\`
 </details>
 EOT
+if [ "${#targets[@]}" -gt 1 ]; then
+	cat <<EOT
+
+## On a 3-master cluster
+
+The same benchmarks in the same run, on a Redis Cluster of three masters
+without replicas (go-redis cluster client, \`ClusterStateReloadInterval\`
+1 s; round trips counted per node, so a pipeline over three masters is
+three); then the cluster's figures as ratios to the single server's.
+
+EOT
+	"$work/benchtable" "$work/cluster-root.txt" "$work/cluster-peers.txt" "$work/root.txt" "$work/peers.txt"
+fi

@@ -93,7 +93,7 @@ var (
 func dial(b *testing.B) lockbench.Dial {
 	d, ok := lockbench.EnvDial()
 	if !ok {
-		b.Skipf("needs a redis-server at $%s; bench/run.sh starts one", lockbench.AddrEnv)
+		b.Skipf("needs a redis-server at $%s or a cluster at $%s; bench/run.sh starts them", lockbench.AddrEnv, lockbench.ClusterEnv)
 	}
 	return d
 }

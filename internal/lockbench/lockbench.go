@@ -13,6 +13,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -46,6 +47,15 @@ type Dial func(tb testing.TB) redis.UniversalClient
 // running server (host:port), as bench/run.sh does.
 const AddrEnv = "DSYNC_BENCH_REDIS_ADDR"
 
+// ClusterEnv names the environment variable that points the benchmarks at a
+// running Redis Cluster instead (its nodes' host:port, comma-separated), as
+// CLUSTER=1 bench/run.sh does. It takes precedence over AddrEnv.
+const ClusterEnv = "DSYNC_BENCH_CLUSTER_ADDRS"
+
+// clusterReload is the ClusterStateReloadInterval of the benchmarks'
+// cluster clients (go-redis's default is a minute).
+const clusterReload = time.Second
+
 // WindowEnv names the environment variable with the measuring window of
 // one contended iteration, a Go duration; the default is DefaultWindow.
 const WindowEnv = "DSYNC_BENCH_WINDOW"
@@ -53,9 +63,20 @@ const WindowEnv = "DSYNC_BENCH_WINDOW"
 // DefaultWindow is the measuring window of one contended iteration.
 const DefaultWindow = 2 * time.Second
 
-// EnvDial returns a Dial for the server named by AddrEnv, or false when the
-// variable is not set.
+// EnvDial returns a Dial for the cluster named by ClusterEnv (a
+// *redis.ClusterClient) or else the server named by AddrEnv, or false when
+// neither variable is set.
 func EnvDial() (Dial, bool) {
+	if addrs := os.Getenv(ClusterEnv); addrs != "" {
+		return func(tb testing.TB) redis.UniversalClient {
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{
+				Addrs:                      strings.Split(addrs, ","),
+				ClusterStateReloadInterval: clusterReload,
+			})
+			tb.Cleanup(func() { _ = rdb.Close() })
+			return rdb
+		}, true
+	}
 	addr := os.Getenv(AddrEnv)
 	if addr == "" {
 		return nil, false
@@ -148,11 +169,11 @@ func randToken() string {
 	return fmt.Sprintf("%x-%x", os.Getpid(), tokSeq.Add(1))
 }
 
-// open dials a client with a round-trip counter and opens lib on it.
+// open dials a client with a round-trip counter (per node on a cluster,
+// see redistest.Count) and opens lib on it.
 func open(b *testing.B, lib Lib, dial Dial) (func(string) Locker, *redistest.Counter) {
 	rdb := dial(b)
-	counter := &redistest.Counter{}
-	rdb.AddHook(counter)
+	counter := redistest.Count(rdb)
 	handle, closeLib := lib.Open(rdb)
 	b.Cleanup(closeLib)
 	return handle, counter

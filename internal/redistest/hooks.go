@@ -13,18 +13,38 @@ import (
 
 // Counter is a go-redis hook that counts round trips: each Process call is
 // one and each ProcessPipeline call (a pipeline or a transaction) is one.
-// Install it with rdb.AddHook(c). The retries go-redis makes inside one call
-// are not counted separately. Connection set-up commands (HELLO, AUTH,
-// CLIENT, SELECT, READONLY), which go-redis sends through the hooks whenever
-// it dials, are not counted, so counts do not depend on how many connections
-// the pool opens (go-redis 9.23 keeps a separate pool for pipelines). Safe for
-// concurrent use; the zero value is ready to use.
+// Install it with rdb.AddHook(c), or with [Count], which also counts right
+// on a cluster client. The retries go-redis makes inside one call are not
+// counted separately. Connection set-up commands (HELLO, AUTH, CLIENT,
+// SELECT, READONLY), which go-redis sends through the hooks whenever it
+// dials, are not counted, so counts do not depend on how many connections
+// the pool opens (go-redis 9.23 keeps a separate pool for pipelines); nor
+// are the look-ups a cluster client makes of its own accord (CLUSTER,
+// COMMAND). Safe for concurrent use; the zero value is ready to use.
 type Counter struct {
 	roundTrips atomic.Int64
 	dials      atomic.Int64
 }
 
 var _ redis.Hook = (*Counter)(nil)
+
+// Count returns a Counter that counts the round trips rdb makes from now
+// on. On a *redis.ClusterClient it is installed on each node's client as
+// go-redis creates it, so that a command redirected to another node counts
+// two and a pipeline that go-redis splits over three masters counts three
+// (one per node, sent in parallel), where a hook on the cluster client
+// itself would count one call; call Count before rdb's first command, since
+// node clients created earlier are not hooked. On any other client it is
+// rdb.AddHook.
+func Count(rdb redis.UniversalClient) *Counter {
+	c := &Counter{}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		cc.OnNewNode(func(node *redis.Client) { node.AddHook(c) })
+		return c
+	}
+	rdb.AddHook(c)
+	return c
+}
 
 // RoundTrips returns the round trips counted since the last Reset.
 func (c *Counter) RoundTrips() int64 { return c.roundTrips.Load() }
@@ -49,7 +69,7 @@ func (c *Counter) DialHook(next redis.DialHook) redis.DialHook {
 // ProcessHook counts one round trip per command.
 func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !isSetup(cmd) {
+		if counted(cmd) {
 			c.roundTrips.Add(1)
 		}
 		return next(ctx, cmd)
@@ -60,7 +80,7 @@ func (c *Counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (c *Counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
-			if !isSetup(cmd) {
+			if counted(cmd) {
 				c.roundTrips.Add(1)
 				break
 			}
@@ -240,6 +260,19 @@ func defaultMatch(cmd redis.Cmder) bool {
 	switch strings.ToLower(cmd.Name()) {
 	case "subscribe", "unsubscribe", "psubscribe", "punsubscribe",
 		"ssubscribe", "sunsubscribe", "publish", "spublish", "pubsub":
+		return false
+	}
+	return true
+}
+
+// counted reports whether a Counter counts cmd: not connection set-up, nor
+// the topology and command-info look-ups of a cluster client.
+func counted(cmd redis.Cmder) bool {
+	if isSetup(cmd) {
+		return false
+	}
+	switch strings.ToLower(cmd.Name()) {
+	case "cluster", "command":
 		return false
 	}
 	return true

@@ -189,6 +189,67 @@ func TestCounterCountsRoundTrips(t *testing.T) {
 	}
 }
 
+func TestCountOnClusterCountsEachNode(t *testing.T) {
+	b, ok := redistest.Cluster(t)
+	if !ok {
+		t.Skip("redis cluster not available")
+	}
+	ctx := context.Background()
+	look := b.NewClient(t)
+	slots, err := look.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := func(key string) string {
+		slot := int(look.ClusterKeySlot(ctx, key).Val())
+		for _, r := range slots {
+			if r.Start <= slot && slot <= r.End {
+				return r.Nodes[0].Addr
+			}
+		}
+		t.Fatalf("no master serves slot %d", slot)
+		return ""
+	}
+	// Keys until every master has one (bounded: 30 random keys miss a
+	// master with probability about 1e-5, 1000 never in practice).
+	base := redistest.Key(t)
+	var keys []string
+	seen := map[string]bool{}
+	for i := 0; i < 1000 && len(seen) < 3; i++ {
+		k := fmt.Sprintf("%s:%d", base, i)
+		if m := master(k); !seen[m] {
+			seen[m] = true
+			keys = append(keys, k)
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("keys reach %d masters, want 3", len(seen))
+	}
+
+	rdb := b.NewClient(t)
+	c := redistest.Count(rdb)
+	if err := rdb.Set(ctx, keys[0], 1, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.RoundTrips(); got != 1 {
+		t.Errorf("after the first command RoundTrips() = %d, want 1 (topology look-ups not counted)", got)
+	}
+	c.Reset()
+	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range keys {
+			p.Incr(ctx, k)
+			p.Incr(ctx, k)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.RoundTrips(); got != 3 {
+		t.Errorf("after a pipeline over 3 masters RoundTrips() = %d, want 3", got)
+	}
+}
+
 func TestCounterConcurrent(t *testing.T) {
 	b := redistest.Miniredis(t)
 	rdb := b.NewClient(t)

@@ -4,7 +4,13 @@
 // contended hand-off against the best peer variant, and dsync's primitives
 // (RWMutex, Semaphore, Once) uncontended and contended.
 //
-// Usage: benchtable ROOT_OUTPUT PEERS_OUTPUT
+// Usage: benchtable ROOT_OUTPUT PEERS_OUTPUT [SINGLE_ROOT_OUTPUT SINGLE_PEERS_OUTPUT]
+//
+// With four arguments the first two are a cluster's outputs and the last
+// two the single server's of the same run (CLUSTER=1 bench/run.sh): it
+// prints the cluster's tables, and in place of the targets (which are set
+// for the single server) the cluster's throughput as ratios to the single
+// server's.
 package main
 
 import (
@@ -94,13 +100,14 @@ type target struct {
 }
 
 func main() {
-	if len(os.Args) != 3 {
-		fmt.Fprintln(os.Stderr, "usage: benchtable ROOT_OUTPUT PEERS_OUTPUT")
+	if len(os.Args) != 3 && len(os.Args) != 5 {
+		fmt.Fprintln(os.Stderr, "usage: benchtable ROOT_OUTPUT PEERS_OUTPUT [SINGLE_ROOT_OUTPUT SINGLE_PEERS_OUTPUT]")
 		os.Exit(2)
 	}
-	root, peers := results{}, results{}
-	for i, res := range []results{root, peers} {
-		f, err := os.Open(os.Args[1+i])
+	var outputs []results
+	for _, path := range os.Args[1:] {
+		res := results{}
+		f, err := os.Open(path)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -111,7 +118,56 @@ func main() {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
+		outputs = append(outputs, res)
 	}
+	targets := tables(outputs[0], outputs[1])
+	if len(outputs) == 4 {
+		scaling(outputs[0], outputs[1], outputs[2], outputs[3])
+		return
+	}
+	fmt.Println("### Targets (dsync, ratios within this run)")
+	fmt.Println()
+	fmt.Println("| target | got | met |")
+	fmt.Println("|---|--:|:-:|")
+	for _, t := range targets {
+		mark := "no"
+		if t.ok {
+			mark = "yes"
+		}
+		fmt.Printf("| %s | %s | %s |\n", t.what, t.got, mark)
+	}
+}
+
+// The libraries of the peer comparison, uncontended and contended.
+var (
+	libs  = []string{"raw", "dsync", "redsync", "redislock"}
+	clibs = []string{"dsync", "redsync", "redsync-1ms", "redislock", "redislock-1ms"}
+)
+
+// uncontendedRows are the rows of the table of dsync's primitives,
+// uncontended: label and benchmark name in the root package's output.
+var uncontendedRows = []struct{ label, name string }{
+	{"raw floor: SET NX PX + compare-and-delete", "BenchmarkRawFloor"},
+	{"Mutex Lock+Unlock", "BenchmarkMutex"},
+	{"Mutex Lock+Unlock, FixedLease", "BenchmarkMutexFixed"},
+	{"Mutex re-entry, script reentrancy", "BenchmarkMutexReentry/mode=script"},
+	{"Mutex re-entry, client reentrancy", "BenchmarkMutexReentry/mode=client"},
+	{"RWMutex RLock+RUnlock", "BenchmarkRWMutexRead"},
+	{"RWMutex Lock+Unlock", "BenchmarkRWMutexWrite"},
+	{"RWMutex read re-entry, script reentrancy", "BenchmarkRWMutexReentry/mode=script/lock=read"},
+	{"RWMutex read re-entry, client reentrancy", "BenchmarkRWMutexReentry/mode=client/lock=read"},
+	{"RWMutex write re-entry, script reentrancy", "BenchmarkRWMutexReentry/mode=script/lock=write"},
+	{"RWMutex write re-entry, client reentrancy", "BenchmarkRWMutexReentry/mode=client/lock=write"},
+	{"Semaphore Acquire+Release", "BenchmarkSemaphore/op=uncontended"},
+	{"Once.Do, done", "BenchmarkOnceDone"},
+	{"1000 names × 16 goroutines: raw", "BenchmarkDistinct/lib=raw"},
+	{"1000 names × 16 goroutines: dsync", "BenchmarkDistinct/lib=dsync"},
+	{"1000 names × 16 goroutines: dsync, calls not coalesced", "BenchmarkDistinct/lib=dsync-alone"},
+}
+
+// tables prints the tables of one target (a single server or a cluster)
+// and returns the targets checked on them.
+func tables(root, peers results) []target {
 	var targets []target
 	check := func(what string, v, limit float64, atLeast bool) {
 		ok := !math.IsNaN(v) && ((atLeast && v >= limit) || (!atLeast && v <= limit))
@@ -119,7 +175,6 @@ func main() {
 	}
 
 	// Uncontended and distinct names, from bench/peers.
-	libs := []string{"raw", "dsync", "redsync", "redislock"}
 	u := func(lib, unit string) float64 { return peers.get("BenchmarkUncontended/lib="+lib, unit) }
 	d := func(lib, unit string) float64 { return peers.get("BenchmarkDistinct/lib="+lib, unit) }
 	fmt.Println("### Uncontended Lock+Unlock, and 1000 distinct names from 16 goroutines")
@@ -141,7 +196,6 @@ func main() {
 	check("distinct names pairs/s ≥ 0.95× raw", d("dsync", "pairs/s")/d("raw", "pairs/s"), 0.95, true)
 
 	// Contended, from bench/peers.
-	clibs := []string{"dsync", "redsync", "redsync-1ms", "redislock", "redislock-1ms"}
 	c := func(lib string, g int, unit string) float64 {
 		return peers.get(fmt.Sprintf("BenchmarkContended/lib=%s/G=%d", lib, g), unit)
 	}
@@ -180,24 +234,7 @@ func main() {
 	fmt.Println()
 	fmt.Println("| benchmark | µs/op | ops/s | × raw floor | round trips/op | allocs/op | B/op |")
 	fmt.Println("|---|--:|--:|--:|--:|--:|--:|")
-	for _, row := range []struct{ label, name string }{
-		{"raw floor: SET NX PX + compare-and-delete", "BenchmarkRawFloor"},
-		{"Mutex Lock+Unlock", "BenchmarkMutex"},
-		{"Mutex Lock+Unlock, FixedLease", "BenchmarkMutexFixed"},
-		{"Mutex re-entry, script reentrancy", "BenchmarkMutexReentry/mode=script"},
-		{"Mutex re-entry, client reentrancy", "BenchmarkMutexReentry/mode=client"},
-		{"RWMutex RLock+RUnlock", "BenchmarkRWMutexRead"},
-		{"RWMutex Lock+Unlock", "BenchmarkRWMutexWrite"},
-		{"RWMutex read re-entry, script reentrancy", "BenchmarkRWMutexReentry/mode=script/lock=read"},
-		{"RWMutex read re-entry, client reentrancy", "BenchmarkRWMutexReentry/mode=client/lock=read"},
-		{"RWMutex write re-entry, script reentrancy", "BenchmarkRWMutexReentry/mode=script/lock=write"},
-		{"RWMutex write re-entry, client reentrancy", "BenchmarkRWMutexReentry/mode=client/lock=write"},
-		{"Semaphore Acquire+Release", "BenchmarkSemaphore/op=uncontended"},
-		{"Once.Do, done", "BenchmarkOnceDone"},
-		{"1000 names × 16 goroutines: raw", "BenchmarkDistinct/lib=raw"},
-		{"1000 names × 16 goroutines: dsync", "BenchmarkDistinct/lib=dsync"},
-		{"1000 names × 16 goroutines: dsync, calls not coalesced", "BenchmarkDistinct/lib=dsync-alone"},
-	} {
+	for _, row := range uncontendedRows {
 		if root.runs(row.name) == 0 {
 			continue
 		}
@@ -252,16 +289,54 @@ func main() {
 	script := root.get("BenchmarkMutexReentry/mode=script", "ns/op")
 	client := root.get("BenchmarkMutexReentry/mode=client", "ns/op")
 	check("client re-entry ≥ 100× faster than script re-entry", script/client, 100, true)
+	return targets
+}
 
-	fmt.Println("### Targets (dsync, ratios within this run)")
+// scaling prints the cluster's throughput (and dsync's worst contended
+// wait) and its ratio to the single server's.
+func scaling(root, peers, singleRoot, singlePeers results) {
+	fmt.Println("### The cluster against the single server (ratios within this run)")
 	fmt.Println()
-	fmt.Println("| target | got | met |")
-	fmt.Println("|---|--:|:-:|")
-	for _, t := range targets {
-		mark := "no"
-		if t.ok {
-			mark = "yes"
+	fmt.Println("| benchmark | metric | cluster | × single server |")
+	fmt.Println("|---|---|--:|--:|")
+	// row prints one metric; ops/s is 1e9 / ns/op.
+	row := func(label, name, unit string, cluster, single results) {
+		get := func(res results) float64 {
+			if unit == "ops/s" {
+				return 1e9 / res.get(name, "ns/op")
+			}
+			return res.get(name, unit)
 		}
-		fmt.Printf("| %s | %s | %s |\n", t.what, t.got, mark)
+		a, b := get(cluster), get(single)
+		if math.IsNaN(a) && math.IsNaN(b) {
+			return
+		}
+		fmt.Printf("| %s | %s | %s | %s |\n", label, unit, num(a), ratio(a, b))
 	}
+	for _, lib := range libs {
+		row("uncontended Lock+Unlock: "+lib, "BenchmarkUncontended/lib="+lib, "pairs/s", peers, singlePeers)
+	}
+	for _, lib := range libs {
+		row("1000 names × 16 goroutines: "+lib, "BenchmarkDistinct/lib="+lib, "pairs/s", peers, singlePeers)
+	}
+	row("1000 names × 16 goroutines: dsync, calls not coalesced", "BenchmarkDistinct/lib=dsync-alone", "pairs/s", root, singleRoot)
+	for _, g := range []int{8, 32} {
+		for _, lib := range clibs {
+			row(fmt.Sprintf("contended, G=%d: %s", g, lib), fmt.Sprintf("BenchmarkContended/lib=%s/G=%d", lib, g), "acq/s", peers, singlePeers)
+		}
+		row(fmt.Sprintf("contended, G=%d: dsync", g), fmt.Sprintf("BenchmarkContended/lib=dsync/G=%d", g), "wait-max-ms", peers, singlePeers)
+	}
+	for _, r := range uncontendedRows {
+		// Distinct names are above; a client re-entry sends nothing.
+		if !strings.HasPrefix(r.name, "BenchmarkDistinct/") && !strings.HasSuffix(r.label, "client reentrancy") {
+			row("dsync primitives: "+r.label, r.name, "ops/s", root, singleRoot)
+		}
+	}
+	for _, g := range []int{8, 32} {
+		for _, lib := range []string{"dsync-rwmutex", "dsync-semaphore"} {
+			row(fmt.Sprintf("contended, G=%d: %s", g, lib), fmt.Sprintf("BenchmarkContended/lib=%s/G=%d", lib, g), "acq/s", root, singleRoot)
+		}
+		row(fmt.Sprintf("Once.Do, all at once, G=%d", g), fmt.Sprintf("BenchmarkOnceContended/G=%d", g), "Do/s", root, singleRoot)
+	}
+	fmt.Println()
 }
