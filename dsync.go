@@ -54,10 +54,15 @@ type Client struct {
 	bgCancel context.CancelFunc
 }
 
-// New returns a Client over rdb, which may be a single-node, cluster,
-// sentinel or ring client. Options set defaults for every primitive made by
-// the Client. Close stops the Client's background work; it does not close
-// rdb. A nil rdb or a bad option makes every call fail with [ErrInvalid].
+// New returns a Client over rdb, which may be a single-node, cluster or
+// sentinel client. Options set defaults for every primitive made by the
+// Client. Close stops the Client's background work; it does not close rdb. A
+// nil rdb, a ring client or a bad option makes every call fail with
+// [ErrInvalid]. A ring's shards are independent servers: a release is
+// published on its name's shard, and the Client's one pub/sub connection
+// would reach one shard only, so waiters for names on the others would wait
+// out the lease (go-redis's Ring also refuses a pub/sub without a channel,
+// with a panic). Over several independent masters, use [NewQuorum].
 //
 // Calls return about when their ctx ends, by deadline or cancel, also with
 // Redis unreachable and whatever rdb's settings: a command sent to a server
@@ -75,6 +80,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	if rdb == nil {
 		c.err = fmt.Errorf("%w: nil redis client", ErrInvalid)
+	} else if _, ring := rdb.(*redis.Ring); ring {
+		c.err = fmt.Errorf("%w: a ring client (use a single-node, cluster or sentinel client)", ErrInvalid)
 	}
 	if c.err != nil {
 		return c

@@ -2,7 +2,6 @@ package dsync
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/dsync-go/dsync/internal/keys"
@@ -151,7 +150,7 @@ func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, err
 // never affects another owner's hold, nor a later hold of the same owner or
 // handle, also when retried after a lost reply.
 func (m *Mutex) Unlock(ctx context.Context) error {
-	if err := m.check(); err != nil && !errors.Is(err, ErrClosed) {
+	if err := m.check(); err != nil {
 		return err
 	}
 	otok, owned, err := owner(ctx)

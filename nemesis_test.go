@@ -74,8 +74,6 @@ package dsync_test
 // "10m") runs every class that long on both real backends;
 // DSYNC_NEMESIS_SEED replays the random choices of a run (the interleaving
 // itself depends on the machine). A failing subtest prints its seed.
-// Sub-cases that find bugs still open are skipped while nemSkipKnownBugs
-// is set (see nemKnownBugs).
 
 import (
 	"context"
@@ -101,12 +99,6 @@ import (
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
-
-// nemSkipKnownBugs skips the sub-cases of the nemesis that find bugs still
-// open in issue 16 (see nemKnownBugs): each becomes a skipped subtest
-// TestNemesis/<class>/<backend>/<sub-case> that names its item, and the
-// rest of the class runs without it. Set it to false to run them again.
-const nemSkipKnownBugs = true
 
 // The time bounds of the judge. The test must pass on a loaded machine
 // (-race on 2 busy cores shared with other test binaries), where a
@@ -228,12 +220,6 @@ type nemClass struct {
 	// release and as many releases that returned nil, and a run of f if it
 	// has Onces; need can ask for less.
 	need map[string]nemNeed
-
-	// Set by the known-bug sub-cases (nemKnownBugs) while they are skipped.
-	dupKinds    []nemKind // late duplicates only of the scripts of these kinds; nil: all
-	onceMaxWait float64   // a Once.Do gives up if f has not started within this multiple of its TTL; 0: no cap
-	localAlone  bool      // with client reentrancy, one goroutine at a time per owner and Client
-	noTryDups   bool      // no late duplicates of the scripts of Try calls
 }
 
 func (cl *nemClass) strict() bool {
@@ -408,14 +394,10 @@ func TestNemesis(t *testing.T) {
 					continue
 				}
 				t.Run(bn, func(t *testing.T) {
-					run := cl
-					if nemSkipKnownBugs {
-						run = withoutKnownBugs(t, cl)
-					}
 					b := nemBackend(t, bn)
 					h := fnv.New64a()
 					h.Write([]byte(cl.name + "/" + bn))
-					runNemesis(t, b, run, d, seed, seed^h.Sum64())
+					runNemesis(t, b, cl, d, seed, seed^h.Sum64())
 				})
 			}
 		})
@@ -436,60 +418,6 @@ func TestNemesisGoesOnUntilProven(t *testing.T) {
 	if !w.extended.Load() {
 		t.Errorf("a run whose workers waited its whole planned length (%v) was not extended", d)
 	}
-}
-
-// nemKnown is a sub-case of a class that finds a bug still open.
-type nemKnown struct {
-	class string
-	name  string // of the skipped subtest
-	item  int    // of issue 16; 0: found by the nemesis, not an item yet
-	why   string // the bug, and the failure it causes
-	// remove takes the sub-case out of a copy of the class: the rest of
-	// the class runs and must pass.
-	remove func(cl *nemClass)
-}
-
-// nemKnownBugs are the sub-cases that nemSkipKnownBugs skips, each on every
-// backend its class runs on.
-var nemKnownBugs = func() []nemKnown {
-	var ks []nemKnown
-	add := func(k nemKnown, classes ...string) {
-		for _, c := range classes {
-			k.class = c
-			ks = append(ks, k)
-		}
-	}
-	_ = add // none open
-	return ks
-}()
-
-// dupWithout returns the kinds whose scripts cl delivers again late, less
-// drop.
-func dupWithout(cl *nemClass, drop ...nemKind) []nemKind {
-	ks := cl.dupKinds
-	if ks == nil {
-		ks = allKind
-	}
-	return slices.DeleteFunc(slices.Clone(ks), func(k nemKind) bool { return slices.Contains(drop, k) })
-}
-
-// withoutKnownBugs returns cl without its known-bug sub-cases, each
-// reported as a skipped subtest of t.
-func withoutKnownBugs(t *testing.T, cl *nemClass) *nemClass {
-	c := *cl
-	for _, k := range nemKnownBugs {
-		if k.class != cl.name {
-			continue
-		}
-		k.remove(&c)
-		t.Run(k.name, func(t *testing.T) {
-			if k.item == 0 {
-				t.Skipf("known, not an item of issue 16 yet: %s (nemSkipKnownBugs; the rest of the class runs)", k.why)
-			}
-			t.Skipf("known: issue 16 item %d: %s (nemSkipKnownBugs; the rest of the class runs)", k.item, k.why)
-		})
-	}
-	return &c
 }
 
 func nemSettings(t *testing.T) (seed uint64, d time.Duration) {
@@ -1045,7 +973,7 @@ func (w *nemWorld) holder(r *rand.Rand, n *nemName, shareable bool) nemHolder {
 			p = g[r.IntN(len(g))]
 		}
 		done := func() {}
-		if w.cl.ownerUse != ownerShared || p.local && w.cl.localAlone {
+		if w.cl.ownerUse != ownerShared {
 			b := &o.busy[0]
 			if w.cl.ownerUse != ownerAlone {
 				b = &o.busy[1+p.idx]
@@ -1469,23 +1397,11 @@ func (w *nemWorld) onceOp(r *rand.Rand, n *nemName) {
 	succeed := !slow && r.Float64() < w.cl.pOnceOK
 	ctx, cancel := context.WithTimeout(context.WithValue(w.ctx, nemOpKey{}, "acquire"), d)
 	defer cancel()
-	var running atomic.Bool
-	if w.cl.onceMaxWait > 0 {
-		// The call gives up if f has not started by then: it never waits
-		// longer (f, once started, may run longer).
-		t := time.AfterFunc(time.Duration(w.cl.onceMaxWait*float64(ttl)), func() {
-			if !running.Load() {
-				cancel()
-			}
-		})
-		defer t.Stop()
-	}
 	run := &nemRun{name: n.name, ttl: ttl, proc: p.idx}
 	start := time.Now()
 	run.doStart = start
 	ran := false
 	err := o.Do(ctx, func(fctx context.Context) error {
-		running.Store(true)
 		ran = true
 		now := time.Now()
 		w.mu.Lock()
@@ -1831,15 +1747,10 @@ func (w *nemWorld) deliverLate(r *rand.Rand) {
 		}
 	}
 	ok := func(args []any) bool {
-		if w.cl.dupKinds != nil && !slices.Contains(w.cl.dupKinds, w.kindOf(args)) {
-			return false
-		}
 		return held == nil || held(args)
 	}
 	opOK := func(o string) bool {
 		switch {
-		case o == "try" && w.cl.noTryDups:
-			return false
 		case op == "acquire":
 			return o == "acquire" || o == "try" // a Try call's attempt too
 		}

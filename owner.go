@@ -33,8 +33,10 @@ func WithOwner(ctx context.Context) context.Context {
 // WithOwnerToken returns a copy of ctx whose owner is tok, typically a token
 // read with [OwnerToken] in another process and carried over in RPC
 // metadata, so that both processes act as one owner. A token must be
-// non-empty, at most 256 bytes and must not begin with ':'; calls made with
-// an unusable token fail with [ErrInvalid].
+// non-empty and at most 256 bytes, must not begin with ':' and must not
+// contain a space or a newline (the scripts store tokens in
+// space-separated lists); calls made with an unusable token fail with
+// [ErrInvalid]. Tokens made by [WithOwner] always qualify.
 func WithOwnerToken(ctx context.Context, tok string) context.Context {
 	return context.WithValue(ctx, ownerKey{}, tok)
 }

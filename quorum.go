@@ -74,8 +74,8 @@ type Quorum struct {
 // documentation's scaling notes for fencing tokens.
 //
 // Options are as for [New], but for [WaitReplicas], which a Quorum refuses.
-// No clients, a nil client or a bad option makes every call fail with
-// [ErrInvalid]. Close stops the Quorum and its members; it does not close
+// No clients, a nil or ring client or a bad option makes every call fail
+// with [ErrInvalid]. Close stops the Quorum and its members; it does not close
 // the Redis clients.
 func NewQuorum(clients []redis.UniversalClient, opts ...Option) *Quorum {
 	q := &Quorum{}
@@ -90,6 +90,9 @@ func NewQuorum(clients []redis.UniversalClient, opts ...Option) *Quorum {
 	for i, rdb := range clients {
 		if rdb == nil && q.err == nil {
 			q.err = fmt.Errorf("%w: nil redis client %d of %d", ErrInvalid, i, len(clients))
+		}
+		if _, ring := rdb.(*redis.Ring); ring && q.err == nil {
+			q.err = fmt.Errorf("%w: redis client %d of %d is a ring client (see New)", ErrInvalid, i, len(clients))
 		}
 	}
 	if q.err != nil {

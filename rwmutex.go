@@ -2,7 +2,6 @@ package dsync
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -240,7 +239,7 @@ func (rw *RWMutex) Unlock(ctx context.Context) error {
 }
 
 func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
-	if err := rw.check(); err != nil && !errors.Is(err, ErrClosed) {
+	if err := rw.check(); err != nil {
 		return err
 	}
 	otok, owned, err := owner(ctx)

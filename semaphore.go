@@ -34,7 +34,8 @@ import (
 // waiters first in line that fit, which then hold them without another round
 // trip. Unlike Weighted, Acquire and TryAcquire reject n > size at once with
 // [ErrInvalid] (Weighted's Acquire would block until ctx is done), and all
-// handles of one name must agree on its size ([ErrSizeMismatch]).
+// handles of one name must agree on its size ([ErrSizeMismatch]). Sizes are
+// at most [MaxSemaphoreSize].
 type Semaphore struct {
 	handle // the Client's base, configuration, bad input
 	c      *Client
@@ -64,14 +65,20 @@ type Semaphore struct {
 	gone      uint64 // fencing token of the handle's last holding known to have ended
 }
 
+// MaxSemaphoreSize is the largest size of a [Semaphore]: 2^52. The scripts
+// count permits in Lua numbers (doubles), which are exact integers only up
+// to 2^53, and a sum of two counts must stay within that; a larger size
+// would let rounding hand out more permits than the size.
+const MaxSemaphoreSize = 1 << 52
+
 // Semaphore returns a handle on the semaphore called name, which allows size
 // permits at once. Options override the Client's defaults for this handle.
-// An empty name, a size ≤ 0 or a bad option makes every call on the handle
-// fail with [ErrInvalid].
+// An empty name, a size ≤ 0 or above [MaxSemaphoreSize] or a bad option
+// makes every call on the handle fail with [ErrInvalid].
 func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
 	s := &Semaphore{handle: c.shared().newHandle(name, opts), c: c, name: name, size: size}
-	if size <= 0 {
-		s.err = fmt.Errorf("%w: semaphore size %d, want ≥ 1", ErrInvalid, size)
+	if size <= 0 || size > MaxSemaphoreSize {
+		s.err = fmt.Errorf("%w: semaphore size %d, want 1 to %d", ErrInvalid, size, int64(MaxSemaphoreSize))
 	}
 	k := keys.ForSemaphore(s.cfg.prefix, name)
 	s.keys = k.Keys()
@@ -226,7 +233,7 @@ func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
 // A Release of n that settles some and releases the rest from the live
 // holding also returns ErrLeaseLost.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
-	if err := s.check(); err != nil && !errors.Is(err, ErrClosed) {
+	if err := s.check(); err != nil {
 		return err
 	}
 	if err := s.checkN(n); err != nil {

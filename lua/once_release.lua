@@ -14,7 +14,8 @@
 -- ARGV[4] ms after which the done mark expires; '0' never
 -- ARGV[5] notification channel
 -- Reply: 1 released (for 'done': the done mark is set), 0 the call did not
---        hold the run lease (nothing changed but the call ids).
+--        hold the run lease, or this is a late copy of an end already
+--        applied (nothing changed but the call ids).
 
 local tok, mode, ch = ARGV[1], ARGV[2], ARGV[5]
 
@@ -33,13 +34,22 @@ if mode == 'done' and redis.call('HGET', KEYS[2], 't') == tok then
   return 1
 end
 
+-- A repeat of an end that was applied (a go-redis retry whose first copy
+-- arrives late) changes nothing: after a Reset, a late 'done' would mark
+-- the Once done again, and a late 'fail' would find another run. Its
+-- answer is the first one's as far as it can still be told: 'done' held
+-- (1) only if its done mark is still there (answered above).
+if mode ~= 'abandon' and recall(KEYS[3], tok) == ENDED then
+  return 0
+end
+
 -- The call is over: a late copy of its attempts must take nothing (see
 -- once_do.lua). A run is remembered again when it ends, since it may have
 -- outlasted the replay window counted from when it was taken.
 if mode == 'abandon' then
   note(KEYS[3], tok, now(), ABANDONED)
 else
-  note(KEYS[3], tok, now(), RAN)
+  note(KEYS[3], tok, now(), ENDED)
 end
 
 local t = redis.call('HGET', KEYS[1], 't')
