@@ -135,14 +135,16 @@ func readHold(c *dsync.Client, name string) holdCalls {
 
 // semHold returns the holdKind of n permits of a Semaphore of size.
 func semHold(size, n int64) holdKind {
-	return func(c *dsync.Client, name string) holdCalls {
-		s := c.Semaphore(name, size)
-		return holdCalls{
-			lock:   func(ctx context.Context) error { return s.Acquire(ctx, n) },
-			try:    func(ctx context.Context) (bool, error) { return s.TryAcquire(ctx, n) },
-			unlock: func(ctx context.Context) error { return s.Release(ctx, n) },
-			lease:  s.Lease,
-		}
+	return func(c *dsync.Client, name string) holdCalls { return semCalls(c.Semaphore(name, size), n) }
+}
+
+// semCalls returns the holdCalls of n permits through s.
+func semCalls(s *dsync.Semaphore, n int64) holdCalls {
+	return holdCalls{
+		lock:   func(ctx context.Context) error { return s.Acquire(ctx, n) },
+		try:    func(ctx context.Context) (bool, error) { return s.TryAcquire(ctx, n) },
+		unlock: func(ctx context.Context) error { return s.Release(ctx, n) },
+		lease:  s.Lease,
 	}
 }
 

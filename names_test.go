@@ -26,10 +26,9 @@ func TestBraceNamesWork(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				ctx := ctxT(t)
 				c1, c2 := newClient(t, b, prefix), newClient(t, b, prefix)
-				braceHold(ctx, t, "Mutex", mutexHold(c1, name), mutexHold(c2, name))
+				braceMutex(ctx, t, c1.Mutex(name), c2.Mutex(name))
 				braceRWMutex(ctx, t, c1.RWMutex(name), c2.RWMutex(name))
-				// s1 takes every permit, s2 asks for one.
-				braceHold(ctx, t, "Semaphore", semHold(2, 2)(c1, name), semHold(2, 1)(c2, name))
+				braceSemaphore(ctx, t, c1.Semaphore(name, 2), c2.Semaphore(name, 2))
 				braceOnce(ctx, t, c1.Once(name), c2.Once(name))
 			})
 		}
@@ -60,6 +59,19 @@ func braceHold(ctx context.Context, t *testing.T, what string, h1, h2 holdCalls)
 	if err := h2.unlock(ctx); err != nil {
 		t.Fatalf("%s unlock: %v", what, err)
 	}
+}
+
+// braceMutex: braceHold on two Mutex handles.
+func braceMutex(ctx context.Context, t *testing.T, m1, m2 *dsync.Mutex) {
+	t.Helper()
+	braceHold(ctx, t, "Mutex", holdCalls{m1.Lock, m1.TryLock, m1.Unlock, m1.Lease}, holdCalls{m2.Lock, m2.TryLock, m2.Unlock, m2.Lease})
+}
+
+// braceSemaphore: braceHold on two handles of a Semaphore of 2 permits: s1
+// takes both, s2 asks for one.
+func braceSemaphore(ctx context.Context, t *testing.T, s1, s2 *dsync.Semaphore) {
+	t.Helper()
+	braceHold(ctx, t, "Semaphore", semCalls(s1, 2), semCalls(s2, 1))
 }
 
 // braceRWMutex: two readers share it and keep a writer out; a writer then
