@@ -227,6 +227,7 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 	if waited {
 		w = argYes
 	}
+	sent := time.Now()
 	r, err := o.c.eval(ctx, onceDo, o.kargs, tok, o.ttlArg, w).Slice()
 	if err != nil {
 		return grant{}, nil, scriptError(err)
@@ -240,6 +241,15 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 		s, ok := r[1].(string)
 		if !ok {
 			return grant{}, nil, replyError("once do", r)
+		}
+		if !waited && time.Since(sent) >= o.c.resentAfter {
+			// A first attempt that finds the Once done is remembered by
+			// nothing (so that a Do on a done Once writes nothing). This
+			// one took long enough for go-redis to have sent it again: a
+			// late first copy, after a Reset or the end of the period,
+			// would take a run that nobody renews or ends. Remember the
+			// call as over, as an abandon does.
+			o.abandon(ctx, tok)
 		}
 		if s == "" {
 			return grant{kind: final}, nil, nil
