@@ -1790,6 +1790,37 @@ func TestAdvRWMutexCarriedOwnerUpgradeAndDowngrade(t *testing.T) {
 	})
 }
 
+// A late copy of a Reset (go-redis re-sends a command after a read
+// timeout; the first copy may arrive later) removes nothing: not the done
+// mark of a run that succeeded after the Reset took effect, nor one set
+// after a Reset of a Once that was not done.
+func TestAdvOnceLateResetRemovesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, doneFirst := range []bool{true, false} {
+			ctx := ctxT(t)
+			name := fmt.Sprintf("%s-done=%v", redistest.Key(t), doneFirst)
+			c, rdb, rec := recorded(t, b)
+			o := c.Once(name)
+			if doneFirst {
+				must(t, o.Do(ctx, func(context.Context) error { return nil }))
+			}
+			rec.Reset()
+			must(t, o.Reset(ctx))
+			reset := scriptCopies(t, rec, "once_reset")
+			must(t, o.Do(ctx, func(context.Context) error { return nil }))
+			for _, a := range reset {
+				if _, err := rdb.Do(ctx, a...).Result(); err != nil {
+					t.Fatalf("late copy: %v", err)
+				}
+			}
+			if done, err := o.Done(ctx); !done || err != nil {
+				t.Errorf("done first %v: Done after a late copy of the Reset = %v, %v; want true", doneFirst, done, err)
+			}
+			must(t, o.Do(ctx, func(context.Context) error { t.Error("f ran again after a late copy of a Reset"); return nil }))
+		}
+	})
+}
+
 // A call that found the Once done at its first attempt: a late copy of
 // that attempt (a go-redis retry's first copy, delayed) that arrives after
 // the done mark is gone (Reset, or the end of a period) must take no run,
