@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1790,37 +1790,104 @@ func TestAdvRWMutexCarriedOwnerUpgradeAndDowngrade(t *testing.T) {
 	})
 }
 
+// A late copy of a Reset (go-redis re-sends a command after a read
+// timeout; the first copy may arrive later) removes nothing: not the done
+// mark of a run that succeeded after the Reset took effect, nor one set
+// after a Reset of a Once that was not done.
+func TestAdvOnceLateResetRemovesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, doneFirst := range []bool{true, false} {
+			ctx := ctxT(t)
+			name := fmt.Sprintf("%s-done=%v", redistest.Key(t), doneFirst)
+			c, rdb, rec := recorded(t, b)
+			o := c.Once(name)
+			if doneFirst {
+				must(t, o.Do(ctx, func(context.Context) error { return nil }))
+			}
+			rec.Reset()
+			must(t, o.Reset(ctx))
+			reset := scriptCopies(t, rec, "once_reset")
+			must(t, o.Do(ctx, func(context.Context) error { return nil }))
+			for _, a := range reset {
+				if _, err := rdb.Do(ctx, a...).Result(); err != nil {
+					t.Fatalf("late copy: %v", err)
+				}
+			}
+			if done, err := o.Done(ctx); !done || err != nil {
+				t.Errorf("done first %v: Done after a late copy of the Reset = %v, %v; want true", doneFirst, done, err)
+			}
+			must(t, o.Do(ctx, func(context.Context) error { t.Error("f ran again after a late copy of a Reset"); return nil }))
+		}
+	})
+}
+
 // A call that found the Once done at its first attempt: a late copy of
 // that attempt (a go-redis retry's first copy, delayed) that arrives after
 // the done mark is gone (Reset, or the end of a period) must take no run,
-// which nobody would renew or end.
+// which nobody would renew or end. go-redis sends a command again only
+// after its read timeout: a check that took that long is remembered as
+// over (one more round trip), one that did not writes nothing.
 func TestAdvOnceLateCopyOfADoneCheck(t *testing.T) {
-	if os.Getenv("DSYNC_KNOWN_BUGS") == "" {
-		t.Skip("known defect: once_do remembers no call that found the Once done at its first attempt " +
-			"(doing so would write one call id per Do on a done Once); a late copy of such an attempt " +
-			"after Reset or the period's end takes a run nobody renews, and every call waits for its TTL. " +
-			"DSYNC_KNOWN_BUGS=1 runs it")
-	}
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
-		c, rdb, rec := recorded(t, b)
-		o := c.Once(name)
-		must(t, o.Do(ctx, func(context.Context) error { return nil }))
-		rec.Reset()
-		must(t, o.Do(ctx, func(context.Context) error { t.Error("f ran on a done Once"); return nil }))
-		check := scriptCopies(t, rec, "once_do")
-		must(t, o.Reset(ctx))
-		for _, a := range check {
-			if _, err := rdb.Do(ctx, a...).Result(); err != nil {
-				t.Fatalf("late copy: %v", err)
+		for _, slow := range []bool{false, true} {
+			ctx := ctxT(t)
+			name := fmt.Sprintf("%s-slow=%v", redistest.Key(t), slow)
+			c, rdb, rec := recorded(t, b)
+			var delay atomic.Int64
+			rdb.AddHook(&delayedScripts{delay: &delay})
+			dsync.SetResentAfter(c, 200*time.Millisecond)
+			o := c.Once(name)
+			must(t, o.Do(ctx, func(context.Context) error { return nil }))
+			rec.Reset()
+			if slow {
+				delay.Store(int64(300 * time.Millisecond))
+			}
+			must(t, o.Do(ctx, func(context.Context) error { t.Error("f ran on a done Once"); return nil }))
+			delay.Store(0)
+			check := scriptCopies(t, rec, "once_do")
+			if n := len(rec.All()); !slow && n != 1 {
+				t.Errorf("a fast Do on a done Once sent %d scripts, want 1 (the check alone)", n)
+			}
+			if !slow {
+				continue // go-redis sent it once: no copy can come late
+			}
+			must(t, o.Reset(ctx))
+			for _, a := range check {
+				if _, err := rdb.Do(ctx, a...).Result(); err != nil {
+					t.Fatalf("late copy: %v", err)
+				}
+			}
+			if n, _ := rdb.Exists(ctx, onceKeys(name).Run).Result(); n != 0 {
+				pttl, _ := rdb.PTTL(ctx, onceKeys(name).Run).Result()
+				t.Errorf("a late copy of a slow done check took a run (PTTL %v) that nobody runs", pttl)
+			}
+			ran := false
+			must(t, o.Do(ctx, func(context.Context) error { ran = true; return nil }))
+			if !ran {
+				t.Error("after Reset and the late copy, Do did not run f")
 			}
 		}
-		if n, _ := rdb.Exists(ctx, onceKeys(name).Run).Result(); n != 0 {
-			pttl, _ := rdb.PTTL(ctx, onceKeys(name).Run).Result()
-			t.Errorf("a late copy of a done check took a run (PTTL %v) that nobody runs", pttl)
-		}
 	})
+}
+
+// delayedScripts is a go-redis hook that holds the reply of every script
+// call by delay (0: none): a server or network slow to answer.
+type delayedScripts struct{ delay *atomic.Int64 }
+
+func (d *delayedScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (d *delayedScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			time.Sleep(time.Duration(d.delay.Load()))
+		}
+		return err
+	}
+}
+
+func (d *delayedScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // Redlock over 1, 2 and 4 masters (majorities 1, 2 and 3): one holder at a

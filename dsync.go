@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -52,6 +53,37 @@ type Client struct {
 	batch    batcher // script calls waiting for those in flight (see maxFlight)
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
+
+	// resentAfter: a script call that took at least this long may have
+	// been sent again by go-redis after a read timeout, and its first copy
+	// may still reach the server later (see lateCopiesAfter).
+	resentAfter time.Duration
+}
+
+// lateCopiesAfter returns how long a command of rdb must take before
+// go-redis may have sent it again (its read timeout, after which it retries
+// on a new connection while the first copy may still be on its way): 0 for
+// a client whose settings are unknown here, and never for one that does not
+// time reads out or does not retry.
+func lateCopiesAfter(rdb redis.UniversalClient) time.Duration {
+	const never = time.Duration(math.MaxInt64)
+	var rt time.Duration
+	switch r := rdb.(type) {
+	case *redis.Client:
+		o := r.Options()
+		if o.MaxRetries == 0 {
+			return never
+		}
+		rt = o.ReadTimeout
+	case *redis.ClusterClient:
+		rt = r.Options().ReadTimeout
+	default:
+		return 0
+	}
+	if rt <= 0 {
+		return never
+	}
+	return rt
 }
 
 // New returns a Client over rdb, which may be a single-node, cluster or
@@ -86,6 +118,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if c.err != nil {
 		return c
 	}
+	c.resentAfter = lateCopiesAfter(rdb)
 	c.renew = renew.New(rdb, renew.LostError(ErrLeaseLost))
 	c.notify = newNotifier(rdb)
 	return c

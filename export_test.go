@@ -134,3 +134,7 @@ func Queued(c *Client) int {
 	defer c.batch.mu.Unlock()
 	return len(c.batch.queue)
 }
+
+// SetResentAfter sets how long a script call of c must take before c
+// counts on go-redis having sent it again (see Client.resentAfter).
+func SetResentAfter(c *Client, d time.Duration) { c.resentAfter = d }

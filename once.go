@@ -207,16 +207,14 @@ func (o *Once) Done(ctx context.Context) (bool, error) {
 // Reset removes the done mark, with its value, so that the next call of Do
 // runs f again; it is for operators (a job to redo) and tests. A run in
 // progress is not stopped: when it succeeds it marks the Once done again.
-// Reset of a Once that is not done does nothing.
+// Reset of a Once that is not done does nothing. A copy of the Reset that
+// go-redis sent again after a read timeout, arriving late, removes nothing
+// (within the replay window; see README).
 func (o *Once) Reset(ctx context.Context) error {
 	if err := o.check(); err != nil {
 		return err
 	}
-	var err error
-	if !o.c.within(ctx, func() { err = o.c.rdb.Del(ctx, o.keys[1]).Err() }) {
-		return ctx.Err()
-	}
-	return err
+	return o.c.eval(ctx, onceReset, o.kargs, newCallID()).Err()
 }
 
 // attempt runs the do script once; waited says that an earlier attempt of
@@ -227,6 +225,7 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 	if waited {
 		w = argYes
 	}
+	sent := time.Now()
 	r, err := o.c.eval(ctx, onceDo, o.kargs, tok, o.ttlArg, w).Slice()
 	if err != nil {
 		return grant{}, nil, scriptError(err)
@@ -240,6 +239,15 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 		s, ok := r[1].(string)
 		if !ok {
 			return grant{}, nil, replyError("once do", r)
+		}
+		if !waited && time.Since(sent) >= o.c.resentAfter {
+			// A first attempt that finds the Once done is remembered by
+			// nothing (so that a Do on a done Once writes nothing). This
+			// one took long enough for go-redis to have sent it again: a
+			// late first copy, after a Reset or the end of the period,
+			// would take a run that nobody renews or ends. Remember the
+			// call as over, as an abandon does.
+			o.abandon(ctx, tok)
 		}
 		if s == "" {
 			return grant{kind: final}, nil, nil

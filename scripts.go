@@ -29,6 +29,7 @@ var (
 
 	onceDo      = newScript(lua.Script("once_do"))
 	onceRelease = newScript(lua.Script("once_release"))
+	onceReset   = newScript(lua.Script("once_reset"))
 	onceRenew   = lua.Script("once_renew")
 )
 

@@ -28,6 +28,7 @@ var libs = map[string]string{
 	"mutex_unlock":      "mutex_lib",
 	"once_do":           "once_lib",
 	"once_release":      "once_lib",
+	"once_reset":        "once_lib",
 }
 
 // Source returns the source of the script called name (its file name

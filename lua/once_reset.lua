@@ -1,0 +1,19 @@
+-- once_reset: remove a Once's done mark, with its value (Reset), once per
+-- call: go-redis sends a command again after a read timeout, and a late
+-- first copy must not remove a done mark set after the Reset took effect.
+--
+-- KEYS[1], KEYS[2], KEYS[3] as in once_do.lua (run hash, done hash, call
+--         ids)
+-- ARGV[1] id of the Reset call
+-- Reply: 1 the done mark was removed now; 0 there was none, or this is a
+--        copy of a Reset already applied (nothing changed).
+
+local id = ARGV[1]
+if recall(KEYS[3], id) then
+  return 0
+end
+local n = redis.call('DEL', KEYS[2])
+-- Remembered also when there was nothing to remove: a late copy could
+-- otherwise remove the mark of a run that succeeded since.
+note(KEYS[3], id, now(), ENDED)
+return n
