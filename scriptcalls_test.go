@@ -64,7 +64,7 @@ func TestScriptCallsPerUncontendedOperation(t *testing.T) {
 			m, rw, sem := c.Mutex(name), c.RWMutex(name), c.Semaphore(name, 4)
 			ops := []countedOp{
 				{"Mutex.Lock", mutexKeys(name).Lock, 10, m.Lock},
-				{"Mutex.Unlock", mutexKeys(name).Lock, 6, m.Unlock},
+				{"Mutex.Unlock", mutexKeys(name).Lock, 5, m.Unlock},
 				{"RWMutex.Lock", rwk(name).Writer, 12, rw.Lock},
 				{"RWMutex.Unlock", rwk(name).Writer, 7, rw.Unlock},
 				{"RWMutex.RLock", rwk(name).Writer, 12, rw.RLock},

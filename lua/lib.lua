@@ -122,18 +122,38 @@ local REPLAY_ARG = '60000'
 -- kept up to PRUNE_MS past its window, still within its key's expiry.
 local PRUNE_MS, PRUNE_MARK = 5000, ':p'
 
--- Per key: when its ids are to be pruned next (ms), as recall last read
--- it; false when unknown (no marker, or foreign data there).
-local prune_at = {}
+-- Per key: when its ids are to be pruned next (ms), as this script last
+-- read or set it; false when unknown (no marker, or foreign data there).
+-- prune_mark holds the marker's score as the zset has it (a string).
+local prune_at, prune_mark = {}, {}
 
 -- The code remembered for id in the zset key, or nil.
 local function recall(key, id)
   local s = redis.call('ZMSCORE', key, id, PRUNE_MARK)
   prune_at[key] = s[2] and math.floor((tonumber(s[2]) or 0) / 4)
+  prune_mark[key] = s[2]
   if not s[1] then
     return nil
   end
   return tonumber(s[1]) % 4
+end
+
+-- Takes mark, a copy of key's prune marker score that an earlier script
+-- read or set, as this script's knowledge of when key's ids are to be
+-- pruned next, so that a script that need not recall from key need not
+-- prune it on every call either (a Mutex hold keeps the marker its Lock
+-- left, for its Unlock). A stale copy only puts a prune off until the next
+-- script that recalls from key; one that is no marker, or is due or too
+-- far off at now_ms, is not taken.
+local function cached_mark(key, mark, now_ms)
+  local due = mark and tonumber(mark)
+  if not due then
+    return
+  end
+  due = math.floor(due / 4)
+  if due > now_ms and due <= now_ms + PRUNE_MS then
+    prune_at[key], prune_mark[key] = due, mark
+  end
 end
 
 -- Prunes key's old ids when a prune is due (or not known not to be: this
@@ -147,8 +167,9 @@ local function prune_ids(key, now_ms)
     return nil
   end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('(%.0f', now_ms * 4))
-  prune_at[key] = now_ms + PRUNE_MS
-  return { digits((now_ms + PRUNE_MS) * 4), PRUNE_MARK }
+  local mark = digits((now_ms + PRUNE_MS) * 4)
+  prune_at[key], prune_mark[key] = now_ms + PRUNE_MS, mark
+  return { mark, PRUNE_MARK }
 end
 
 -- Remembers the calls in list ({id, code, id, code, ...}, codes 0 to 3)

@@ -3,7 +3,9 @@
 -- KEYS[1] lock hash: <holder token> -> reentry count, ':f' fencing token of
 --         the hold, ':c' ids of the last calls applied to the hold (so an
 --         abandoned call undoes only its own effect), ':w' set once someone
---         waits
+--         waits, ':p' the call ids' prune marker as the hold's first call
+--         left it, ':d' set once an Unlock lowered the count (see
+--         mutex_unlock.lua)
 -- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
 --         'e' when the hash expires (see lib.lua's set_fence)
 -- KEYS[3] queue zset: waiter token -> arrival time (µs)
@@ -158,12 +160,13 @@ local f, fn = next_token(redis.call('HMGET', KEYS[2], 'n', 'e'), ARGV[5])
 if not f then
   return { 3, 0 }
 end
+note(KEYS[5], id, now_ms, 1)
+-- The hold keeps the prune marker that note left, for its Unlock.
 if h then
   -- Others may still be queued behind: make the release notify them.
-  redis.call('HSET', KEYS[1], tok, '1', ':f', f, ':c', id, ':w', '1')
+  redis.call('HSET', KEYS[1], tok, '1', ':f', f, ':c', id, ':p', prune_mark[KEYS[5]], ':w', '1')
 else
-  redis.call('HSET', KEYS[1], tok, '1', ':f', f, ':c', id)
+  redis.call('HSET', KEYS[1], tok, '1', ':f', f, ':c', id, ':p', prune_mark[KEYS[5]])
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
-note(KEYS[5], id, now_ms, 1)
 return { 1, fn }

@@ -35,10 +35,26 @@ if ARGV[6] and ARGV[6] ~= '' then
   end
 end
 
--- A repeat of an unlock answers as before.
-local done = recall(KEYS[5], id)
-if done then
-  return done
+local named = ARGV[7] and ARGV[7] ~= ''
+local function read_hold()
+  return redis.call('HMGET', KEYS[1], tok, ':c', ':w', ':f', ':d', ':p')
+end
+
+-- A repeat of an unlock answers as before. An Unlock that names a hold
+-- that is there and whose count no Unlock lowered (':d' unset) is no
+-- repeat: a run of it would have ended the hold or set ':d' (holds are
+-- never given a fencing token twice). It need not look up its id, nor
+-- read the prune marker: the hold keeps the one its Lock saw.
+local cur, fresh
+if guard == '' and named then
+  cur = read_hold()
+  fresh = tonumber(cur[1]) and cur[4] == ARGV[7] and not cur[5]
+end
+if not fresh then
+  local done = recall(KEYS[5], id)
+  if done then
+    return done
+  end
 end
 
 local function head()
@@ -91,9 +107,10 @@ if guard ~= '' then
   end
 end
 
-local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':w', ':f')
+if guard ~= '' or not cur then
+  cur = read_hold()
+end
 local cnt = tonumber(cur[1])
-local named = ARGV[7] and ARGV[7] ~= ''
 if not cnt or (named and cur[4] ~= ARGV[7]) then
   if guard == '' and not named then
     -- An Unlock that names no hold is remembered, so that a late copy of
@@ -104,11 +121,18 @@ if not cnt or (named and cur[4] ~= ARGV[7]) then
   return 0
 end
 clock()
+if fresh then
+  cached_mark(KEYS[5], cur[6], now_ms)
+end
 if cnt > 1 then
   redis.call('HINCRBY', KEYS[1], tok, '-1')
   if guard ~= '' then
     redis.call('HSET', KEYS[1], ':c', calls)
   else
+    -- From now on a copy of this Unlock must be told from a new one.
+    if not cur[5] then
+      redis.call('HSET', KEYS[1], ':d', '1')
+    end
     note(KEYS[5], id, now_ms, 2)
   end
   return 2
@@ -138,8 +162,8 @@ if not f then
   redis.call('PUBLISH', ch, '')
   return 1
 end
-redis.call('HSET', KEYS[1], h, '1', ':f', f, ':c', cid, ':w', '1')
-redis.call('PEXPIRE', KEYS[1], ttl)
 note(KEYS[5], cid, now_ms, 1)
+redis.call('HSET', KEYS[1], h, '1', ':f', f, ':c', cid, ':p', prune_mark[KEYS[5]], ':w', '1')
+redis.call('PEXPIRE', KEYS[1], ttl)
 publish_handover(ch, cid, h, f, secret)
 return 1
