@@ -66,7 +66,7 @@ func TestScriptCallsPerUncontendedOperation(t *testing.T) {
 				{"Mutex.Lock", mutexKeys(name).Lock, 10, m.Lock},
 				{"Mutex.Unlock", mutexKeys(name).Lock, 5, m.Unlock},
 				{"RWMutex.Lock", rwk(name).Writer, 12, rw.Lock},
-				{"RWMutex.Unlock", rwk(name).Writer, 7, rw.Unlock},
+				{"RWMutex.Unlock", rwk(name).Writer, 6, rw.Unlock},
 				{"RWMutex.RLock", rwk(name).Writer, 12, rw.RLock},
 				{"RWMutex.RUnlock", rwk(name).Writer, 10, rw.RUnlock},
 				{"Semaphore.Acquire", semKeys(name).State, 14, func(ctx context.Context) error { return sem.Acquire(ctx, 1) }},

@@ -186,7 +186,7 @@ local function hand_over(ch, idle)
         redis.call('PUBLISH', ch, '')
         return true
       end
-      redis.call('HSET', W, h, '1', ':f', f, ':c', cid)
+      redis.call('HSET', W, h, '1', ':f', f, ':c', cid, ':p', prune_mark[X] or '')
       redis.call('PEXPIRE', W, ttl)
       noted(cid, 1)
       publish_handover(ch, cid, h, f, secret)

@@ -3,7 +3,9 @@
 --
 -- KEYS[1] writer hash: <owner token> -> reentry count, ':f' fencing token of
 --         the write hold, ':c' ids of the last calls applied to it (see
---         lib.lua: what an abandon may undo)
+--         lib.lua: what an abandon may undo), ':p' the call ids' prune
+--         marker as the call that began the hold found it, ':d' set once
+--         an Unlock lowered the count (see rwmutex_unlock.lua)
 -- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
 --         'e' when the hash expires (see lib.lua's set_fence)
 -- KEYS[3] readers zset: reader token -> lease deadline (server ms)
@@ -280,7 +282,9 @@ elseif redis.call('ZREM', WW, tok) == 1 then
   prune_writers()
   fit(WW)
 end
-redis.call('HSET', W, tok, '1', ':f', f, ':c', id)
+-- The hold keeps the call ids' prune marker as this script found it, for
+-- its Unlock ('' when there is none).
+redis.call('HSET', W, tok, '1', ':f', f, ':c', id, ':p', prune_mark[X] or '')
 redis.call('PEXPIRE', W, ARGV[3]) -- ttl as sent
 noted(id, 1)
 return out({ 1, tonumber(f) })

@@ -63,11 +63,26 @@ local function answer(code)
   return out(code)
 end
 
+-- The writer hash, for a write unlock that names its hold.
+local wcur, fresh
 if guard == '' then
-  -- A repeat of an unlock answers as before.
-  local done = recall(X, id)
-  if done then
-    return done
+  -- A repeat of an unlock answers as before. A write Unlock that names a
+  -- hold that is there and whose count no Unlock lowered (':d' unset) is
+  -- no repeat: a run of it would have ended the hold or set ':d' (write
+  -- holds are never given a fencing token twice). It need not look up its
+  -- id, and takes the prune marker from the hold (see lib.lua's
+  -- cached_mark).
+  if mode == 'w' and named then
+    wcur = redis.call('HMGET', W, tok, ':f', ':c', ':d', ':p')
+    fresh = tonumber(wcur[1]) and wcur[2] == name and not wcur[4]
+  end
+  if fresh then
+    cached_mark(X, wcur[5], now)
+  else
+    local done = recall(X, id)
+    if done then
+      return done
+    end
   end
 else
   prune()
@@ -161,7 +176,7 @@ if mode == 'r' then
   return answer(1)
 end
 
-local cur = redis.call('HMGET', W, tok, ':f', ':c')
+local cur = wcur or redis.call('HMGET', W, tok, ':f', ':c', ':d')
 local cnt = tonumber(cur[1])
 if not cnt or (named and cur[2] ~= name) then
   return answer(0)
@@ -178,6 +193,9 @@ if cnt > 1 then
   redis.call('HINCRBY', W, tok, '-1')
   if guard ~= '' then
     redis.call('HSET', W, ':c', forget(cur[3], guard))
+  elseif not cur[4] then
+    -- From now on a copy of this Unlock must be told from a new one.
+    redis.call('HSET', W, ':d', '1')
   end
   return answer(2)
 end
