@@ -272,6 +272,64 @@ func TestMutexLateLockCopyTakesNoGhostHold(t *testing.T) {
 	})
 }
 
+// A late copy of a Mutex Lock that took a fresh hold arrives after that
+// hold ended without an Unlock (its lease ran out; here its key is
+// removed): at once, after another owner's hold, or after 40 of them. It
+// takes no hold and no queue place.
+func TestMutexLateLockCopyAfterLostHoldTakesNoGhostHold(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, between := range []int{0, 1, 40} {
+			t.Run(fmt.Sprintf("holds_between=%d", between), func(t *testing.T) {
+				r := newReplayRig(t, b)
+				m := r.c.Mutex(r.name)
+				fresh := r.record(t, lua.Script("mutex_lock"), m.Lock)
+				must(t, r.rdb.Del(context.Background(), mutexKeys(r.name).Lock).Err())
+				o := r.other.Mutex(r.name)
+				for i := 0; i < between; i++ {
+					must(t, o.Lock(r.octx))
+					must(t, o.Unlock(r.octx))
+				}
+				if got := code(r.send(t, fresh)); got == 1 || got == 2 {
+					t.Errorf("late copy of a Lock whose hold was lost replied %d, want no hold", got)
+				}
+				ok, err := o.TryLock(r.octx)
+				if err != nil || !ok {
+					t.Fatalf("another owner's TryLock after the late copy = %v, %v: the copy took a hold nobody releases", ok, err)
+				}
+				must(t, o.Unlock(r.octx))
+				if n, _ := r.rdb.Exists(context.Background(), mutexKeys(r.name).Queue).Result(); n != 0 {
+					t.Errorf("queue exists after the late copy: it took a place")
+				}
+			})
+		}
+	})
+}
+
+// A late copy of the Lock that began a Mutex hold arrives while the hold
+// lasts, after 20 re-entries of the owner (more than the hold's list of
+// recent calls keeps): it changes nothing.
+func TestMutexLateLockCopyAfter20ReentriesChangesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		r := newReplayRig(t, b)
+		m := r.c.Mutex(r.name)
+		fresh := r.record(t, lua.Script("mutex_lock"), m.Lock)
+		const reentries = 20
+		for i := 0; i < reentries; i++ {
+			must(t, m.Lock(r.ctx))
+		}
+		tok := dsync.OwnerToken(r.ctx)
+		if got := code(r.send(t, fresh)); got != 2 {
+			t.Errorf("late copy of the Lock that began the hold replied %d, want 2 (held by it already)", got)
+		}
+		if n := reentryCount(t, b, r.name, tok); n != reentries+1 {
+			t.Errorf("count after the late copy = %d, want %d", n, reentries+1)
+		}
+		for i := 0; i <= reentries; i++ {
+			must(t, m.Unlock(r.ctx))
+		}
+	})
+}
+
 // A late copy of a Semaphore Acquire that completed (or of a TryAcquire that
 // was refused) arrives after the permits came back: it takes none.
 func TestSemaphoreLateAcquireCopyTakesNoGhostHold(t *testing.T) {
