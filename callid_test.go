@@ -330,6 +330,69 @@ func TestMutexLateLockCopyAfter20ReentriesChangesNothing(t *testing.T) {
 	})
 }
 
+// A late copy of an RWMutex Lock that took a fresh write hold arrives after
+// that hold ended without an Unlock (its key is removed): at once, while
+// another owner reads, or after 40 write holds of another owner. It takes
+// no hold and no waiting place (which would hold new readers back).
+func TestRWMutexLateLockCopyAfterLostHoldTakesNoGhostHold(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, between := range []string{"none", "reader", "40 writers"} {
+			t.Run(between, func(t *testing.T) {
+				r := newReplayRig(t, b)
+				rw := r.c.RWMutex(r.name)
+				fresh := r.record(t, lua.Script("rwmutex_lock"), rw.Lock)
+				ctx := context.Background()
+				must(t, r.rdb.Del(ctx, rwk(r.name).Writer).Err())
+				o := r.other.RWMutex(r.name)
+				switch between {
+				case "reader":
+					must(t, o.RLock(r.octx))
+				case "40 writers":
+					for i := 0; i < 40; i++ {
+						must(t, o.Lock(r.octx))
+						must(t, o.Unlock(r.octx))
+					}
+				}
+				if got := code(r.send(t, fresh)); got == 1 || got == 2 {
+					t.Errorf("late copy of a Lock whose hold was lost replied %d, want no hold", got)
+				}
+				if n, _ := r.rdb.Exists(ctx, rwk(r.name).WaitingWriters).Result(); n != 0 {
+					t.Errorf("waiting writers exist after the late copy: it took a place")
+				}
+				if between == "reader" {
+					must(t, o.RUnlock(r.octx))
+				}
+				if !r.otherWrites(t) {
+					t.Fatalf("another owner cannot write after the late copy: the copy took a hold nobody releases")
+				}
+			})
+		}
+	})
+}
+
+// A late copy of the Lock that began an RWMutex write hold arrives while
+// the hold lasts, after 20 re-entries: it changes nothing.
+func TestRWMutexLateLockCopyAfter20ReentriesChangesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		r := newReplayRig(t, b)
+		rw := r.c.RWMutex(r.name)
+		fresh := r.record(t, lua.Script("rwmutex_lock"), rw.Lock)
+		const reentries = 20
+		for i := 0; i < reentries; i++ {
+			must(t, rw.Lock(r.ctx))
+		}
+		if got := code(r.send(t, fresh)); got != 2 {
+			t.Errorf("late copy of the Lock that began the hold replied %d, want 2 (held by it already)", got)
+		}
+		if n := r.rwCount(t, "w"); n != reentries+1 {
+			t.Errorf("count after the late copy = %d, want %d", n, reentries+1)
+		}
+		for i := 0; i <= reentries; i++ {
+			must(t, rw.Unlock(r.ctx))
+		}
+	})
+}
+
 // A late copy of a Semaphore Acquire that completed (or of a TryAcquire that
 // was refused) arrives after the permits came back: it takes none.
 func TestSemaphoreLateAcquireCopyTakesNoGhostHold(t *testing.T) {
