@@ -181,7 +181,9 @@ type Mutex struct {
 	// hold's lease): <holder token> -> reentry count, ':f' fencing token of
 	// the hold, ':c' ids of the last calls applied to the hold (so an
 	// abandoned call undoes only its own effect), ':w' set once someone
-	// waits (the release then publishes). The holder token is the owner
+	// waits (the release then publishes), ':p' the call ids' prune marker
+	// as the hold's first call left it, ':d' set once an Unlock lowered
+	// the count (lua/mutex_unlock.lua). The holder token is the owner
 	// token, under client reentrancy qualified by the Client
 	// ("<owner token>@<client id>").
 	Lock string
@@ -228,7 +230,7 @@ type RWMutex struct {
 	// PTTL is the write lease): <holder token> (as for [Mutex.Lock]) ->
 	// reentry count, ':f' fencing token of the write hold, ':c' ids of the
 	// last calls applied to it (at most 16, space-separated, latest last;
-	// what an abandon may undo).
+	// what an abandon may undo), ':p' and ':d' as for [Mutex.Lock].
 	Writer string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
 	// 'n' last fencing token, 'e' when the hash expires (as for
