@@ -246,8 +246,9 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 			// one took long enough for go-redis to have sent it again: a
 			// late first copy, after a Reset or the end of the period,
 			// would take a run that nobody renews or ends. Remember the
-			// call as over, as an abandon does.
-			o.abandon(ctx, tok)
+			// call as over, as an abandon does (in the background once
+			// ctx ends: the call still returns in time).
+			o.c.cleanup(ctx, doneCheck{o, tok})
 		}
 		if s == "" {
 			return grant{kind: final}, nil, nil
@@ -264,6 +265,15 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 	}
 	return g, nil, err
 }
+
+// A doneCheck is a Do call that found the Once done, to be remembered as
+// over (see attempt).
+type doneCheck struct {
+	o   *Once
+	tok string
+}
+
+func (d doneCheck) abandon(ctx context.Context) { d.o.abandon(ctx, d.tok) }
 
 // abandon undoes whatever a failed call may have done on the server: a run
 // lease it was given whose reply was lost. It runs detached from ctx, which

@@ -220,7 +220,7 @@ func (r *releaseCall[A]) run() {
 	r.done <- struct{}{} // r is the caller's from here on
 }
 
-// reuse returns r's outcome and keeps r for its releaser's next call; r's
+// reuse returns r's outcome and keeps r for its settler's next call; r's
 // run is over (the caller received from done).
 func (r *releaseCall[A]) reuse() error {
 	err, rl := r.err, r.rl
