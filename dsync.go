@@ -132,7 +132,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // Clean-ups that failed calls left to the background (undoing a cancelled
 // attempt, say) are cancelled, and Close waits for them and for commands
 // whose callers gave up on them, 5 s at most for those sent to a server
-// that does not answer (go-redis ends them at its ReadTimeout, 3 s by
+// that does not answer (go-redis ends them at its ReadTimeout, 5 s by
 // default; one that outlives Close ends when go-redis gives up on it).
 func (c *Client) Close() error {
 	c.once.Do(func() {
