@@ -1587,7 +1587,10 @@ func TestAdvOnePubSubConnectionPerClient(t *testing.T) {
 		}
 		return n
 	}
-	time.Sleep(500 * time.Millisecond) // every waiter is waiting
+	// The first waiter's subscription is up; the others have had time to
+	// subscribe too (one more connection would show in the count).
+	waitFor(t, 10*time.Second, "a connection of the Client subscribed", func() bool { return subscribers() >= 1 })
+	time.Sleep(500 * time.Millisecond)
 	if n := subscribers(); n != 1 {
 		t.Errorf("%d connections of the Client subscribed with %d waiters, want 1", n, 3*names)
 	}
