@@ -305,31 +305,6 @@ func TestMutexLateLockCopyAfterLostHoldTakesNoGhostHold(t *testing.T) {
 	})
 }
 
-// A late copy of the Lock that began a Mutex hold arrives while the hold
-// lasts, after 20 re-entries of the owner (more than the hold's list of
-// recent calls keeps): it changes nothing.
-func TestMutexLateLockCopyAfter20ReentriesChangesNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		r := newReplayRig(t, b)
-		m := r.c.Mutex(r.name)
-		fresh := r.record(t, lua.Script("mutex_lock"), m.Lock)
-		const reentries = 20
-		for i := 0; i < reentries; i++ {
-			must(t, m.Lock(r.ctx))
-		}
-		tok := dsync.OwnerToken(r.ctx)
-		if got := code(r.send(t, fresh)); got != 2 {
-			t.Errorf("late copy of the Lock that began the hold replied %d, want 2 (held by it already)", got)
-		}
-		if n := reentryCount(t, b, r.name, tok); n != reentries+1 {
-			t.Errorf("count after the late copy = %d, want %d", n, reentries+1)
-		}
-		for i := 0; i <= reentries; i++ {
-			must(t, m.Unlock(r.ctx))
-		}
-	})
-}
-
 // A late copy of an RWMutex Lock that took a fresh write hold arrives after
 // that hold ended without an Unlock (its key is removed): at once, while
 // another owner reads, or after 40 write holds of another owner. It takes
@@ -370,25 +345,35 @@ func TestRWMutexLateLockCopyAfterLostHoldTakesNoGhostHold(t *testing.T) {
 	})
 }
 
-// A late copy of the Lock that began an RWMutex write hold arrives while
-// the hold lasts, after 20 re-entries: it changes nothing.
-func TestRWMutexLateLockCopyAfter20ReentriesChangesNothing(t *testing.T) {
+// A late copy of the Lock that began a Mutex hold, or an RWMutex write
+// hold, arrives while the hold lasts, after 20 re-entries of the owner
+// (more than the hold's list of recent calls keeps): it changes nothing.
+func TestLateLockCopyAfter20ReentriesChangesNothing(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		r := newReplayRig(t, b)
-		rw := r.c.RWMutex(r.name)
-		fresh := r.record(t, lua.Script("rwmutex_lock"), rw.Lock)
-		const reentries = 20
-		for i := 0; i < reentries; i++ {
-			must(t, rw.Lock(r.ctx))
-		}
-		if got := code(r.send(t, fresh)); got != 2 {
-			t.Errorf("late copy of the Lock that began the hold replied %d, want 2 (held by it already)", got)
-		}
-		if n := r.rwCount(t, "w"); n != reentries+1 {
-			t.Errorf("count after the late copy = %d, want %d", n, reentries+1)
-		}
-		for i := 0; i <= reentries; i++ {
-			must(t, rw.Unlock(r.ctx))
+		for _, kind := range []string{"Mutex", "RWMutex"} {
+			t.Run(kind, func(t *testing.T) {
+				r := newReplayRig(t, b)
+				script, h := lua.Script("mutex_lock"), locker(r.c.Mutex(r.name))
+				count := func() int { return reentryCount(t, b, r.name, dsync.OwnerToken(r.ctx)) }
+				if kind == "RWMutex" {
+					script, h = lua.Script("rwmutex_lock"), r.c.RWMutex(r.name)
+					count = func() int { return r.rwCount(t, "w") }
+				}
+				fresh := r.record(t, script, h.Lock)
+				const reentries = 20
+				for i := 0; i < reentries; i++ {
+					must(t, h.Lock(r.ctx))
+				}
+				if got := code(r.send(t, fresh)); got != 2 {
+					t.Errorf("late copy of the Lock that began the hold replied %d, want 2 (held by it already)", got)
+				}
+				if n := count(); n != reentries+1 {
+					t.Errorf("count after the late copy = %d, want %d", n, reentries+1)
+				}
+				for i := 0; i <= reentries; i++ {
+					must(t, h.Unlock(r.ctx))
+				}
+			})
 		}
 	})
 }

@@ -59,10 +59,6 @@ func TestReentryRenewalNeverShortensExpiry(t *testing.T) {
 		c2 := dsync.New(rdb2, dsync.TTL(150*time.Millisecond))
 		t.Cleanup(func() { c2.Close() })
 		rdb := b.NewClient(t)
-		type locker interface {
-			Lock(context.Context) error
-			Unlock(context.Context) error
-		}
 		for _, tc := range []struct {
 			what    string
 			first   locker

@@ -52,10 +52,6 @@ func (g *pairGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // sync.Mutex, one unlocks and the other finds nothing held, on Mutex and
 // RWMutex alike.
 func TestConcurrentHandleUnlocksOneSucceeds(t *testing.T) {
-	type locker interface {
-		Lock(context.Context) error
-		Unlock(context.Context) error
-	}
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		for _, kind := range []string{"Mutex", "RWMutex"} {
 			t.Run(kind, func(t *testing.T) {
