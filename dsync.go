@@ -44,7 +44,9 @@ type Client struct {
 	rdb    redis.UniversalClient
 	renew  *renew.Renewer
 	notify *notifier
-	once   sync.Once
+	// cohorts of the Mutex Lock calls waiting in this process (cohort.go)
+	cohorts cohorts
+	once    sync.Once
 
 	// Clean-up that outlives the call that needed it (see cleanup), and
 	// commands whose caller's ctx ended first (see within).

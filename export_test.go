@@ -138,3 +138,26 @@ func Queued(c *Client) int {
 // SetResentAfter sets how long a script call of c must take before c
 // counts on go-redis having sent it again (see Client.resentAfter).
 func SetResentAfter(c *Client, d time.Duration) { c.resentAfter = d }
+
+// CohortWaiting returns how many Lock calls of c wait in the process for
+// the Mutex whose lock hash is key, behind a member of c's cohort of it
+// (see cohort.go).
+func CohortWaiting(c *Client, key string) int {
+	c.cohorts.mu.Lock()
+	defer c.cohorts.mu.Unlock()
+	if co := c.cohorts.m[key]; co != nil {
+		return len(co.waiters)
+	}
+	return 0
+}
+
+// CohortMembers returns how many calls of c are members of its cohort of
+// the Mutex whose lock hash is key: they hold it, or try in Redis.
+func CohortMembers(c *Client, key string) int {
+	c.cohorts.mu.Lock()
+	defer c.cohorts.mu.Unlock()
+	if co := c.cohorts.m[key]; co != nil {
+		return co.members
+	}
+	return 0
+}

@@ -103,6 +103,9 @@ type hold struct {
 	// (see base.unlocking).
 	unlocking int
 	replaced  bool
+	// cohort: the hold was taken by a member of its Client's cohort of the
+	// name (see cohort.go), whose membership its release ends.
+	cohort bool
 }
 
 func (h *hold) leaseView() *Lease {

@@ -28,7 +28,11 @@ import (
 // a place in a queue kept in Redis; newcomers, including the goroutine that
 // just unlocked, then queue behind it, and an unlock hands the lock straight
 // to the first in line, which owns it without another round trip. TryLock
-// never queues.
+// never queues. Lock calls without an owner that wait while another call of
+// the same Client holds the name (or tries for it) wait in the process, in
+// arrival order, and the release passes the lock to the first of them in
+// its own round trip (with a new fencing token); while other processes are
+// queued, at most 8 times in a row before the first of those gets it.
 type Mutex struct {
 	handle           // the Client's or Quorum's base, configuration, bad input
 	impl   mutexImpl // takes and releases the holds
@@ -81,7 +85,11 @@ func flagArg(b bool) any {
 // every call on the handle fail with [ErrInvalid].
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m, k := newMutex(c.shared(), name, opts)
-	m.impl = newMutexScripts(c, &m.cfg, k, name)
+	s := newMutexScripts(c, &m.cfg, k, name)
+	if m.cfg.replicas == 0 {
+		s.co = &c.cohorts
+	}
+	m.impl = s
 	return m
 }
 

@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"strconv"
+	"time"
 
 	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
@@ -22,6 +23,11 @@ type mutexScripts struct {
 	chanArg  any
 	localArg any    // '1' with client reentrancy
 	what     string // how errors name the Mutex
+
+	// The Client's cohorts (see cohort.go), through which the handle's
+	// Lock calls without an owner wait; nil in quorum mode and with
+	// WaitReplicas, whose grants need more than a release's reply.
+	co *cohorts
 }
 
 func newMutexScripts(c *Client, cfg *config, k keys.Mutex, name string) *mutexScripts {
@@ -35,11 +41,37 @@ func newMutexScripts(c *Client, cfg *config, k keys.Mutex, name string) *mutexSc
 	return s
 }
 
-// lock takes the hold through the engine (see mutexImpl).
+// lock takes the hold through the engine (see mutexImpl). A Lock call
+// without an owner goes through the Client's cohort of the name (see
+// cohort.go): it may wait in the process for a release to pass it the
+// lock.
 func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool) (bool, error) {
 	mc := &mutexCall{s: s, tok: c.tok}
 	mc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl}
+	var cw *cohortWaiter // the call's place in its cohort, nil outside one
+	if wait && !c.owned && s.co != nil {
+		cw = &cohortWaiter{key: s.keys[0], tok: mc.tok, id: mc.to.id, ttl: s.ttlArg}
+		if s.co.join(cw) {
+			msg, got, err := s.co.wait(ctx, cw, s.cfg.ttl, s.c.closed)
+			if err != nil {
+				if got {
+					if msg.passed {
+						s.c.cleanup(ctx, mc)
+					}
+					s.co.leave(cw.key)
+				}
+				return false, err
+			}
+			if msg.passed {
+				return s.held(m, c, mc, msg.g, cw.passSent, true)
+			}
+		}
+	}
 	g, start, err := s.c.take(ctx, &mc.acquisition, mc, wait)
+	if cw != nil && !cw.passSent.IsZero() && cw.passSent.Before(start) {
+		// A pass whose outcome is unknown may have given the hold.
+		start = cw.passSent
+	}
 	if err == nil && g.kind == handed && s.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the hand-over reached replicas.
 		if err = s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], mc.tok, s.ttlArg, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg()); err != nil {
@@ -50,15 +82,28 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 		err = g.err
 	}
 	if err != nil || (g.kind != taken && g.kind != handed) {
+		if cw != nil {
+			s.co.leave(cw.key)
+		}
 		return false, err
 	}
+	return s.held(m, c, mc, g, start, cw != nil)
+}
+
+// held records the hold that grant g gave call mc of m, whose lease starts
+// at start; member says the call is a member of its cohort, which its
+// hold's release ends.
+func (s *mutexScripts) held(m *Mutex, c lockCall, mc *mutexCall, g grant, start time.Time, member bool) (bool, error) {
 	if _, err := m.held(c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: mc.tok, fence: g.fence, fenceArg: g.fenceArg}
-		return s.c.startHold(s.cfg, s.renewSpec(mc.tok, id.arg()), id, start)
+		h := s.c.startHold(s.cfg, s.renewSpec(mc.tok, id.arg()), id, start)
+		h.cohort = member
+		return h
 	}); err != nil {
 		// errRegrant: the hold may be one a release in this process is
 		// ending. Undo the call; the caller takes the hold again.
-		s.c.cleanup(ctx, mc)
+		// (Owners only: their calls are no cohort members.)
+		s.c.cleanup(context.Background(), mc)
 		return false, err
 	}
 	return true, nil
@@ -118,9 +163,50 @@ func (s *mutexScripts) abandon(ctx context.Context, tok any, id string) {
 	_ = s.c.eval(ctx, mutexUnlock, s.kargs, tok, newCallID(), s.chanArg, fenceIdleArg, id, argNone, argNone, s.localArg).Err()
 }
 
-// unlock runs the unlock script, naming the hold h ends.
+// unlock runs the unlock script, naming the hold h ends. The release of a
+// cohort member's hold passes the lock to the first call of the cohort
+// waiting in the process, if there is one (see cohort.go).
 func (s *mutexScripts) unlock(ctx context.Context, tok, id string, h *hold) (int64, error) {
-	return s.unlockFloor(ctx, h.tokArg(tok), id, argNone, h.fenceArg())
+	if h == nil || !h.cohort {
+		return s.unlockFloor(ctx, h.tokArg(tok), id, argNone, h.fenceArg())
+	}
+	w := s.co.claim(s.keys[0])
+	if w == nil {
+		r, err := s.unlockFloor(ctx, h.tokArg(tok), id, argNone, h.fenceArg())
+		if err == nil && r != 2 {
+			s.co.leave(s.keys[0])
+		}
+		return r, err
+	}
+	w.passSent = time.Now()
+	rep, err := s.c.eval(ctx, mutexUnlock, s.kargs, h.tokArg(tok), id, s.chanArg, fenceIdleArg, argNone, argNone, h.fenceArg(), s.localArg,
+		w.tok, w.id, w.ttl, cohortPassesArg).Result()
+	if err != nil {
+		// The outcome is unknown: the waiter asks Redis itself, under the
+		// id the pass named, and the releaser stays a member.
+		s.co.enlist(w)
+		return 0, err
+	}
+	if r, ok := rep.(int64); ok {
+		// Released without a pass (or not at all): the waiter tries in
+		// Redis in the releaser's place.
+		if r == 2 {
+			s.co.enlist(w)
+		} else {
+			s.co.deliver(w, cohortMsg{})
+		}
+		return r, nil
+	}
+	g, ok := passGrant(rep)
+	if !ok {
+		s.co.enlist(w)
+		return 0, replyError("mutex unlock", rep)
+	}
+	if !s.co.deliver(w, cohortMsg{passed: true, g: g}) {
+		// The waiter gave up: undo the pass.
+		s.c.cleanup(ctx, &mutexCall{s: s, tok: w.tok, acquisition: acquisition{to: addressee{id: w.id}}})
+	}
+	return 1, nil
 }
 
 // unlockFloor runs the unlock script for holder tok with call id; floor,
@@ -133,4 +219,30 @@ func (s *mutexScripts) unlockFloor(ctx context.Context, tok any, id string, floo
 // renewSpec describes the renewal of tok's hold with fencing token fence.
 func (s *mutexScripts) renewSpec(tok, fence any) renew.Spec {
 	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, s.ttlArg, fence}}
+}
+
+// passGrant decodes the reply {4, fencing token} of a release that passed
+// the lock (see mutexScripts.unlock) into the grant of the call it went to.
+func passGrant(rep any) (grant, bool) {
+	r, ok := rep.([]any)
+	if !ok || len(r) != 2 {
+		return grant{}, false
+	}
+	code, err := replyInt(r[0])
+	if err != nil || code != 4 {
+		return grant{}, false
+	}
+	v, err := replyInt(r[1])
+	if err != nil {
+		return grant{}, false
+	}
+	f, err := checkFence(v)
+	if err != nil {
+		return grant{}, false
+	}
+	g := grant{kind: handed, fence: f, fenceArg: r[1]}
+	if _, ok := r[1].(int64); !ok {
+		g.fenceArg = int64(f)
+	}
+	return g, true
 }

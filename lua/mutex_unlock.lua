@@ -22,8 +22,17 @@
 --         reentrancy): an abandon (ARGV[5]) leaves the hold alone while
 --         other calls that took or re-entered it are remembered in ':c',
 --         since the process counts them and releases the hold itself
+-- ARGV[9..12] (a pass, optional) the holder token, Lock call id and lease
+--         TTL (ms) of a call of the same Client waiting for the name in the
+--         process (see cohort.go), and the most passes in a row while
+--         others are queued in Redis: a full release gives the lock
+--         straight to that call, a fresh hold with a new fencing token,
+--         unless its id is remembered (abandoned), or others are queued
+--         (':w') and the hold is the end of that many passes in a row
+--         (':k'). Then the release goes on as without a pass.
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
---        went down), 0 the owner does not hold it.
+--        went down), 0 the owner does not hold it, {4, fencing token}
+--        released and passed (ARGV[9..12]) with that token.
 
 local tok, id, ch, idle, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
@@ -37,7 +46,7 @@ end
 
 local named = ARGV[7] and ARGV[7] ~= ''
 local function read_hold()
-  return redis.call('HMGET', KEYS[1], tok, ':c', ':w', ':f', ':d', ':p')
+  return redis.call('HMGET', KEYS[1], tok, ':c', ':w', ':f', ':d', ':p', ':k')
 end
 
 -- A repeat of an unlock answers as before. An Unlock that names a hold
@@ -138,10 +147,29 @@ if cnt > 1 then
   return 2
 end
 
+redis.call('DEL', KEYS[1])
+local ptok, pid = ARGV[9], ARGV[10]
+if guard == '' and ptok and ptok ~= '' then
+  -- A pass: the next hold is the waiting call's, with its own TTL and id,
+  -- as a hand-over's is (':w' kept for those queued in Redis).
+  local k = tonumber(cur[7]) or 0
+  if (not cur[3] or k < tonumber(ARGV[12])) and not recall(KEYS[5], pid) then
+    local f, fn = next_token(redis.call('HMGET', KEYS[2], 'n', 'e'), idle)
+    if f then
+      note_all(KEYS[5], { id, 1, pid, 1 }, now_ms)
+      if cur[3] then
+        redis.call('HSET', KEYS[1], ptok, '1', ':f', f, ':c', pid, ':p', prune_mark[KEYS[5]], ':k', digits(k + 1), ':w', '1')
+      else
+        redis.call('HSET', KEYS[1], ptok, '1', ':f', f, ':c', pid, ':p', prune_mark[KEYS[5]], ':k', digits(k + 1))
+      end
+      redis.call('PEXPIRE', KEYS[1], ARGV[11])
+      return { 4, fn }
+    end
+  end
+end
 if guard == '' then
   note(KEYS[5], id, now_ms, 1)
 end
-redis.call('DEL', KEYS[1])
 -- No one waits (':w' unset): the queue has no live place, since every
 -- call that queues finds the lock held by another and sets ':w', or finds
 -- it free behind a live head, whose hold then begins with ':w' set.

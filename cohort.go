@@ -1,0 +1,241 @@
+package dsync
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Cohorts. When several calls of one Client wait for the same name, the
+// Client need not queue each of them in Redis and wake each through a
+// notification: one of them (a member) takes its turn in the Redis queue
+// as any waiter does, the others wait in the process behind it, and the
+// release of a member's hold passes the lock straight to the first of
+// them, in the release's own script (lua/mutex_unlock.lua, ARGV[9..12]).
+// The pass is a grant like any other: a new hold of the waiting call, with
+// a fencing token larger than every earlier one, written by the script
+// that ends the releaser's hold; the call learns of it from the release's
+// reply, without an attempt of its own, a notification or a wake-up
+// through the pub/sub connection. This is lock cohorting (Dice, Marathe and
+// Shavit, PPoPP 2012).
+//
+// Passes are bounded: while others are queued in Redis, the script passes
+// at most cohortPasses times in a row and then hands the lock to the head
+// of the Redis queue, so a waiter of another process waits for that many
+// holds at most before its turn. The calls waiting in the process are
+// served in arrival order.
+//
+// Nothing here decides who holds a lock: Redis does. A pass whose reply is
+// lost leaves the waiting call to ask Redis itself, with its own attempt
+// under the id the pass named; a waiting call that gives up after a pass
+// was sent to it has that id abandoned, as any call that gives up. The
+// bookkeeping below only decides who tries next; an error in it can delay
+// a call (a waiter goes to Redis itself after cohortWaitMax of its TTL),
+// never let two calls hold.
+
+// cohortPasses is how many times in a row a release passes the lock to a
+// call waiting in the same process while others are queued in Redis.
+const cohortPasses = 8
+
+var cohortPassesArg any = strconv.Itoa(cohortPasses)
+
+// cohorts are the cohorts of one Client, by lock key.
+type cohorts struct {
+	mu sync.Mutex
+	m  map[string]*cohort
+}
+
+// A cohort is the calls of one Client for one name that go through it:
+// members, which hold the name or try to take it in Redis, and the calls
+// that wait in the process for a member to pass the lock on.
+type cohort struct {
+	members int
+	waiters []*cohortWaiter // in arrival order
+}
+
+// A cohortWaiter is one call waiting in its process (see cohorts.join).
+type cohortWaiter struct {
+	key string
+	tok any    // the call's holder token, boxed
+	id  string // the call's id: a pass names it
+	ttl any    // the call's lease TTL (ms), boxed
+	msg chan cohortMsg
+	// Guarded by cohorts.mu: claimed once a release took it to pass the
+	// lock to; gone once its caller gave up after that.
+	claimed, gone bool
+	// passSent is the send time of the release that tried to pass the lock
+	// to this call, zero if none did: a hold that pass may have given it is
+	// measured from then.
+	passSent time.Time
+}
+
+// A cohortMsg tells a waiter how its wait in the process ended: with a
+// pass (g, a hold of its own), or with its turn to try in Redis.
+type cohortMsg struct {
+	passed bool
+	g      grant
+}
+
+// join makes w's call a member of its key's cohort if the cohort has none,
+// and reports false: the call goes to Redis. Otherwise w waits in the
+// process (see wait), and join reports true.
+func (cs *cohorts) join(w *cohortWaiter) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.m == nil {
+		cs.m = make(map[string]*cohort)
+	}
+	co := cs.m[w.key]
+	if co == nil {
+		co = &cohort{}
+		cs.m[w.key] = co
+	}
+	if co.members == 0 {
+		co.members = 1
+		return false
+	}
+	w.msg = make(chan cohortMsg, 1)
+	co.waiters = append(co.waiters, w)
+	return true
+}
+
+// cohortWaitMax is the longest a call waits in the process, as a share of
+// its lease TTL, before it goes to Redis itself: members may hold the name
+// longer than that (a long critical section, a holder that lost its lease
+// and has not unlocked yet), and Redis, not the process, knows when the
+// name is free.
+const cohortWaitMax = 2
+
+// wait waits for w's turn, which join said it must, until ctx ends or the
+// Client closes. It returns the message that ended the wait: w's call is a
+// member of the cohort from then on (with a pass, the holder). A wait that
+// lasts ttl/cohortWaitMax ends as if with a turn. On an error the call is a
+// member, and has to leave as one, only if got is true (a message came
+// first); with a pass, it also holds what the pass gave it.
+func (cs *cohorts) wait(ctx context.Context, w *cohortWaiter, ttl time.Duration, closed <-chan struct{}) (m cohortMsg, got bool, err error) {
+	t := getTimer(max(ttl/cohortWaitMax, minRetry))
+	defer putTimer(t)
+	timeout := t.C
+	for {
+		select {
+		case m := <-w.msg:
+			return m, true, nil
+		case <-timeout:
+			cs.mu.Lock()
+			if !w.claimed {
+				cs.remove(w)
+				if co := cs.m[w.key]; co != nil {
+					co.members++
+				}
+				cs.mu.Unlock()
+				return cohortMsg{}, true, nil
+			}
+			cs.mu.Unlock()
+			// A release is passing the lock to w, or has: its message
+			// comes soon.
+			timeout = nil
+			continue
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-closed:
+			err = ErrClosed
+		}
+		cs.mu.Lock()
+		defer cs.mu.Unlock()
+		select {
+		case m := <-w.msg:
+			return m, true, err
+		default:
+		}
+		if w.claimed {
+			w.gone = true // the release that claimed w undoes what it gave
+		} else {
+			cs.remove(w)
+		}
+		return cohortMsg{}, false, err
+	}
+}
+
+// remove takes w out of its cohort's waiters; cs.mu is held.
+func (cs *cohorts) remove(w *cohortWaiter) {
+	co := cs.m[w.key]
+	for i, x := range co.waiters {
+		if x == w {
+			co.waiters = append(co.waiters[:i], co.waiters[i+1:]...)
+			return
+		}
+	}
+}
+
+// claim takes the first call waiting for key in the process, for a
+// release to pass the lock to; nil if there is none.
+func (cs *cohorts) claim(key string) *cohortWaiter {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	co := cs.m[key]
+	if co == nil || len(co.waiters) == 0 {
+		return nil
+	}
+	w := co.waiters[0]
+	co.waiters[0] = nil
+	co.waiters = co.waiters[1:]
+	w.claimed = true
+	return w
+}
+
+// deliver ends the wait of w, claimed, with m, which makes w's call a
+// member in place of the releaser. It reports false if w's caller gave up:
+// then the releaser's membership ends (see leave) and, if m is a pass, the
+// releaser has to undo it.
+func (cs *cohorts) deliver(w *cohortWaiter, m cohortMsg) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if w.gone {
+		cs.leaveLocked(w.key)
+		return false
+	}
+	w.msg <- m
+	return true
+}
+
+// enlist ends the wait of w, claimed, with its turn to try in Redis, as
+// one more member: the releaser's hold may still be there (its release's
+// outcome is unknown) and its membership goes on.
+func (cs *cohorts) enlist(w *cohortWaiter) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if w.gone {
+		return
+	}
+	if co := cs.m[w.key]; co != nil {
+		co.members++
+	}
+	w.msg <- cohortMsg{}
+}
+
+// leave ends the membership of a call of key's cohort (its hold released,
+// or its attempts given up): the first waiter, if any, takes its turn.
+func (cs *cohorts) leave(key string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.leaveLocked(key)
+}
+
+func (cs *cohorts) leaveLocked(key string) {
+	co := cs.m[key]
+	if co == nil {
+		return
+	}
+	if len(co.waiters) > 0 {
+		w := co.waiters[0]
+		co.waiters[0] = nil
+		co.waiters = co.waiters[1:]
+		w.claimed = true
+		w.msg <- cohortMsg{}
+		return
+	}
+	if co.members--; co.members == 0 {
+		delete(cs.m, key)
+	}
+}
