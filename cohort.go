@@ -100,8 +100,8 @@ func (cs *cohorts) join(w *cohortWaiter) bool {
 	return true
 }
 
-// cohortWaitMax is the longest a call waits in the process, as a share of
-// its lease TTL, before it goes to Redis itself: members may hold the name
+// A call waits in the process for its lease TTL / cohortWaitMax at most
+// before it goes to Redis itself: members may hold the name
 // longer than that (a long critical section, a holder that lost its lease
 // and has not unlocked yet), and Redis, not the process, knows when the
 // name is free.

@@ -45,6 +45,21 @@ type netem struct {
 	idx   int        // the process; -1: the test's own client
 	trace *nemTrace  // commands and replies, for the reports; nil: none
 	ids   *sync.Map  // the words (call ids, tokens) its scripts carried; nil: not kept
+	// passed is called for each release that passed the lock to a call
+	// waiting in the process (cohort.go); nil: not counted.
+	passed func()
+}
+
+// countPass calls n.passed if cmd, answered, is a release that passed the
+// lock: a Mutex unlock with the pass arguments, replied {4, token}.
+func (n *netem) countPass(cmd redis.Cmder) {
+	c, ok := cmd.(*redis.Cmd)
+	if n.passed == nil || !ok || !isScript(cmd) || len(cmd.Args()) != 20 {
+		return
+	}
+	if r, ok := c.Val().([]any); ok && len(r) == 2 && r[0] == int64(4) {
+		n.passed()
+	}
 }
 
 var _ redis.Hook = (*netem)(nil)
@@ -150,6 +165,7 @@ func (n *netem) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		sent := time.Now()
 		err := next(ctx, cmd)
 		n.trace.add(n.idx, called, sent, cmd)
+		n.countPass(cmd)
 		return err
 	}
 }
@@ -180,6 +196,7 @@ func (n *netem) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 		err := next(ctx, cmds)
 		for _, c := range cmds {
 			n.trace.add(n.idx, called, sent, c)
+			n.countPass(c)
 		}
 		return err
 	}

@@ -270,6 +270,21 @@ var nemClasses = []*nemClass{
 			"late duplicates of releases of an owner holding again": {n: 1, perSec: 0.2},
 			"probes": {n: 1},
 		}},
+	// Lock calls without an owner, each through a handle of its own, many
+	// per Client on one name: they wait in the process and releases pass
+	// them the lock (cohort.go), under deletions, late duplicates, stalls,
+	// outages and delayed notifications.
+	{name: "cohort", on: map[string]time.Duration{"redis": 3 * time.Second, "cluster": 3 * time.Second},
+		clients: 2, workers: 10, modes: []bool{false}, kinds: []nemKind{kMutex}, names: 1, owners: 1, shared: 1,
+		pOwner: 0.1, pShared: 0.05, pTry: 0.05, pReenter: 0.2,
+		ttl: secs(1.5, 4), hold: secs(0.002, 0.03), longHold: secs(0.3, 0.8), pLongHold: 0.05, deadline: secs(0.2, 2),
+		del: 700 * time.Millisecond, dup: 60 * time.Millisecond, dupAge: secs(0.3, 5),
+		stall: 1500 * time.Millisecond, stallLen: secs(0.2, 0.8), down: 2 * time.Second, downLen: secs(0.1, 0.4),
+		psDelay: secs(0.2, 1.2),
+		need: map[string]nemNeed{
+			"releases that passed the lock in the process": {n: 10, perSec: 5},
+			"holds live until their release":               {n: 10},
+		}},
 	// One owner's ctx used by several goroutines at once, in both modes.
 	{name: "shared-owner", on: map[string]time.Duration{"miniredis": 1500 * time.Millisecond, "redis": 2 * time.Second},
 		clients: 4, workers: 14, modes: []bool{false, true}, kinds: []nemKind{kMutex, kMutex, kMutex, kMutex, kRW, kSem}, names: 1, owners: 1, shared: 0, ownerUse: ownerShared,
@@ -829,7 +844,7 @@ func (w *nemWorld) newRedis(n *netem) redis.UniversalClient {
 }
 
 func (w *nemWorld) newProc(i, g int, local, record bool) *nemProc {
-	n := &netem{idx: i, trace: w.trace}
+	n := &netem{idx: i, trace: w.trace, passed: func() { w.count("releases that passed the lock in the process") }}
 	if record {
 		n.rec = newScriptLog(4096)
 	}
