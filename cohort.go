@@ -77,27 +77,32 @@ type cohortMsg struct {
 	g      grant
 }
 
-// join makes w's call a member of its key's cohort if the cohort has none,
-// and reports false: the call goes to Redis. Otherwise w waits in the
-// process (see wait), and join reports true.
-func (cs *cohorts) join(w *cohortWaiter) bool {
+// cohortPool recycles the cohorts of names that no call of a Client waits
+// for or holds any more: an uncontended Lock makes one and drops it.
+var cohortPool = sync.Pool{New: func() any { return new(cohort) }}
+
+// join makes a Lock call (holder token tok, id, lease TTL ttl) a member of
+// key's cohort if the cohort has none, and returns nil: the call goes to
+// Redis. Otherwise it returns the call's place among the cohort's waiters,
+// where it waits in the process (see wait).
+func (cs *cohorts) join(key string, tok any, id string, ttl any) *cohortWaiter {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if cs.m == nil {
 		cs.m = make(map[string]*cohort)
 	}
-	co := cs.m[w.key]
+	co := cs.m[key]
 	if co == nil {
-		co = &cohort{}
-		cs.m[w.key] = co
+		co = cohortPool.Get().(*cohort)
+		cs.m[key] = co
 	}
 	if co.members == 0 {
 		co.members = 1
-		return false
+		return nil
 	}
-	w.msg = make(chan cohortMsg, 1)
+	w := &cohortWaiter{key: key, tok: tok, id: id, ttl: ttl, msg: make(chan cohortMsg, 1)}
 	co.waiters = append(co.waiters, w)
-	return true
+	return w
 }
 
 // A call waits in the process for its lease TTL / cohortWaitMax at most
@@ -237,5 +242,8 @@ func (cs *cohorts) leaveLocked(key string) {
 	}
 	if co.members--; co.members == 0 {
 		delete(cs.m, key)
+		clear(co.waiters[:cap(co.waiters)])
+		co.waiters = co.waiters[:0]
+		cohortPool.Put(co)
 	}
 }

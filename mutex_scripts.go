@@ -48,10 +48,12 @@ func newMutexScripts(c *Client, cfg *config, k keys.Mutex, name string) *mutexSc
 func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool) (bool, error) {
 	mc := &mutexCall{s: s, tok: c.tok}
 	mc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl}
-	var cw *cohortWaiter // the call's place in its cohort, nil outside one
+	// member: the call is a member of its cohort (see cohort.go); cw: its
+	// place among the cohort's waiters, if it had to wait in the process.
+	member, cw := false, (*cohortWaiter)(nil)
 	if wait && !c.owned && s.co != nil {
-		cw = &cohortWaiter{key: s.keys[0], tok: mc.tok, id: mc.to.id, ttl: s.ttlArg}
-		if s.co.join(cw) {
+		member = true
+		if cw = s.co.join(s.keys[0], mc.tok, mc.to.id, s.ttlArg); cw != nil {
 			msg, got, err := s.co.wait(ctx, cw, s.cfg.ttl, s.c.closed)
 			if err != nil {
 				if got {
@@ -82,12 +84,12 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 		err = g.err
 	}
 	if err != nil || (g.kind != taken && g.kind != handed) {
-		if cw != nil {
-			s.co.leave(cw.key)
+		if member {
+			s.co.leave(s.keys[0])
 		}
 		return false, err
 	}
-	return s.held(m, c, mc, g, start, cw != nil)
+	return s.held(m, c, mc, g, start, member)
 }
 
 // held records the hold that grant g gave call mc of m, whose lease starts
