@@ -56,13 +56,15 @@ func lockAsync(ctx context.Context, m *dsync.Mutex) <-chan error {
 
 func TestCohortReleasePassesTheLock(t *testing.T) {
 	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		c, rdb, rec := recorded(t, b)
+		rec := &redistest.Recorder{}
+		c, rdb := hookedClient(t, b, rec, dsync.FixedLease())
 		a, w := c.Mutex(name), c.Mutex(name)
 		la := lockLease(t, ctx, a)
 		got := lockAsync(ctx, w)
 		waitingInProcess(t, c, name, 1)
 		rec.Reset()
 		must(t, a.Unlock(ctx))
+		unlocked := time.Now()
 		recvNil(t, got, 10*time.Second, "the waiting Lock")
 		// The release's reply gave the hold: the waiter sent no attempt.
 		src, err := dsync.ScriptSource("mutex_lock")
@@ -86,6 +88,11 @@ func TestCohortReleasePassesTheLock(t *testing.T) {
 		}
 		if f := fenceInRedis(t, rdb, name); f != strconv.FormatUint(lw.Token(), 10) {
 			t.Fatalf("Redis holds the hold with token %q, the waiter believes %d", f, lw.Token())
+		}
+		// Redis started the hold's TTL before the release's reply came
+		// back: the lease must not outlast that.
+		if d := dsync.LeaseDeadline(lw); d.After(unlocked.Add(30 * time.Second)) {
+			t.Fatalf("passed hold's lease ends %v after the release returned, later than its TTL (30s)", d.Sub(unlocked))
 		}
 		// Another Client finds it held, then free once the waiter unlocks.
 		other := newClient(t, b).Mutex(name)
@@ -198,7 +205,7 @@ func TestCohortPassReplyLost(t *testing.T) {
 	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		f := &redistest.Faults{}
 		f.Match(passCmd)
-		c, rdb := hookedClient(t, b, f)
+		c, rdb := hookedClient(t, b, f, dsync.FixedLease())
 		a, w := c.Mutex(name), c.Mutex(name)
 		// The scripts loaded, so that the fault hits the pass itself, not
 		// a NOSCRIPT reply before it.
@@ -211,9 +218,15 @@ func TestCohortPassReplyLost(t *testing.T) {
 		if err := a.Unlock(ctx); err == nil {
 			t.Fatal("Unlock whose reply was lost returned nil")
 		}
+		unlocked := time.Now()
 		recvNil(t, got, 10*time.Second, "the waiting Lock after a lost pass reply")
 		lw, err := w.Lease(ctx)
 		must(t, err)
+		// The hold began before the release returned: the waiter's lease,
+		// learned from its own attempt, must not outlast its TTL from then.
+		if d := dsync.LeaseDeadline(lw); d.After(unlocked.Add(30 * time.Second)) {
+			t.Fatalf("hold of a lost pass: lease ends %v after the release returned, later than its TTL (30s)", d.Sub(unlocked))
+		}
 		if f := fenceInRedis(t, rdb, name); f != strconv.FormatUint(lw.Token(), 10) {
 			t.Fatalf("Redis holds token %q, the waiter believes %d", f, lw.Token())
 		}
