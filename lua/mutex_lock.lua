@@ -4,7 +4,8 @@
 --         the hold, ':c' ids of the last calls applied to the hold (so an
 --         abandoned call undoes only its own effect), ':w' set once someone
 --         waits, ':p' the call ids' prune marker as the hold's first call
---         left it, ':d' set once an Unlock lowered the count (see
+--         left it, ':d' set once an Unlock lowered the count, ':k' the
+--         number of passes in a row that gave the hold (see
 --         mutex_unlock.lua)
 -- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
 --         'e' when the hash expires (see lib.lua's set_fence)

@@ -183,7 +183,9 @@ type Mutex struct {
 	// abandoned call undoes only its own effect), ':w' set once someone
 	// waits (the release then publishes), ':p' the call ids' prune marker
 	// as the hold's first call left it, ':d' set once an Unlock lowered
-	// the count (lua/mutex_unlock.lua). The holder token is the owner
+	// the count (lua/mutex_unlock.lua), ':k' how many releases in a row
+	// passed the lock to a call waiting in the releaser's process (set on
+	// a hold so given; dsync's cohort.go). The holder token is the owner
 	// token, under client reentrancy qualified by the Client
 	// ("<owner token>@<client id>").
 	Lock string
