@@ -204,21 +204,6 @@ func (cs *cohorts) deliver(w *cohortWaiter, m cohortMsg) bool {
 	return true
 }
 
-// enlist ends the wait of w, claimed, with its turn to try in Redis, as
-// one more member: the releaser's hold may still be there (its release's
-// outcome is unknown) and its membership goes on.
-func (cs *cohorts) enlist(w *cohortWaiter) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if w.gone {
-		return
-	}
-	if co := cs.m[w.key]; co != nil {
-		co.members++
-	}
-	w.msg <- cohortMsg{}
-}
-
 // leave ends the membership of a call of key's cohort (its hold released,
 // or its attempts given up): the first waiter, if any, takes its turn.
 func (cs *cohorts) leave(key string) {

@@ -376,3 +376,32 @@ func TestCohortExclusionAndTokens(t *testing.T) {
 		}
 	})
 }
+
+// A release that fails (and is not tried again) still ends its call's
+// membership: the Client's later Lock calls on the name do not wait in the
+// process for a release that will not come, but ask Redis at once.
+func TestCohortFailedReleaseEndsTheMembership(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		sha := lua.Script("mutex_unlock").Hash()
+		f := &redistest.Faults{}
+		f.Match(func(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" && cmd.Args()[1] == sha })
+		c, rdb := hookedClient(t, b, f)
+		a := c.Mutex(name)
+		must(t, a.Lock(ctx))
+		f.FailNext(1, nil)
+		if err := a.Unlock(ctx); err == nil {
+			t.Fatal("Unlock that could not be sent returned nil")
+		}
+		if n := dsync.CohortMembers(c, mutexKeys(name).Lock); n != 0 {
+			t.Fatalf("%d cohort members after the only member's release failed, want 0", n)
+		}
+		must(t, rdb.Del(ctx, mutexKeys(name).Lock).Err()) // the hold expired
+		// With the default TTL (30 s), a call that waited in the process
+		// would ask Redis only after 15 s.
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		w := c.Mutex(name)
+		must(t, w.Lock(lctx))
+		must(t, w.Unlock(ctx))
+	})
+}

@@ -104,8 +104,9 @@ type hold struct {
 	unlocking int
 	replaced  bool
 	// cohort: the hold was taken by a member of its Client's cohort of the
-	// name (see cohort.go), whose membership its release ends.
-	cohort bool
+	// name (see cohort.go), whose membership its first release ends (and
+	// clears cohort).
+	cohort atomic.Bool
 }
 
 func (h *hold) leaseView() *Lease {

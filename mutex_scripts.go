@@ -65,7 +65,7 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 				return false, err
 			}
 			if msg.passed {
-				return s.held(m, c, mc, msg.g, cw.passSent, true)
+				return s.held(ctx, m, c, mc, msg.g, cw.passSent, true)
 			}
 		}
 	}
@@ -89,23 +89,23 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 		}
 		return false, err
 	}
-	return s.held(m, c, mc, g, start, member)
+	return s.held(ctx, m, c, mc, g, start, member)
 }
 
 // held records the hold that grant g gave call mc of m, whose lease starts
 // at start; member says the call is a member of its cohort, which its
 // hold's release ends.
-func (s *mutexScripts) held(m *Mutex, c lockCall, mc *mutexCall, g grant, start time.Time, member bool) (bool, error) {
+func (s *mutexScripts) held(ctx context.Context, m *Mutex, c lockCall, mc *mutexCall, g grant, start time.Time, member bool) (bool, error) {
 	if _, err := m.held(c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: mc.tok, fence: g.fence, fenceArg: g.fenceArg}
 		h := s.c.startHold(s.cfg, s.renewSpec(mc.tok, id.arg()), id, start)
-		h.cohort = member
+		h.cohort.Store(member)
 		return h
 	}); err != nil {
 		// errRegrant: the hold may be one a release in this process is
 		// ending. Undo the call; the caller takes the hold again.
 		// (Owners only: their calls are no cohort members.)
-		s.c.cleanup(context.Background(), mc)
+		s.c.cleanup(ctx, mc)
 		return false, err
 	}
 	return true, nil
@@ -165,43 +165,40 @@ func (s *mutexScripts) abandon(ctx context.Context, tok any, id string) {
 	_ = s.c.eval(ctx, mutexUnlock, s.kargs, tok, newCallID(), s.chanArg, fenceIdleArg, id, argNone, argNone, s.localArg).Err()
 }
 
-// unlock runs the unlock script, naming the hold h ends. The release of a
-// cohort member's hold passes the lock to the first call of the cohort
-// waiting in the process, if there is one (see cohort.go).
+// unlock runs the unlock script, naming the hold h ends. The first release
+// of a cohort member's hold (see cohort.go) ends the membership, whatever
+// its outcome: it passes the lock to the first call of the cohort waiting
+// in the process, if there is one, or that call takes its turn in Redis;
+// with none, the cohort has one member less. (A hold whose release failed
+// may still be in Redis: a call that tries then waits there, as for any
+// other holder, rather than for a release that may never come.)
 func (s *mutexScripts) unlock(ctx context.Context, tok, id string, h *hold) (int64, error) {
-	if h == nil || !h.cohort {
+	if h == nil || !h.cohort.CompareAndSwap(true, false) {
 		return s.unlockFloor(ctx, h.tokArg(tok), id, argNone, h.fenceArg())
 	}
 	w := s.co.claim(s.keys[0])
 	if w == nil {
-		r, err := s.unlockFloor(ctx, h.tokArg(tok), id, argNone, h.fenceArg())
-		if err == nil && r != 2 {
-			s.co.leave(s.keys[0])
-		}
-		return r, err
+		defer s.co.leave(s.keys[0])
+		return s.unlockFloor(ctx, h.tokArg(tok), id, argNone, h.fenceArg())
 	}
 	w.passSent = time.Now()
 	rep, err := s.c.eval(ctx, mutexUnlock, s.kargs, h.tokArg(tok), id, s.chanArg, fenceIdleArg, argNone, argNone, h.fenceArg(), s.localArg,
 		w.tok, w.id, w.ttl, cohortPassesArg).Result()
 	if err != nil {
 		// The outcome is unknown: the waiter asks Redis itself, under the
-		// id the pass named, and the releaser stays a member.
-		s.co.enlist(w)
+		// id the pass named (its lease measured from passSent).
+		s.co.deliver(w, cohortMsg{})
 		return 0, err
 	}
 	if r, ok := rep.(int64); ok {
 		// Released without a pass (or not at all): the waiter tries in
 		// Redis in the releaser's place.
-		if r == 2 {
-			s.co.enlist(w)
-		} else {
-			s.co.deliver(w, cohortMsg{})
-		}
+		s.co.deliver(w, cohortMsg{})
 		return r, nil
 	}
 	g, ok := passGrant(rep)
 	if !ok {
-		s.co.enlist(w)
+		s.co.deliver(w, cohortMsg{})
 		return 0, replyError("mutex unlock", rep)
 	}
 	if !s.co.deliver(w, cohortMsg{passed: true, g: g}) {
