@@ -75,9 +75,7 @@ func waitZCard(t *testing.T, rdb redis.UniversalClient, key string, n int64, wha
 // x/sync/semaphore's TestWeightedTryAcquire on one handle, which holds for
 // all its goroutines as a Weighted does.
 func TestAdvSemaphoreTryAcquireSequence(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		s := newClient(t, b).Semaphore(name, 2)
 		try := func(n int64) bool {
 			ok, err := s.TryAcquire(ctx, n)
@@ -248,9 +246,7 @@ func TestAdvMutexSharedHandleFairness(t *testing.T) {
 // reports false at once (it neither waits nor re-enters), and true once
 // unlocked.
 func TestAdvMutexTryLockOnHeldHandle(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		mu := newClient(t, b).Mutex(name)
 		if ok, err := mu.TryLock(ctx); !ok || err != nil {
 			t.Fatalf("TryLock = %v, %v; want true", ok, err)
@@ -288,9 +284,7 @@ func TestAdvMutexTryLockOnHeldHandle(t *testing.T) {
 // owner (or handle) that does not hold the lock returns ErrNotHeld and
 // leaves the hold as it was.
 func TestAdvMutexForeignUnlockKeepsHold(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b)
 		octx := dsync.WithOwner(ctx)
 		m := c.Mutex(name)
@@ -374,9 +368,7 @@ func TestAdvLeaseAfterRelease(t *testing.T) {
 // tokens, which rises strictly across both and across the fence hash's
 // expiry; the fence hash's expiry is the documented idle one (12 to 24 h).
 func TestAdvFencingAcrossMutexAndSemaphore(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c := newClient(t, b)
 		rdb := b.NewClient(t)
 		var last uint64
@@ -511,9 +503,7 @@ func TestAdvRWMutexWrongUnlockKeepsHold(t *testing.T) {
 // does not (it would deadlock); when the readers leave, the writer gets
 // in before the waiting reader.
 func TestAdvRWMutexWriterPreferenceReentrantReader(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		reader := newClient(t, b).RWMutex(name)
 		rctx := dsync.WithOwner(ctx)
@@ -576,9 +566,7 @@ func TestAdvRWMutexWriterPreferenceReentrantReader(t *testing.T) {
 // runner failed and a waiter ran f; the value is binary-safe (spaces,
 // newlines, NUL, invalid UTF-8), and f does not run after it succeeded.
 func TestAdvOnceValueAfterFailedRunner(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		value := []byte("a b\nc\x00d\xff\xfe \r\n{}@ 1 2 3")
 		var runs atomic.Int32
 		started, fail := make(chan struct{}), make(chan struct{})
@@ -647,9 +635,7 @@ func TestAdvOnceValueAfterFailedRunner(t *testing.T) {
 // Once: f that panics does not leave the name blocked; the next call runs
 // f at once (not after the TTL) and the panic reaches the caller.
 func TestAdvOncePanicThenNextRunsAtOnce(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		o := newClient(t, b).Once(name)
 		func() {
 			defer func() {
@@ -675,9 +661,7 @@ func TestAdvOncePanicThenNextRunsAtOnce(t *testing.T) {
 // A Once with a Period: the done mark expires within it, nothing lives for
 // good.
 func TestAdvOncePeriodLeavesNothingForever(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		must(t, newClient(t, b).Once(name, dsync.Period(time.Hour)).Do(ctx, func(context.Context) error { return nil }))
 		ks := assertAllExpire(t, b, name, time.Hour)
 		if len(ks) == 0 {
@@ -692,9 +676,7 @@ func TestAdvOncePeriodLeavesNothingForever(t *testing.T) {
 // documented keys are left: the two fence hashes and the call ids of each
 // primitive.
 func TestAdvNothingLeftBehind(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c1, c2 := newClient(t, b), newClient(t, b)
 		var wg sync.WaitGroup
 		run := func(f func(c *dsync.Client, i int)) {
@@ -911,9 +893,7 @@ func TestAdvBadInputEdges(t *testing.T) {
 // with ErrClosed, and every later call (releases included) returns
 // ErrClosed without hanging.
 func TestAdvCloseEndsEverything(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		holder := newClient(t, b)
 		must(t, holder.Mutex(name).Lock(ctx))
 		c := dsync.New(b.NewClient(t))
@@ -1081,9 +1061,7 @@ func TestAdvOnceIgnoresOwner(t *testing.T) {
 // its ctx ends; that inner call takes nothing, and the outer run then
 // marks the Once done.
 func TestAdvOnceDoInsideF(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		o := newClient(t, b).Once(name)
 		var inner error
 		err := o.Do(ctx, func(fctx context.Context) error {
@@ -1106,9 +1084,7 @@ func TestAdvOnceDoInsideF(t *testing.T) {
 // DoValue: an empty value is returned as nil, to the runner and to later
 // calls; a Once done by Do has an empty value.
 func TestAdvOnceEmptyValueIsNil(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		o := newClient(t, b).Once(name)
 		v, err := o.DoValue(ctx, func(context.Context) ([]byte, error) { return []byte{}, nil })
 		if err != nil || v != nil {
@@ -1206,9 +1182,7 @@ func TestAdvWaiterDoesNotPoll(t *testing.T) {
 // share of one with a long lease; the long one still holds when the short
 // one's lease has run out, and releases without ErrLeaseLost.
 func TestAdvShortLeaseDoesNotShortenOthers(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		const short = 400 * time.Millisecond
 		long := newClient(t, b, dsync.TTL(10*time.Second))
 		dying := dsync.New(b.NewClient(t), dsync.TTL(short))
@@ -1245,9 +1219,7 @@ func TestAdvShortLeaseDoesNotShortenOthers(t *testing.T) {
 // queued waiters and a run of a Once in progress, every key of the name
 // has an expiry (the Once's done mark is not there yet).
 func TestAdvKeysExpireWhileContended(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		c := newClient(t, b)
 		m := c.Mutex(name)
@@ -1367,9 +1339,7 @@ func TestAdvOwnerReentersPastTheQueue(t *testing.T) {
 // others wait for that one's release, as with a shared sync.Mutex; a
 // shared Semaphore handle's waiters are each granted their own permits.
 func TestAdvSharedHandleWaitersOneAtATime(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		holder := newClient(t, b).Mutex(name)
 		must(t, holder.Lock(ctx))
@@ -1477,9 +1447,7 @@ func TestAdvQuorumCloggedMasters(t *testing.T) {
 // TryAcquire(1) with all permits held succeeded). Such a size is bad
 // input; the largest size allowed counts exactly.
 func TestAdvSemaphoreHugeSize(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		for _, size := range []int64{1 << 60, dsync.MaxSemaphoreSize + 1, 1<<63 - 1} {
 			err := newClient(t, b).Semaphore(name, size).Acquire(ctx, 1)
 			checkIs(t, err, dsync.ErrInvalid, "Acquire on a semaphore of a size past 2^52 = %v, want ErrInvalid")
@@ -1603,9 +1571,7 @@ func TestAdvOnePubSubConnectionPerClient(t *testing.T) {
 // comes after that writer waits for it; the second writer gets in when
 // those readers leave, then the late reader.
 func TestAdvRWMutexAlternation(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		w1 := newClient(t, b).RWMutex(name)
 		must(t, w1.Lock(ctx))
@@ -1702,9 +1668,7 @@ func scriptCopies(t *testing.T, rec *redistest.Recorder, script string) [][]any 
 // end of a successful run that arrives after a Reset does not mark the
 // Once done again.
 func TestAdvOnceLateEndOfRunChangesNothing(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		c, rdb, rec := recorded(t, b)
 		o := c.Once(name)
 		rec.Reset()
@@ -1761,9 +1725,7 @@ func TestAdvOnceLateEndOfRunChangesNothing(t *testing.T) {
 // ErrUpgrade at once, not a wait for itself; one that writes in one
 // process may read (downgrade) and re-enter in another.
 func TestAdvRWMutexCarriedOwnerUpgradeAndDowngrade(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		a, c := newClient(t, b).RWMutex(name), newClient(t, b).RWMutex(name)
 		octx := dsync.WithOwner(ctx)
 		carried := dsync.WithOwnerToken(ctx, dsync.OwnerToken(octx))
@@ -1989,9 +1951,7 @@ func TestAdvSemaphoreAllocCancelDoesntStarve(t *testing.T) {
 // every primitive is two round trips, a Once run two (take the run, end
 // it) and a Do on a done Once one.
 func TestAdvUncontendedRoundTrips(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		counter := &redistest.Counter{}
 		c, _ := hookedClient(t, b, counter)
 		m, rw, s, o := c.Mutex(name), c.RWMutex(name), c.Semaphore(name, 3), c.Once(name)
@@ -2037,9 +1997,7 @@ func TestAdvUncontendedRoundTrips(t *testing.T) {
 // Semaphore made with it still count every permit in Redis, so the size
 // holds across processes.
 func TestAdvSemaphoreClientReentrancyCountsEveryPermit(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		octx := dsync.WithOwner(ctx)
 		s := newClient(t, b, dsync.ClientReentrancy()).Semaphore(name, 3)
 		must(t, s.Acquire(octx, 1))
@@ -2148,9 +2106,7 @@ func TestAdvConcurrentTriesExactWinners(t *testing.T) {
 // A handle without an owner that reads twice holds two read holds:
 // RUnlock releases the most recent, and RLease then gives the earlier.
 func TestAdvRWMutexHandleReadHoldsLastInFirstOut(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		ctx := ctxT(t)
-		name := redistest.Key(t)
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		rdb := b.NewClient(t)
 		rw := newClient(t, b).RWMutex(name)
 		must(t, rw.RLock(ctx))

@@ -31,7 +31,7 @@ import (
 // under the id the pass named; a waiting call that gives up after a pass
 // was sent to it has that id abandoned, as any call that gives up. The
 // bookkeeping below only decides who tries next; an error in it can delay
-// a call (a waiter goes to Redis itself after cohortWaitMax of its TTL),
+// a call (a waiter goes to Redis itself after TTL/cohortWaitMax),
 // never let two calls hold.
 
 // cohortPasses is how many times in a row a release passes the lock to a

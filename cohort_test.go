@@ -28,7 +28,7 @@ func passCmd(cmd redis.Cmder) bool {
 }
 
 // fenceInRedis returns the fencing token of name's current Mutex hold as
-// Redis has it, and its holder tokens' count fields.
+// Redis has it, "" when there is none.
 func fenceInRedis(t *testing.T, rdb redis.UniversalClient, name string) string {
 	t.Helper()
 	f, err := rdb.HGet(context.Background(), mutexKeys(name).Lock, ":f").Result()
@@ -166,7 +166,9 @@ func TestCohortPassesAreBounded(t *testing.T) {
 func TestCohortWaiterGivesUpDuringThePass(t *testing.T) {
 	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 		gate := &unlockGate{sha: lua.Script("mutex_unlock").Hash()}
-		c, _ := hookedClient(t, b, gate)
+		c, rdb := hookedClient(t, b, gate)
+		rec := &redistest.Recorder{}
+		rdb.AddHook(rec)
 		a, w := c.Mutex(name), c.Mutex(name)
 		must(t, a.Lock(ctx))
 		wctx, cancel := context.WithCancel(ctx)
@@ -195,6 +197,22 @@ func TestCohortWaiterGivesUpDuringThePass(t *testing.T) {
 			t.Fatalf("the waiter that gave up has a lease: %v", err)
 		}
 		must(t, other.Unlock(ctx))
+		// The pass delivered again later (a late copy) gives nothing to the
+		// call that gave up.
+		var pass []any
+		for _, args := range rec.All() {
+			if len(args) == 20 {
+				pass = args
+			}
+		}
+		if pass == nil {
+			t.Fatal("no pass recorded")
+		}
+		r, err := b.NewClient(t).Do(ctx, pass...).Result()
+		must(t, err)
+		if f := fenceInRedis(t, rdb, name); f != "" {
+			t.Fatalf("a late copy of the pass (reply %v) left a hold with token %q", r, f)
+		}
 	})
 }
 

@@ -54,7 +54,7 @@ type netem struct {
 // lock: a Mutex unlock with the pass arguments, replied {4, token}.
 func (n *netem) countPass(cmd redis.Cmder) {
 	c, ok := cmd.(*redis.Cmd)
-	if n.passed == nil || !ok || !isScript(cmd) || len(cmd.Args()) != 20 {
+	if n.passed == nil || !ok || !passCmd(cmd) {
 		return
 	}
 	if r, ok := c.Val().([]any); ok && len(r) == 2 && r[0] == int64(4) {
