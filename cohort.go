@@ -106,10 +106,10 @@ func (cs *cohorts) join(key string, tok any, id string, ttl any) *cohortWaiter {
 }
 
 // A call waits in the process for its lease TTL / cohortWaitMax at most
-// before it goes to Redis itself: members may hold the name
-// longer than that (a long critical section, a holder that lost its lease
-// and has not unlocked yet), and Redis, not the process, knows when the
-// name is free.
+// before it goes to Redis itself: members may hold the name longer than
+// that (a long critical section, a hold gone from Redis before its
+// renewer found out: a member's membership ends once its hold is found
+// lost), and Redis, not the process, knows when the name is free.
 const cohortWaitMax = 2
 
 // wait waits for w's turn, which join said it must, until ctx ends or the

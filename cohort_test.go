@@ -330,6 +330,45 @@ func TestCohortWaiterGoesToRedisWhenTheHolderDoesNotUnlock(t *testing.T) {
 	})
 }
 
+// A member whose hold is found lost (here: removed from Redis, found gone
+// by a renewal) ends its membership then: the call waiting in the process
+// tries in Redis at once, not after half its TTL (30 s here), and the
+// lost holder's Unlock reports the loss and leaves the new hold alone.
+func TestCohortHolderLeaseLostEndsTheWait(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		c := newClient(t, b, dsync.TTL(time.Minute), dsync.RenewEvery(100*time.Millisecond))
+		rdb := b.NewClient(t)
+		holder := c.Mutex(name)
+		must(t, holder.Lock(ctx))
+		lh, err := holder.Lease(ctx)
+		must(t, err)
+		w := c.Mutex(name)
+		got := lockAsync(ctx, w)
+		waitingInProcess(t, c, name, 1)
+		must(t, rdb.Del(ctx, mutexKeys(name).Lock).Err()) // the hold is gone
+		recvNil(t, got, 15*time.Second, "the waiter, its holder's lease lost")
+		select {
+		case <-lh.Done():
+		default:
+			t.Fatal("the waiter got in while the lost holder's lease was not done")
+		}
+		mustIs(t, lh.Err(), dsync.ErrLeaseLost, "the lost holder's Lease.Err")
+		lw, err := w.Lease(ctx)
+		must(t, err)
+		mustIs(t, holder.Unlock(ctx), dsync.ErrLeaseLost, "the lost holder's Unlock")
+		if f := fenceInRedis(t, rdb, name); f != strconv.FormatUint(lw.Token(), 10) {
+			t.Fatalf("after the lost holder's Unlock Redis holds token %q, the waiter %d", f, lw.Token())
+		}
+		if lw.Token() <= lh.Token() {
+			t.Fatalf("the waiter's token %d is not above the lost holder's %d", lw.Token(), lh.Token())
+		}
+		must(t, w.Unlock(ctx))
+		if n := dsync.CohortMembers(c, mutexKeys(name).Lock); n != 0 {
+			t.Fatalf("%d cohort members after every hold ended, want 0", n)
+		}
+	})
+}
+
 // Many calls of two Clients: never two holders, and every hold's token,
 // as Redis has it while the hold lives, is larger than the last.
 func TestCohortExclusionAndTokens(t *testing.T) {

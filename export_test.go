@@ -53,6 +53,10 @@ func SwapScript(name, src string) (restore func()) {
 	return func() { *w = old }
 }
 
+// RenewEvery sets the interval between the renewals of a Client's holds
+// (by default a third of the TTL).
+func RenewEvery(d time.Duration) Option { return func(cfg *config) { cfg.interval = d } }
+
 // SetRenewStall makes c's renewer call f just before it sends each batch of
 // renewals, on the goroutine that sends the batch; nil removes the hook.
 // Only c is affected.

@@ -104,8 +104,8 @@ type hold struct {
 	unlocking int
 	replaced  bool
 	// cohort: the hold was taken by a member of its Client's cohort of the
-	// name (see cohort.go), whose membership its first release ends (and
-	// clears cohort).
+	// name (see cohort.go), whose membership its first release or its loss
+	// ends (and clears cohort).
 	cohort atomic.Bool
 }
 
@@ -130,9 +130,16 @@ func (h *hold) release() {
 
 // startHold begins renewing hold id, taken at start.
 func (c *Client) startHold(cfg *config, spec renew.Spec, id holdID, start time.Time) *hold {
+	return c.renewHold(&hold{holdID: id, count: 1}, cfg, spec, start)
+}
+
+// renewHold begins renewing h, taken at start, as spec says, and returns
+// h.
+func (c *Client) renewHold(h *hold, cfg *config, spec renew.Spec, start time.Time) *hold {
 	spec.TTL = cfg.ttl
 	spec.Interval = cfg.interval
 	spec.MaxHold = cfg.maxHold
 	spec.Start = start
-	return &hold{holdID: id, count: 1, lease: c.renew.Add(spec)}
+	h.lease = c.renew.Add(spec)
+	return h
 }

@@ -93,14 +93,25 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 }
 
 // held records the hold that grant g gave call mc of m, whose lease starts
-// at start; member says the call is a member of its cohort, which its
-// hold's release ends.
+// at start; member says the call is a member of its cohort, which the
+// hold's first release ends, or its loss, whichever comes first: a hold
+// lost without a release (expired, removed, not renewed in time) leaves
+// the calls waiting in the process to try in Redis at once, not to wait
+// for an Unlock that may be long in coming.
 func (s *mutexScripts) held(ctx context.Context, m *Mutex, c lockCall, mc *mutexCall, g grant, start time.Time, member bool) (bool, error) {
 	if _, err := m.held(c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: mc.tok, fence: g.fence, fenceArg: g.fenceArg}
-		h := s.c.startHold(s.cfg, s.renewSpec(mc.tok, id.arg()), id, start)
-		h.cohort.Store(member)
-		return h
+		h := &hold{holdID: id, count: 1}
+		spec := s.renewSpec(mc.tok, id.arg())
+		if member {
+			h.cohort.Store(true)
+			spec.Lost = func() {
+				if h.cohort.CompareAndSwap(true, false) {
+					s.co.leave(s.keys[0])
+				}
+			}
+		}
+		return s.c.renewHold(h, s.cfg, spec, start)
 	}); err != nil {
 		// errRegrant: the hold may be one a release in this process is
 		// ending. Undo the call; the caller takes the hold again.

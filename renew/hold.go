@@ -30,7 +30,8 @@ type Hold struct {
 	batch  *redis.Script // renews many holds at once, or nil
 	keys   []string
 	args   []any
-	cmd    []any // EVALSHA sha numkeys keys... args..., boxed at the first renewal
+	cmd    []any  // EVALSHA sha numkeys keys... args..., boxed at the first renewal
+	onLost func() // Spec.Lost
 
 	// Nanoseconds since r.epoch, or durations; fixed at Add.
 	ttl      int64
@@ -117,6 +118,9 @@ func (h *Hold) endLocked(st uint8) {
 	h.r.live--
 	if h.done != nil {
 		close(h.done)
+	}
+	if st == lost && h.onLost != nil {
+		go h.onLost()
 	}
 }
 

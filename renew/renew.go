@@ -88,6 +88,9 @@ type Spec struct {
 	// Start is the local time taken just before the acquire was sent; the
 	// server's expiry is at least Start+TTL.
 	Start time.Time
+	// Lost, if set, is called once when the hold is lost (not when it is
+	// released or the Renewer closes), in a goroutine of its own.
+	Lost func()
 }
 
 // defaultBatchSize is the default of BatchSize.
@@ -206,6 +209,7 @@ func (r *Renewer) Add(s Spec) *Hold {
 		interval: int64(s.Interval),
 		limit:    math.MaxInt64,
 		index:    -1,
+		onLost:   s.Lost,
 	}
 	switch {
 	case s.Interval < 0:

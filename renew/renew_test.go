@@ -231,6 +231,73 @@ func TestRemoteChangeIsLost(t *testing.T) {
 	}
 }
 
+// TestLostCallback: Spec.Lost is called once for a hold that is lost
+// (found gone by a renewal, or marked lost), after Done is closed, and
+// never for one that is released or whose Renewer closes.
+func TestLostCallback(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Second
+	eachBackend(t, true, func(t *testing.T, b *backend) {
+		r := newRenewer(t, b)
+		type watched struct {
+			h     atomic.Pointer[renew.Hold]
+			calls atomic.Int32
+			early atomic.Bool // called while Done was still open
+			done  chan struct{}
+		}
+		add := func() (*watched, renew.Spec) {
+			w := &watched{done: make(chan struct{}, 4)}
+			s := acquire(t, b, ttl)
+			s.Lost = func() {
+				if h := w.h.Load(); h == nil {
+					w.early.Store(true)
+				} else {
+					select {
+					case <-h.Done():
+					default:
+						w.early.Store(true)
+					}
+				}
+				w.calls.Add(1)
+				w.done <- struct{}{}
+			}
+			w.h.Store(r.Add(s))
+			return w, s
+		}
+		gone, s := add()
+		marked, _ := add()
+		released, _ := add()
+		closed, _ := add()
+
+		b.probe.Del(context.Background(), s.Keys[0])
+		marked.h.Load().MarkLost()
+		marked.h.Load().MarkLost() // a second mark changes nothing
+		released.h.Load().Release()
+		for _, w := range []*watched{gone, marked} {
+			select {
+			case <-w.done:
+			case <-time.After(ttl + 5*time.Second):
+				t.Fatal("Lost was not called for a lost hold")
+			}
+		}
+		r.Close()
+		time.Sleep(100 * time.Millisecond) // room for a wrong call to show
+		for what, w := range map[string]*watched{"found gone": gone, "marked lost": marked} {
+			if n := w.calls.Load(); n != 1 {
+				t.Errorf("hold %s: Lost called %d times, want 1", what, n)
+			}
+			if w.early.Load() {
+				t.Errorf("hold %s: Lost called before Done was closed", what)
+			}
+		}
+		for what, w := range map[string]*watched{"released": released, "of a closed Renewer": closed} {
+			if n := w.calls.Load(); n != 0 {
+				t.Errorf("hold %s: Lost called %d times, want 0", what, n)
+			}
+		}
+	})
+}
+
 func TestMarkLostEndsHold(t *testing.T) {
 	const ttl = time.Second
 	eachHeld(t, ttl, func(t *testing.T, b *backend, r *renew.Renewer, _ renew.Spec, h *renew.Hold) {
