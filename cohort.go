@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/dsync-go/dsync/renew"
 )
 
 // Cohorts. When several calls of one Client wait for the same name, the
@@ -12,7 +14,8 @@ import (
 // notification: one of them (a member) takes its turn in the Redis queue
 // as any waiter does, the others wait in the process behind it, and the
 // release of a member's hold passes the lock straight to the first of
-// them, in the release's own script (lua/mutex_unlock.lua, ARGV[9..12]).
+// them, in the release's own script (lua/mutex_unlock.lua ARGV[9..12], and
+// for RWMutex writers lua/rwmutex_unlock.lua ARGV[10..13]).
 // The pass is a grant like any other: a new hold of the waiting call, with
 // a fencing token larger than every earlier one, written by the script
 // that ends the releaser's hold; the call learns of it from the release's
@@ -231,4 +234,133 @@ func (cs *cohorts) leaveLocked(key string) {
 		co.waiters = co.waiters[:0]
 		cohortPool.Put(co)
 	}
+}
+
+// await runs the part of a waiting Lock call without an owner (holder
+// token tok, call id, lease TTL ttl, boxed as ttlArg) that goes through
+// key's cohort: the call becomes a member, after waiting in the process
+// for its turn if another member holds the name or tries for it. It
+// returns the call's place among the waiters (nil if it went straight to
+// Redis) and, if a release passed the lock to it, the hold the pass gave
+// (passed). On an error the call is no member, and a pass it got
+// meanwhile is undone through u.
+func (c *Client) cohortAwait(ctx context.Context, key string, tok any, id string, ttlArg any, ttl time.Duration, u abandoner) (cw *cohortWaiter, g grant, passed bool, err error) {
+	cs := &c.cohorts
+	if cw = cs.join(key, tok, id, ttlArg); cw == nil {
+		return nil, grant{}, false, nil
+	}
+	msg, got, err := cs.wait(ctx, cw, ttl, c.closed)
+	if err != nil {
+		if got {
+			if msg.passed {
+				c.cleanup(ctx, u)
+			}
+			cs.leave(key)
+		}
+		return cw, grant{}, false, err
+	}
+	return cw, msg.g, msg.passed, nil
+}
+
+// leaseStart returns when the lease of a hold that w's call took in Redis,
+// by an attempt sent at start, begins: at the send time of a pass to w
+// whose outcome is unknown, if that is earlier (the pass may have given
+// the hold).
+func (w *cohortWaiter) leaseStart(start time.Time) time.Time {
+	if w != nil && !w.passSent.IsZero() && w.passSent.Before(start) {
+		return w.passSent
+	}
+	return start
+}
+
+// cohortRelease runs the first release of a member's hold of key, which
+// ends the membership (see mutexScripts.unlock): run sends the release
+// script, with the pass arguments of w (the first call waiting in the
+// process) if w is not nil, and returns its reply; a reply that passed the
+// lock ({4, fencing token}) gives w its hold, and any other ends w's wait
+// with its turn to try in Redis. If w's caller gave up meanwhile, the pass
+// is undone through undo(w). It returns run's reply, and whether it
+// passed the lock.
+func (c *Client) cohortRelease(ctx context.Context, key string, run func(w *cohortWaiter) (any, error), undo func(w *cohortWaiter) abandoner) (rep any, passed bool, err error) {
+	cs := &c.cohorts
+	w := cs.claim(key)
+	if w == nil {
+		defer cs.leave(key)
+		rep, err = run(nil)
+		return rep, false, err
+	}
+	w.passSent = time.Now()
+	if rep, err = run(w); err != nil {
+		// The outcome is unknown: the waiter asks Redis itself, under the
+		// id the pass named (its lease measured from passSent).
+		cs.deliver(w, cohortMsg{})
+		return nil, false, err
+	}
+	g, ok := passGrant(rep)
+	if !ok {
+		// Released without a pass (or not at all): the waiter tries in
+		// Redis in the releaser's place.
+		cs.deliver(w, cohortMsg{})
+		return rep, false, nil
+	}
+	if !cs.deliver(w, cohortMsg{passed: true, g: g}) {
+		// The waiter gave up: undo the pass.
+		c.cleanup(ctx, undo(w))
+	}
+	return rep, true, nil
+}
+
+// memberHold makes h, about to be renewed as spec says, the hold of a
+// member of key's cohort: the first of its release and its loss ends the
+// membership. A hold lost without a release (expired, removed, not
+// renewed in time) so leaves the calls waiting in the process to try in
+// Redis at once, not to wait for an Unlock that may be long in coming.
+func (c *Client) memberHold(h *hold, spec *renew.Spec, key string) {
+	h.cohort.Store(true)
+	spec.Lost = func() {
+		if h.cohort.CompareAndSwap(true, false) {
+			c.cohorts.leave(key)
+		}
+	}
+}
+
+// passGrant decodes the reply {4, fencing token} of a release that passed
+// the lock (see cohortRelease) into the grant of the call it went to.
+func passGrant(rep any) (grant, bool) {
+	r, ok := rep.([]any)
+	if !ok || len(r) != 2 {
+		return grant{}, false
+	}
+	code, err := replyInt(r[0])
+	if err != nil || code != 4 {
+		return grant{}, false
+	}
+	v, err := replyInt(r[1])
+	if err != nil {
+		return grant{}, false
+	}
+	f, err := checkFence(v)
+	if err != nil {
+		return grant{}, false
+	}
+	g := grant{kind: handed, fence: f, fenceArg: r[1]}
+	if _, ok := r[1].(int64); !ok {
+		g.fenceArg = int64(f)
+	}
+	return g, true
+}
+
+// releaseCode returns the code of a release's reply rep (see
+// cohortRelease): 1 for a release that passed the lock.
+func releaseCode(rep any, passed bool, err error, script string) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	if passed {
+		return 1, nil
+	}
+	if r, ok := rep.(int64); ok {
+		return r, nil
+	}
+	return 0, replyError(script, rep)
 }

@@ -44,7 +44,8 @@ type Client struct {
 	rdb    redis.UniversalClient
 	renew  *renew.Renewer
 	notify *notifier
-	// cohorts of the Mutex Lock calls waiting in this process (cohort.go)
+	// cohorts of the Mutex and RWMutex write Lock calls waiting in this
+	// process (cohort.go)
 	cohorts cohorts
 	once    sync.Once
 

@@ -53,27 +53,17 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 	member, cw := false, (*cohortWaiter)(nil)
 	if wait && !c.owned && s.co != nil {
 		member = true
-		if cw = s.co.join(s.keys[0], mc.tok, mc.to.id, s.ttlArg); cw != nil {
-			msg, got, err := s.co.wait(ctx, cw, s.cfg.ttl, s.c.closed)
-			if err != nil {
-				if got {
-					if msg.passed {
-						s.c.cleanup(ctx, mc)
-					}
-					s.co.leave(cw.key)
-				}
-				return false, err
-			}
-			if msg.passed {
-				return s.held(ctx, m, c, mc, msg.g, cw.passSent, true)
-			}
+		var g grant
+		var passed bool
+		var err error
+		if cw, g, passed, err = s.c.cohortAwait(ctx, s.keys[0], mc.tok, mc.to.id, s.ttlArg, s.cfg.ttl, mc); err != nil {
+			return false, err
+		} else if passed {
+			return s.held(ctx, m, c, mc, g, cw.passSent, true)
 		}
 	}
 	g, start, err := s.c.take(ctx, &mc.acquisition, mc, wait)
-	if cw != nil && !cw.passSent.IsZero() && cw.passSent.Before(start) {
-		// A pass whose outcome is unknown may have given the hold.
-		start = cw.passSent
-	}
+	start = cw.leaseStart(start)
 	if err == nil && g.kind == handed && s.cfg.replicas > 0 {
 		// With WaitReplicas, make sure the hand-over reached replicas.
 		if err = s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], mc.tok, s.ttlArg, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg()); err != nil {
@@ -94,22 +84,14 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 
 // held records the hold that grant g gave call mc of m, whose lease starts
 // at start; member says the call is a member of its cohort, which the
-// hold's first release ends, or its loss, whichever comes first: a hold
-// lost without a release (expired, removed, not renewed in time) leaves
-// the calls waiting in the process to try in Redis at once, not to wait
-// for an Unlock that may be long in coming.
+// hold's first release or its loss ends (see Client.memberHold).
 func (s *mutexScripts) held(ctx context.Context, m *Mutex, c lockCall, mc *mutexCall, g grant, start time.Time, member bool) (bool, error) {
 	if _, err := m.held(c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: mc.tok, fence: g.fence, fenceArg: g.fenceArg}
 		h := &hold{holdID: id, count: 1}
 		spec := s.renewSpec(mc.tok, id.arg())
 		if member {
-			h.cohort.Store(true)
-			spec.Lost = func() {
-				if h.cohort.CompareAndSwap(true, false) {
-					s.co.leave(s.keys[0])
-				}
-			}
+			s.c.memberHold(h, &spec, s.keys[0])
 		}
 		return s.c.renewHold(h, s.cfg, spec, start)
 	}); err != nil {
@@ -187,36 +169,16 @@ func (s *mutexScripts) unlock(ctx context.Context, tok, id string, h *hold) (int
 	if h == nil || !h.cohort.CompareAndSwap(true, false) {
 		return s.unlockFloor(ctx, h.tokArg(tok), id, argNone, h.fenceArg())
 	}
-	w := s.co.claim(s.keys[0])
-	if w == nil {
-		defer s.co.leave(s.keys[0])
-		return s.unlockFloor(ctx, h.tokArg(tok), id, argNone, h.fenceArg())
-	}
-	w.passSent = time.Now()
-	rep, err := s.c.eval(ctx, mutexUnlock, s.kargs, h.tokArg(tok), id, s.chanArg, fenceIdleArg, argNone, argNone, h.fenceArg(), s.localArg,
-		w.tok, w.id, w.ttl, cohortPassesArg).Result()
-	if err != nil {
-		// The outcome is unknown: the waiter asks Redis itself, under the
-		// id the pass named (its lease measured from passSent).
-		s.co.deliver(w, cohortMsg{})
-		return 0, err
-	}
-	if r, ok := rep.(int64); ok {
-		// Released without a pass (or not at all): the waiter tries in
-		// Redis in the releaser's place.
-		s.co.deliver(w, cohortMsg{})
-		return r, nil
-	}
-	g, ok := passGrant(rep)
-	if !ok {
-		s.co.deliver(w, cohortMsg{})
-		return 0, replyError("mutex unlock", rep)
-	}
-	if !s.co.deliver(w, cohortMsg{passed: true, g: g}) {
-		// The waiter gave up: undo the pass.
-		s.c.cleanup(ctx, &mutexCall{s: s, tok: w.tok, acquisition: acquisition{to: addressee{id: w.id}}})
-	}
-	return 1, nil
+	rep, passed, err := s.c.cohortRelease(ctx, s.keys[0], func(w *cohortWaiter) (any, error) {
+		if w == nil {
+			return s.c.eval(ctx, mutexUnlock, s.kargs, h.tokArg(tok), id, s.chanArg, fenceIdleArg, argNone, argNone, h.fenceArg()).Result()
+		}
+		return s.c.eval(ctx, mutexUnlock, s.kargs, h.tokArg(tok), id, s.chanArg, fenceIdleArg, argNone, argNone, h.fenceArg(), s.localArg,
+			w.tok, w.id, w.ttl, cohortPassesArg).Result()
+	}, func(w *cohortWaiter) abandoner {
+		return &mutexCall{s: s, tok: w.tok, acquisition: acquisition{to: addressee{id: w.id}}}
+	})
+	return releaseCode(rep, passed, err, "mutex unlock")
 }
 
 // unlockFloor runs the unlock script for holder tok with call id; floor,
@@ -229,30 +191,4 @@ func (s *mutexScripts) unlockFloor(ctx context.Context, tok any, id string, floo
 // renewSpec describes the renewal of tok's hold with fencing token fence.
 func (s *mutexScripts) renewSpec(tok, fence any) renew.Spec {
 	return renew.Spec{Batch: mutexRenew, Keys: s.keys[:1], Args: []any{tok, s.ttlArg, fence}}
-}
-
-// passGrant decodes the reply {4, fencing token} of a release that passed
-// the lock (see mutexScripts.unlock) into the grant of the call it went to.
-func passGrant(rep any) (grant, bool) {
-	r, ok := rep.([]any)
-	if !ok || len(r) != 2 {
-		return grant{}, false
-	}
-	code, err := replyInt(r[0])
-	if err != nil || code != 4 {
-		return grant{}, false
-	}
-	v, err := replyInt(r[1])
-	if err != nil {
-		return grant{}, false
-	}
-	f, err := checkFence(v)
-	if err != nil {
-		return grant{}, false
-	}
-	g := grant{kind: handed, fence: f, fenceArg: r[1]}
-	if _, ok := r[1].(int64); !ok {
-		g.fenceArg = int64(f)
-	}
-	return g, true
 }

@@ -270,13 +270,14 @@ var nemClasses = []*nemClass{
 			"late duplicates of releases of an owner holding again": {n: 1, perSec: 0.2},
 			"probes": {n: 1},
 		}},
-	// Lock calls without an owner, each through a handle of its own, many
-	// per Client on one name: they wait in the process and releases pass
-	// them the lock (cohort.go), under deletions, late duplicates, stalls,
-	// outages and delayed notifications.
+	// Lock calls without an owner (Mutex, and RWMutex writers with some
+	// readers), each through a handle of its own, many per Client on one
+	// name: they wait in the process and releases pass them the lock
+	// (cohort.go), under deletions, late duplicates, stalls, outages and
+	// delayed notifications.
 	{name: "cohort", on: map[string]time.Duration{"redis": 3 * time.Second, "cluster": 3 * time.Second},
-		clients: 2, workers: 10, modes: []bool{false}, kinds: []nemKind{kMutex}, names: 1, owners: 1, shared: 1,
-		pOwner: 0.1, pShared: 0.05, pTry: 0.05, pReenter: 0.2,
+		clients: 2, workers: 10, modes: []bool{false}, kinds: []nemKind{kMutex, kRW}, names: 1, owners: 1, shared: 1,
+		pOwner: 0.1, pShared: 0.05, pTry: 0.05, pWrite: 0.85, pReenter: 0.2,
 		ttl: secs(1.5, 4), hold: secs(0.002, 0.03), longHold: secs(0.3, 0.8), pLongHold: 0.05, deadline: secs(0.2, 2),
 		del: 700 * time.Millisecond, dup: 60 * time.Millisecond, dupAge: secs(0.3, 5),
 		stall: 1500 * time.Millisecond, stallLen: secs(0.2, 0.8), down: 2 * time.Second, downLen: secs(0.1, 0.4),

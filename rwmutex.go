@@ -45,12 +45,18 @@ const (
 // stream of readers cannot starve a writer; and a writer's Unlock makes
 // every reader that waited for it a holder at once, so a stream of writers
 // cannot starve readers. No writer starves other writers either: as in
-// sync.Mutex's starvation mode, a writer that has waited more than a
-// millisecond takes a place in a queue kept in Redis, newcomer writers
+// sync.Mutex's starvation mode (here from its first refused attempt on), a
+// writer takes a place in a queue kept in Redis, newcomer writers
 // (including one that just unlocked) queue behind it, and the release that
 // frees the lock (the last RUnlock, or an Unlock with no reader waiting)
 // hands it straight to the first in line. Waiters are woken by
-// notifications, not by polling. On a [Quorum] writers do not queue.
+// notifications, not by polling. On a [Quorum] writers do not queue. Write
+// Lock calls without an owner that wait while another writer of the same
+// Client holds the name (or tries for it) wait in the process, in arrival
+// order, and that writer's Unlock passes the write lock to the first of
+// them in its own round trip (with a new fencing token), unless readers
+// wait; while writers of other processes are queued, at most 8 times in a
+// row before the first of those gets it.
 type RWMutex struct {
 	handle        // the Client's or Quorum's base, configuration, bad input
 	impl   rwImpl // takes and releases the holds
@@ -84,7 +90,11 @@ type rwImpl interface {
 // of the same name are distinct locks.
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw, k := newRWMutex(c.shared(), name, opts)
-	rw.impl = newRWScripts(c, &rw.cfg, k, name)
+	s := newRWScripts(c, &rw.cfg, k, name)
+	if rw.cfg.replicas == 0 {
+		s.co = &c.cohorts
+	}
+	rw.impl = s
 	return rw
 }
 

@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"strconv"
+	"time"
 
 	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
@@ -26,6 +27,11 @@ type rwScripts struct {
 	chArg    any
 	ttlArg   any
 	localArg any // '1' with client reentrancy
+
+	// The Client's cohorts (see cohort.go), through which the handle's
+	// write Lock calls without an owner wait; nil in quorum mode and with
+	// WaitReplicas, as for Mutex.
+	co *cohorts
 }
 
 func newRWScripts(c *Client, cfg *config, k keys.RWMutex, name string) *rwScripts {
@@ -50,28 +56,57 @@ func modeArg(mode string) any {
 	return modeWriteArg
 }
 
-// lock takes the hold through the engine (see rwImpl).
+// lock takes the hold through the engine (see rwImpl). A write Lock call
+// without an owner goes through the Client's cohort of the name, as a
+// Mutex Lock does (see mutexScripts.lock).
 func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCall, wait bool) (bool, error) {
 	rc := &rwCall{s: s, mode: mode, tok: c.tok}
 	rc.acquisition = acquisition{ch: s.ch, to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl}
+	member, cw := false, (*cohortWaiter)(nil)
+	if mode == modeWrite && wait && !c.owned && s.co != nil {
+		member = true
+		var g grant
+		var passed bool
+		var err error
+		if cw, g, passed, err = s.c.cohortAwait(ctx, s.keys[0], rc.tok, rc.to.id, s.ttlArg, s.cfg.ttl, rc); err != nil {
+			return false, err
+		} else if passed {
+			return s.held(ctx, rw, mode, c, rc, g, cw.passSent, true)
+		}
+	}
 	g, start, err := s.c.take(ctx, &rc.acquisition, rc, wait)
+	start = cw.leaseStart(start)
 	if err == nil && g.kind == final {
 		err = g.err
 	}
-	if err != nil || (g.kind != taken && g.kind != handed) {
-		return false, err
-	}
-	if s.cfg.replicas > 0 {
+	if err == nil && (g.kind == taken || g.kind == handed) && s.cfg.replicas > 0 {
 		spec := s.renewSpec(mode, rc.tok, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg())
-		if err := s.c.replicated(ctx, s.cfg, spec.Script, spec.Keys, spec.Args...); err != nil {
+		if err = s.c.replicated(ctx, s.cfg, spec.Script, spec.Keys, spec.Args...); err != nil {
 			s.c.cleanup(ctx, rc)
-			return false, err
 		}
 	}
+	if err != nil || (g.kind != taken && g.kind != handed) {
+		if member {
+			s.co.leave(s.keys[0])
+		}
+		return false, err
+	}
+	return s.held(ctx, rw, mode, c, rc, g, start, member)
+}
+
+// held records the hold that grant g gave call rc of rw in mode, whose
+// lease starts at start; member says the call is a member of its cohort
+// (see Client.memberHold).
+func (s *rwScripts) held(ctx context.Context, rw *RWMutex, mode string, c lockCall, rc *rwCall, g grant, start time.Time, member bool) (bool, error) {
 	// For a read hold, g.fence is its hold id (see s.attempt).
 	if _, err := rw.held(mode, c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: rc.tok, fence: g.fence, fenceArg: g.fenceArg}
-		return s.c.startHold(s.cfg, s.renewSpec(mode, rc.tok, id.arg()), id, start)
+		h := &hold{holdID: id, count: 1}
+		spec := s.renewSpec(mode, rc.tok, id.arg())
+		if member {
+			s.c.memberHold(h, &spec, s.keys[0])
+		}
+		return s.c.renewHold(h, s.cfg, spec, start)
 	}); err != nil {
 		// errRegrant, as for Mutex (mutexScripts.lock).
 		s.c.cleanup(ctx, rc)
@@ -149,9 +184,23 @@ func (s *rwScripts) abandon(ctx context.Context, mode string, tok any, id string
 
 // unlock runs the unlock script for a release of h. It names the hold it
 // ends (its fencing token, or a read hold's id), so that a late copy of it
-// never ends a later hold.
+// never ends a later hold. The first release of a cohort member's write
+// hold ends the membership, and may pass the lock on, as a Mutex's does
+// (see mutexScripts.unlock).
 func (s *rwScripts) unlock(ctx context.Context, mode, tok, id string, h *hold) (int64, error) {
-	return s.unlockFloor(ctx, mode, h.tokArg(tok), id, argNone, h.fenceArg())
+	if h == nil || mode != modeWrite || !h.cohort.CompareAndSwap(true, false) {
+		return s.unlockFloor(ctx, mode, h.tokArg(tok), id, argNone, h.fenceArg())
+	}
+	rep, passed, err := s.c.cohortRelease(ctx, s.keys[0], func(w *cohortWaiter) (any, error) {
+		if w == nil {
+			return s.c.eval(ctx, rwUnlock, s.kargs, modeWriteArg, h.tokArg(tok), id, s.chArg, h.fenceArg(), argNone, argNone, fenceIdleArg).Result()
+		}
+		return s.c.eval(ctx, rwUnlock, s.kargs, modeWriteArg, h.tokArg(tok), id, s.chArg, h.fenceArg(), argNone, argNone, fenceIdleArg, s.localArg,
+			w.tok, w.id, w.ttl, cohortPassesArg).Result()
+	}, func(w *cohortWaiter) abandoner {
+		return &rwCall{s: s, mode: modeWrite, tok: w.tok, acquisition: acquisition{to: addressee{id: w.id}}}
+	})
+	return releaseCode(rep, passed, err, "rwmutex unlock")
 }
 
 // unlockFloor runs the unlock script for a release; floor, if set, raises

@@ -5,7 +5,8 @@
 --         the write hold, ':c' ids of the last calls applied to it (see
 --         lib.lua: what an abandon may undo), ':p' the call ids' prune
 --         marker as the call that began the hold found it, ':d' set once
---         an Unlock lowered the count (see rwmutex_unlock.lua)
+--         an Unlock lowered the count, ':k' the number of passes in a row
+--         that gave the hold (see rwmutex_unlock.lua)
 -- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
 --         'e' when the hash expires (see lib.lua's set_fence)
 -- KEYS[3] readers zset: reader token -> lease deadline (server ms)

@@ -32,9 +32,21 @@
 --         reentrancy): an abandon (ARGV[6]) leaves the hold alone while
 --         other calls that took or re-entered it are remembered with it,
 --         since the process counts them and releases the hold itself
+-- ARGV[10..13] (a pass, optional; write holds only) the holder token,
+--         lock call id and lease TTL (ms) of a writer of the same Client
+--         waiting for the name in the process (see cohort.go), and the
+--         most passes in a row while writers wait in Redis: a full release
+--         gives the write lock straight to that call, a fresh hold with a
+--         new fencing token, unless a reader waits or holds (a writer's
+--         release admits the readers that waited for it), its id is
+--         remembered (abandoned), or writers wait in Redis and the hold is
+--         the end of that many passes in a row (':k'). Then the release
+--         goes on as without a pass.
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
---        went down), 0 the owner does not hold it. A repeat within the
---        replay window answers as the first run did and changes nothing.
+--        went down), 0 the owner does not hold it, {4, fencing token}
+--        released and passed (ARGV[10..13]) with that token. A repeat
+--        within the replay window answers as the first run did (1 for a
+--        pass) and changes nothing.
 --
 -- A release that frees the lock (the last reader's, or a writer's with no
 -- reader waiting) hands it straight to the first queued writer, if any;
@@ -73,7 +85,7 @@ if guard == '' then
   -- id, and takes the prune marker from the hold (see lib.lua's
   -- cached_mark).
   if mode == 'w' and named then
-    wcur = redis.call('HMGET', W, tok, ':f', ':c', ':d', ':p')
+    wcur = redis.call('HMGET', W, tok, ':f', ':c', ':d', ':p', ':k')
     fresh = tonumber(wcur[1]) and wcur[2] == name and not wcur[4]
   end
   if fresh then
@@ -176,7 +188,7 @@ if mode == 'r' then
   return answer(1)
 end
 
-local cur = wcur or redis.call('HMGET', W, tok, ':f', ':c', ':d')
+local cur = wcur or redis.call('HMGET', W, tok, ':f', ':c', ':d', ':p', ':k')
 local cnt = tonumber(cur[1])
 if not cnt or (named and cur[2] ~= name) then
   return answer(0)
@@ -200,6 +212,24 @@ if cnt > 1 then
   return answer(2)
 end
 redis.call('DEL', W)
+
+local ptok, pid = ARGV[10], ARGV[11]
+if guard == '' and ptok and ptok ~= '' and redis.call('EXISTS', RQ, R) == 0 then
+  -- A pass: the next write hold is the waiting call's, with its own TTL
+  -- and id, as a hand-over's is. No reader waits or holds (the owner's own
+  -- read hold, a downgrade, would be one).
+  local k = tonumber(cur[6]) or 0
+  if (k < tonumber(ARGV[13]) or redis.call('EXISTS', WW, WQ) == 0) and not recall(X, pid) then
+    local f = next_fence(idle)
+    if f then
+      redis.call('HSET', W, ptok, '1', ':f', f, ':c', pid, ':p', prune_mark[X] or '', ':k', num(k + 1))
+      redis.call('PEXPIRE', W, ARGV[12])
+      noted(pid, 1)
+      noted(id, 1)
+      return out({ 4, tonumber(f) })
+    end
+  end
+end
 
 -- Nobody waits to read or to write: nothing to hand on, no one to wake.
 if redis.call('EXISTS', RQ, WW, WQ) == 0 then

@@ -232,7 +232,7 @@ type RWMutex struct {
 	// PTTL is the write lease): <holder token> (as for [Mutex.Lock]) ->
 	// reentry count, ':f' fencing token of the write hold, ':c' ids of the
 	// last calls applied to it (at most 16, space-separated, latest last;
-	// what an abandon may undo), ':p' and ':d' as for [Mutex.Lock].
+	// what an abandon may undo), ':p', ':d' and ':k' as for [Mutex.Lock].
 	Writer string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
 	// 'n' last fencing token, 'e' when the hash expires (as for

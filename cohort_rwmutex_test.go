@@ -1,0 +1,201 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
+	"github.com/dsync-go/dsync/internal/redistest"
+)
+
+// Cohorts of RWMutex writers (cohort.go), what is their own: a writer's
+// release passes the write lock to a writer waiting in its process only
+// while no reader waits or holds. What they share with Mutex cohorts is
+// tested in cohort_test.go (cohortKinds).
+
+// rwCohort is the RWMutex write lock's cohortKind.
+var rwCohort = cohortKinds[1]
+
+func rwKeys(name string) keys.RWMutex { return keys.ForRWMutex(dsync.DefaultPrefix, name) }
+
+// run starts f and returns the channel of its result.
+func run(f func() error) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	return ch
+}
+
+// A writer's release admits the readers that waited for it rather than
+// pass the write lock on: a reader of another Client holds before the
+// writer waiting in the releaser's process, which gets in once the reader
+// leaves.
+func TestCohortRWMutexWaitingReaderGoesFirst(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		c := newClient(t, b)
+		rdb := b.NewClient(t)
+		a, w := c.RWMutex(name), c.RWMutex(name)
+		must(t, a.Lock(ctx))
+		r := newClient(t, b).RWMutex(name)
+		read := run(func() error { return r.RLock(ctx) })
+		waitFor(t, 10*time.Second, "the reader's waiting place", func() bool {
+			n, err := rdb.HLen(ctx, rwKeys(name).WaitingReaders).Result()
+			return err == nil && n == 1
+		})
+		write := run(func() error { return w.Lock(ctx) })
+		rwCohort.waiting(t, c, name, 1)
+		must(t, a.Unlock(ctx))
+		recvNil(t, read, 10*time.Second, "the waiting reader")
+		select {
+		case err := <-write:
+			t.Fatalf("the writer waiting in the releaser's process got in (%v) while the reader holds", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		if n, err := rdb.Exists(ctx, rwKeys(name).Writer).Result(); err != nil || n != 0 {
+			t.Fatalf("a write hold in Redis while the reader holds: %v, %v", n, err)
+		}
+		must(t, r.RUnlock(ctx))
+		recvNil(t, write, 10*time.Second, "the writer, once the reader left")
+		must(t, w.Unlock(ctx))
+	})
+}
+
+// A writer's release does not pass the write lock on while a read hold
+// lives in Redis. No reader of dsync's holds with a writer of a handle
+// without owner (a downgrade needs an owner, whose calls are no cohort
+// members), so the read hold is written here as dsync writes one, lasting
+// 1 s: the waiting writer gets in once it lapses, not before.
+func TestCohortRWMutexNoPassWhileAReaderHolds(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		c := newClient(t, b)
+		rdb := b.NewClient(t)
+		a, w := c.RWMutex(name), c.RWMutex(name)
+		must(t, a.Lock(ctx))
+		write := run(func() error { return w.Lock(ctx) })
+		rwCohort.waiting(t, c, name, 1)
+		now, err := rdb.Time(ctx).Result()
+		must(t, err)
+		k := rwKeys(name)
+		must(t, rdb.ZAdd(ctx, k.Readers, redis.Z{Score: float64(now.Add(time.Second).UnixMilli()), Member: "reader"}).Err())
+		must(t, rdb.HSet(ctx, k.ReaderData, "reader", "1 7 call").Err())
+		must(t, rdb.PExpire(ctx, k.Readers, 5*time.Second).Err())
+		must(t, rdb.PExpire(ctx, k.ReaderData, 5*time.Second).Err())
+		must(t, a.Unlock(ctx))
+		select {
+		case err := <-write:
+			t.Fatalf("the waiting writer got in (%v) while a read hold lives", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if n, err := rdb.Exists(ctx, k.Writer).Result(); err != nil || n != 0 {
+			t.Fatalf("a write hold in Redis while a read hold lives: %v, %v", n, err)
+		}
+		recvNil(t, write, 10*time.Second, "the writer, once the read hold lapsed")
+		if ms, err := rdb.Time(ctx).Result(); err != nil || ms.Before(now.Add(time.Second)) {
+			t.Fatalf("the writer got in at %v, before the read hold lapsed (%v): %v", ms, now.Add(time.Second), err)
+		}
+		must(t, w.Unlock(ctx))
+	})
+}
+
+// Writers and readers of two Clients: a writer is alone, and every write
+// hold's token, as Redis has it while the hold lives, is larger than the
+// last.
+func TestCohortRWMutexWritersAndReaders(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		const writers, rounds = 4, 20
+		rdb := b.NewClient(t)
+		var (
+			writing, reading atomic.Int32
+			mu               sync.Mutex
+			last             uint64
+			wg               sync.WaitGroup
+			errs             = make(chan error, 2*(writers+1))
+		)
+		fail := func(err error) { errs <- err }
+		for range 2 {
+			c := newClient(t, b)
+			for range writers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rw := c.RWMutex(name)
+					for range rounds {
+						if err := rw.Lock(ctx); err != nil {
+							fail(err)
+							return
+						}
+						if n := writing.Add(1); n != 1 || reading.Load() != 0 {
+							fail(errors.New("a writer not alone"))
+							return
+						}
+						l, err := rw.Lease(ctx)
+						if err != nil {
+							fail(err)
+							return
+						}
+						if f := rwCohort.fence(t, rdb, name); f != strconv.FormatUint(l.Token(), 10) {
+							fail(errors.New("Redis holds write token " + f + ", the holder " + strconv.FormatUint(l.Token(), 10)))
+							return
+						}
+						mu.Lock()
+						if l.Token() <= last {
+							mu.Unlock()
+							fail(errors.New("write token did not rise"))
+							return
+						}
+						last = l.Token()
+						mu.Unlock()
+						writing.Add(-1)
+						if err := rw.Unlock(ctx); err != nil {
+							fail(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rw := c.RWMutex(name)
+				for range rounds / 2 {
+					if err := rw.RLock(ctx); err != nil {
+						fail(err)
+						return
+					}
+					reading.Add(1)
+					if writing.Load() != 0 {
+						fail(errors.New("a reader inside with a writer"))
+						return
+					}
+					time.Sleep(time.Millisecond)
+					reading.Add(-1)
+					if err := rw.RUnlock(ctx); err != nil {
+						fail(err)
+						return
+					}
+				}
+			}()
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case err := <-errs:
+			t.Fatal(err)
+		case <-time.After(60 * time.Second):
+			t.Fatal("writers and readers did not finish in 60 s")
+		}
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		default:
+		}
+	})
+}
