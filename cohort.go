@@ -236,10 +236,10 @@ func (cs *cohorts) leaveLocked(key string) {
 	}
 }
 
-// await runs the part of a waiting Lock call without an owner (holder
-// token tok, call id, lease TTL ttl, boxed as ttlArg) that goes through
-// key's cohort: the call becomes a member, after waiting in the process
-// for its turn if another member holds the name or tries for it. It
+// cohortAwait runs the part of a waiting Lock call without an owner
+// (holder token tok, call id, lease TTL ttl, boxed as ttlArg) that goes
+// through key's cohort: the call becomes a member, after waiting in the
+// process for its turn if another member holds the name or tries for it. It
 // returns the call's place among the waiters (nil if it went straight to
 // Redis) and, if a release passed the lock to it, the hold the pass gave
 // (passed). On an error the call is no member, and a pass it got
@@ -310,18 +310,23 @@ func (c *Client) cohortRelease(ctx context.Context, key string, run func(w *coho
 	return rep, true, nil
 }
 
-// memberHold makes h, about to be renewed as spec says, the hold of a
-// member of key's cohort: the first of its release and its loss ends the
-// membership. A hold lost without a release (expired, removed, not
-// renewed in time) so leaves the calls waiting in the process to try in
-// Redis at once, not to wait for an Unlock that may be long in coming.
-func (c *Client) memberHold(h *hold, spec *renew.Spec, key string) {
-	h.cohort.Store(true)
-	spec.Lost = func() {
-		if h.cohort.CompareAndSwap(true, false) {
-			c.cohorts.leave(key)
+// startHoldOf begins renewing hold id, taken at start, as spec says. With
+// member, it is the hold of a member of key's cohort: the first of its
+// release and its loss ends the membership. A hold lost without a release
+// (expired, removed, not renewed in time) so leaves the calls waiting in
+// the process to try in Redis at once, not to wait for an Unlock that may
+// be long in coming.
+func (c *Client) startHoldOf(cfg *config, spec renew.Spec, id holdID, start time.Time, member bool, key string) *hold {
+	h := &hold{holdID: id, count: 1}
+	if member {
+		h.cohort.Store(true)
+		spec.Lost = func() {
+			if h.cohort.CompareAndSwap(true, false) {
+				c.cohorts.leave(key)
+			}
 		}
 	}
+	return c.renewHold(h, cfg, spec, start)
 }
 
 // passGrant decodes the reply {4, fencing token} of a release that passed

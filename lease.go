@@ -128,7 +128,8 @@ func (h *hold) release() {
 	h.lease.Release()
 }
 
-// startHold begins renewing hold id, taken at start.
+// startHold begins renewing hold id, taken at start (see also
+// Client.startHoldOf, for holds of cohort members).
 func (c *Client) startHold(cfg *config, spec renew.Spec, id holdID, start time.Time) *hold {
 	return c.renewHold(&hold{holdID: id, count: 1}, cfg, spec, start)
 }

@@ -84,16 +84,11 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 
 // held records the hold that grant g gave call mc of m, whose lease starts
 // at start; member says the call is a member of its cohort, which the
-// hold's first release or its loss ends (see Client.memberHold).
+// hold's first release or its loss ends (see Client.startHoldOf).
 func (s *mutexScripts) held(ctx context.Context, m *Mutex, c lockCall, mc *mutexCall, g grant, start time.Time, member bool) (bool, error) {
 	if _, err := m.held(c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: mc.tok, fence: g.fence, fenceArg: g.fenceArg}
-		h := &hold{holdID: id, count: 1}
-		spec := s.renewSpec(mc.tok, id.arg())
-		if member {
-			s.c.memberHold(h, &spec, s.keys[0])
-		}
-		return s.c.renewHold(h, s.cfg, spec, start)
+		return s.c.startHoldOf(s.cfg, s.renewSpec(mc.tok, id.arg()), id, start, member, s.keys[0])
 	}); err != nil {
 		// errRegrant: the hold may be one a release in this process is
 		// ending. Undo the call; the caller takes the hold again.

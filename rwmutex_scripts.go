@@ -96,17 +96,12 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 
 // held records the hold that grant g gave call rc of rw in mode, whose
 // lease starts at start; member says the call is a member of its cohort
-// (see Client.memberHold).
+// (see Client.startHoldOf).
 func (s *rwScripts) held(ctx context.Context, rw *RWMutex, mode string, c lockCall, rc *rwCall, g grant, start time.Time, member bool) (bool, error) {
 	// For a read hold, g.fence is its hold id (see s.attempt).
 	if _, err := rw.held(mode, c, g.fence, func() *hold {
 		id := holdID{tok: c.tok, tokArg: rc.tok, fence: g.fence, fenceArg: g.fenceArg}
-		h := &hold{holdID: id, count: 1}
-		spec := s.renewSpec(mode, rc.tok, id.arg())
-		if member {
-			s.c.memberHold(h, &spec, s.keys[0])
-		}
-		return s.c.renewHold(h, s.cfg, spec, start)
+		return s.c.startHoldOf(s.cfg, s.renewSpec(mode, rc.tok, id.arg()), id, start, member, s.keys[0])
 	}); err != nil {
 		// errRegrant, as for Mutex (mutexScripts.lock).
 		s.c.cleanup(ctx, rc)
