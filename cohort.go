@@ -320,13 +320,18 @@ func (c *Client) startHoldOf(cfg *config, spec renew.Spec, id holdID, start time
 	h := &hold{holdID: id, count: 1}
 	if member {
 		h.cohort.Store(true)
-		spec.Lost = func() {
-			if h.cohort.CompareAndSwap(true, false) {
-				c.cohorts.leave(key)
-			}
-		}
+		h.co, h.coKey = &c.cohorts, key
+		spec.Lost = h
 	}
 	return c.renewHold(h, cfg, spec, start)
+}
+
+// LeaseLost ends the cohort membership of h's call, if h is a member's
+// hold and its release has not ended it already (see startHoldOf).
+func (h *hold) LeaseLost() {
+	if h.cohort.CompareAndSwap(true, false) {
+		h.co.leave(h.coKey)
+	}
 }
 
 // passGrant decodes the reply {4, fencing token} of a release that passed

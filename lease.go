@@ -105,8 +105,10 @@ type hold struct {
 	replaced  bool
 	// cohort: the hold was taken by a member of its Client's cohort of the
 	// name (see cohort.go), whose membership its first release or its loss
-	// ends (and clears cohort).
+	// ends (and clears cohort); co and coKey name that cohort.
 	cohort atomic.Bool
+	co     *cohorts
+	coKey  string
 }
 
 func (h *hold) leaseView() *Lease {

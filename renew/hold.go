@@ -30,8 +30,8 @@ type Hold struct {
 	batch  *redis.Script // renews many holds at once, or nil
 	keys   []string
 	args   []any
-	cmd    []any  // EVALSHA sha numkeys keys... args..., boxed at the first renewal
-	onLost func() // Spec.Lost
+	cmd    []any                    // EVALSHA sha numkeys keys... args..., boxed at the first renewal
+	onLost interface{ LeaseLost() } // Spec.Lost
 
 	// Nanoseconds since r.epoch, or durations; fixed at Add.
 	ttl      int64
@@ -120,7 +120,7 @@ func (h *Hold) endLocked(st uint8) {
 		close(h.done)
 	}
 	if st == lost && h.onLost != nil {
-		go h.onLost()
+		go h.onLost.LeaseLost()
 	}
 }
 

@@ -88,9 +88,12 @@ type Spec struct {
 	// Start is the local time taken just before the acquire was sent; the
 	// server's expiry is at least Start+TTL.
 	Start time.Time
-	// Lost, if set, is called once when the hold is lost (not when it is
-	// released or the Renewer closes), in a goroutine of its own.
-	Lost func()
+	// Lost, if set, is told once when the hold is lost (not when it is
+	// released or the Renewer closes): its LeaseLost method is called in a
+	// goroutine of its own. (An interface rather than a func, so that a
+	// pointer to what the caller keeps of the hold serves without
+	// allocating a closure.)
+	Lost interface{ LeaseLost() }
 }
 
 // defaultBatchSize is the default of BatchSize.

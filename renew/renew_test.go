@@ -231,6 +231,11 @@ func TestRemoteChangeIsLost(t *testing.T) {
 	}
 }
 
+// lostFunc is a func as a Spec.Lost.
+type lostFunc func()
+
+func (f lostFunc) LeaseLost() { f() }
+
 // TestLostCallback: Spec.Lost is called once for a hold that is lost
 // (found gone by a renewal, or marked lost), after Done is closed, and
 // never for one that is released or whose Renewer closes.
@@ -248,7 +253,7 @@ func TestLostCallback(t *testing.T) {
 		add := func() (*watched, renew.Spec) {
 			w := &watched{done: make(chan struct{}, 4)}
 			s := acquire(t, b, ttl)
-			s.Lost = func() {
+			s.Lost = lostFunc(func() {
 				if h := w.h.Load(); h == nil {
 					w.early.Store(true)
 				} else {
@@ -260,7 +265,7 @@ func TestLostCallback(t *testing.T) {
 				}
 				w.calls.Add(1)
 				w.done <- struct{}{}
-			}
+			})
 			w.h.Store(r.Add(s))
 			return w, s
 		}
