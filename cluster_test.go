@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -110,4 +111,86 @@ func BenchmarkClusterMutexWakeup(b *testing.B) {
 		must(b, waiter.Unlock(ctx))
 	}
 	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "µs-wakeup/op")
+}
+
+// TestClusterWaiterSubscribesOnTheNamesMaster: on a Redis Cluster a
+// waiter's channels are subscribed on the master whose slots the name
+// hashes to, where the release script publishes, so that a notification
+// does not cross the cluster bus (whose connections can hold a small
+// message about 40 ms: docs/scaling.md). Names on every master are tried;
+// PUBSUB NUMSUB answers for the node it is sent to.
+func TestClusterWaiterSubscribesOnTheNamesMaster(t *testing.T) {
+	be, ok := redistest.Cluster(t)
+	if !ok {
+		t.Skip("needs redis-server and redis-cli")
+	}
+	t.Parallel()
+	ctx := ctxT(t)
+	rdb := be.NewClient(t).(*redis.ClusterClient)
+	holders, waiters := newClient(t, be), newClient(t, be)
+	// Names until every master owns one.
+	masters := map[string]string{} // master address -> a name it owns
+	base := redistest.Key(t)
+	for i := 0; len(masters) < 3 && i < 1000; i++ {
+		name := base + ":" + strconv.Itoa(i)
+		m, err := rdb.MasterForKey(ctx, mutexKeys(name).Lock)
+		must(t, err)
+		if _, ok := masters[m.Options().Addr]; !ok {
+			masters[m.Options().Addr] = name
+		}
+	}
+	if len(masters) < 3 {
+		t.Fatalf("names found on %d masters, want 3", len(masters))
+	}
+	done := make(chan error, len(masters))
+	held := map[string]*dsync.Mutex{}
+	for _, name := range masters {
+		held[name] = holders.Mutex(name)
+		must(t, held[name].Lock(ctx))
+		w := waiters.Mutex(name)
+		go func() {
+			if err := w.Lock(ctx); err != nil {
+				done <- err
+				return
+			}
+			done <- w.Unlock(ctx)
+		}()
+	}
+	for addr, name := range masters {
+		ch := mutexKeys(name).Channel()
+		waitFor(t, 10*time.Second, "the waiter's subscription of "+name, func() bool {
+			var (
+				mu sync.Mutex
+				on []string
+			)
+			err := rdb.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+				n, err := c.PubSubNumSub(ctx, ch).Result()
+				if err != nil {
+					return err
+				}
+				if n[ch] > 0 {
+					mu.Lock()
+					on = append(on, c.Options().Addr)
+					mu.Unlock()
+				}
+				return nil
+			})
+			must(t, err)
+			if len(on) > 1 || (len(on) == 1 && on[0] != addr) {
+				t.Fatalf("channel of %s subscribed on %v, want only its master %s", name, on, addr)
+			}
+			return len(on) == 1
+		})
+	}
+	for _, m := range held {
+		must(t, m.Unlock(ctx))
+	}
+	for range masters {
+		select {
+		case err := <-done:
+			must(t, err)
+		case <-ctx.Done():
+			t.Fatal("a waiter did not get its lock")
+		}
+	}
 }

@@ -59,14 +59,18 @@ type notifier struct {
 	// plus inbox is the Client's own channel of the name.
 	inbox string
 
-	mu      sync.Mutex
-	ps      *redis.PubSub
+	mu sync.Mutex
+	// The pub/sub connections, by the address of the master whose slots
+	// their channels hash to on a Redis Cluster ("" elsewhere: one
+	// connection). See links.
+	links   map[string]*redis.PubSub
+	started bool // the sender runs
 	chans   map[string]*channel
 	pending map[string]int // SUBSCRIBEs sent and not yet confirmed
 	closed  bool
-	done    chan struct{} // closed when the receiver exits
 	stop    chan struct{}
 	subs    sync.WaitGroup // the sender of ops (see send)
+	recvs   sync.WaitGroup // the receivers, one per link (see receive)
 	ops     []subOp        // SUBSCRIBEs and UNSUBSCRIBEs to send, in order
 	opsSet  chan struct{}  // a value when ops has something
 
@@ -113,6 +117,7 @@ func newNotifier(rdb redis.UniversalClient) *notifier {
 	return &notifier{
 		rdb:     rdb,
 		inbox:   "@" + hex.EncodeToString(b[:]),
+		links:   make(map[string]*redis.PubSub),
 		chans:   make(map[string]*channel),
 		pending: make(map[string]int),
 		stop:    make(chan struct{}),
@@ -138,16 +143,72 @@ func (n *notifier) queue(unsub bool, names ...string) {
 	}
 }
 
-// send sends the queued ops on ps until n is closed, merging neighbours of
-// one kind into one command. It runs on a goroutine of its own, never under
-// n.mu: on a connection that is slow to come up (a dial, a handshake the
-// server is slow to answer) a command waits up to subscribeWait, and n.mu
-// must not wait with it, or every waiter of the Client would (see
+// Links. On a Redis Cluster a PUBLISH reaches the subscribers of other
+// nodes over the cluster bus, and Redis (7.0 at least) sends bus messages
+// on connections without TCP_NODELAY: a notification that follows another
+// small bus message can wait for the receiving node's delayed ACK, about
+// 40 ms (see docs/scaling.md). So a channel is subscribed on a connection
+// to the master whose slots its name hashes to, where the release script
+// that publishes on it runs: one pub/sub connection per master with
+// subscribed channels. go-redis connects a cluster pub/sub to the master
+// of its first channel's slot, also when it reconnects (with its channels
+// then), so a link follows its master through a failover; after a slot
+// moved, its channels are delivered over the bus as before.
+
+// linkOf returns the address of the master whose slots name hashes to on a
+// Redis Cluster, "" elsewhere or when it is not known.
+func (n *notifier) linkOf(ctx context.Context, name string) string {
+	cc, ok := n.rdb.(*redis.ClusterClient)
+	if !ok {
+		return ""
+	}
+	m, err := cc.MasterForKey(ctx, name)
+	if err != nil {
+		return ""
+	}
+	return m.Options().Addr
+}
+
+// link returns the pub/sub connection for address addr (see linkOf), made
+// if need be, or nil once n is closed. Its receiver is started by send,
+// after the first SUBSCRIBE on it: a receive before that would connect
+// the pub/sub to any node.
+func (n *notifier) link(addr string) (ps *redis.PubSub, made bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil, false
+	}
+	if ps = n.links[addr]; ps != nil {
+		return ps, false
+	}
+	ps = n.rdb.Subscribe(context.Background())
+	n.links[addr] = ps
+	return ps, true
+}
+
+// startReceiver starts the receiver of ps, unless n is closed.
+func (n *notifier) startReceiver(ps *redis.PubSub) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	n.recvs.Add(1)
+	go n.receive(ps)
+}
+
+// send sends the queued ops until n is closed, merging neighbours of one
+// kind into one command per link. It runs on a goroutine of its own, never
+// under n.mu: on a connection that is slow to come up (a dial, a handshake
+// the server is slow to answer) a command waits up to subscribeWait, and
+// n.mu must not wait with it, or every waiter of the Client would (see
 // watchSince, unwatch). go-redis keeps the channels even if sending
 // SUBSCRIBE failed and subscribes them again when it reconnects:
 // confirmations follow either way.
-func (n *notifier) send(ps *redis.PubSub) {
+func (n *notifier) send() {
 	defer n.subs.Done()
+	on := make(map[string]*redis.PubSub) // where each channel was subscribed
 	for {
 		select {
 		case <-n.stop:
@@ -164,12 +225,63 @@ func (n *notifier) send(ps *redis.PubSub) {
 				op.names = append(op.names, ops[i].names...)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), subscribeWait)
-			if op.unsub {
-				_ = ps.Unsubscribe(ctx, op.names...)
-			} else {
-				_ = ps.Subscribe(ctx, op.names...)
-			}
+			n.sendOp(ctx, op, on)
 			cancel()
+		}
+	}
+}
+
+// sendOp sends op on the links of its channels; on records the link each
+// channel is subscribed on (on a Redis Cluster only: elsewhere there is
+// one link).
+func (n *notifier) sendOp(ctx context.Context, op subOp, on map[string]*redis.PubSub) {
+	if _, ok := n.rdb.(*redis.ClusterClient); !ok {
+		if op.unsub {
+			n.mu.Lock()
+			ps := n.links[""]
+			n.mu.Unlock()
+			if ps != nil {
+				_ = ps.Unsubscribe(ctx, op.names...)
+			}
+			return
+		}
+		if ps, made := n.link(""); ps != nil {
+			_ = ps.Subscribe(ctx, op.names...)
+			if made {
+				n.startReceiver(ps)
+			}
+		}
+		return
+	}
+	if op.unsub {
+		by := make(map[*redis.PubSub][]string)
+		for _, name := range op.names {
+			if ps := on[name]; ps != nil {
+				by[ps] = append(by[ps], name)
+				delete(on, name)
+			}
+		}
+		for ps, names := range by {
+			_ = ps.Unsubscribe(ctx, names...)
+		}
+		return
+	}
+	by := make(map[string][]string)
+	for _, name := range op.names {
+		addr := n.linkOf(ctx, name)
+		by[addr] = append(by[addr], name)
+	}
+	for addr, names := range by {
+		ps, made := n.link(addr)
+		if ps == nil {
+			return // closed
+		}
+		for _, name := range names {
+			on[name] = ps
+		}
+		_ = ps.Subscribe(ctx, names...)
+		if made {
+			n.startReceiver(ps)
 		}
 	}
 }
@@ -218,12 +330,10 @@ func (n *notifier) watchSince(name string, to addressee, mk mark) (*watcher, boo
 		w.ready = closedChan
 		return w, true
 	}
-	if n.ps == nil {
-		n.ps = n.rdb.Subscribe(context.Background())
-		n.done = make(chan struct{})
-		go n.receive(n.ps)
+	if !n.started {
+		n.started = true
 		n.subs.Add(1)
-		go n.send(n.ps)
+		go n.send()
 	}
 	ch := n.chans[name]
 	if ch == nil {
@@ -286,7 +396,7 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // reconnects and subscribes again when that fails. Idle channels are swept
 // every linger.
 func (n *notifier) receive(ps *redis.PubSub) {
-	defer close(n.done)
+	defer n.recvs.Done()
 	ctx := context.Background()
 	lastSweep := time.Now()
 	var failed int
@@ -412,7 +522,7 @@ func (n *notifier) sweep() {
 			delete(n.chans, name)
 		}
 	}
-	if len(names) > 0 && n.ps != nil {
+	if len(names) > 0 {
 		n.queue(true, names...)
 	}
 }
@@ -420,17 +530,21 @@ func (n *notifier) sweep() {
 func (n *notifier) close() {
 	n.mu.Lock()
 	n.closed = true
-	ps, done := n.ps, n.done
+	links := make([]*redis.PubSub, 0, len(n.links))
+	for _, ps := range n.links {
+		links = append(links, ps)
+	}
 	for _, ch := range n.chans {
 		for w := range ch.watchers {
 			w.signal()
 		}
 	}
 	n.mu.Unlock()
+	// No link is made once closed is set, and no receiver started.
 	close(n.stop)
-	if ps != nil {
+	for _, ps := range links {
 		_ = ps.Close()
-		<-done
 	}
 	n.subs.Wait()
+	n.recvs.Wait()
 }
