@@ -17,13 +17,13 @@ import (
 // notification on its primitive's channel, or until the time the failed
 // attempt said the current hold (or queue place) lasts at most.
 //
-// One pub/sub connection per Client carries the channels of every name that
-// has waiters; a channel stays subscribed for a short while after its last
+// One pub/sub connection per Client (on a Redis Cluster, one per master
+// with waiters: see link) carries the channels of every name that has
+// waiters; a channel stays subscribed for a short while after its last
 // waiter leaves, so a busy name does not subscribe again for every wait.
 //
 // On Redis Cluster the scripts keep plain PUBLISH, which the cluster
-// forwards to every node, so the one subscription connection may sit on any
-// node. Sharded pub/sub (SPUBLISH/SSUBSCRIBE, Redis 7) would keep a release
+// forwards to every node. Sharded pub/sub (SPUBLISH/SSUBSCRIBE, Redis 7) would keep a release
 // within its shard, but go-redis binds a sharded PubSub to the slot of its
 // first channel and resubscribes all its channels in one SSUBSCRIBE, which
 // the server rejects (CROSSSLOT) once they span slots: it would take one
@@ -33,7 +33,10 @@ import (
 // 0.2 ms and costs 2 cluster-bus messages (N-1 for N nodes), SPUBLISH about
 // 0.06 ms and none; a whole wake-up (release, notification, acquire) takes
 // about 0.6 ms either way, and a release publishes only when someone waits.
-// The broadcast matters on large clusters with many contended names.
+// The broadcast matters on large clusters with many contended names. What
+// matters on every cluster is that a forwarded PUBLISH can be held about
+// 40 ms by the bus (see Links below): channels are subscribed on their
+// names' masters.
 //
 // A hand-over concerns the Client of the call it goes to, and through the
 // holder digest it carries, the other waiting calls of that holder. A call
