@@ -181,8 +181,16 @@ func (cs *cohorts) remove(w *cohortWaiter) {
 func (cs *cohorts) claim(key string) *cohortWaiter {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	co := cs.m[key]
-	if co == nil || len(co.waiters) == 0 {
+	if co := cs.m[key]; co != nil {
+		return co.claimFirst()
+	}
+	return nil
+}
+
+// claimFirst takes co's first waiter out of its waiters, claimed; nil if
+// there is none. cohorts.mu is held.
+func (co *cohort) claimFirst() *cohortWaiter {
+	if len(co.waiters) == 0 {
 		return nil
 	}
 	w := co.waiters[0]
@@ -220,11 +228,7 @@ func (cs *cohorts) leaveLocked(key string) {
 	if co == nil {
 		return
 	}
-	if len(co.waiters) > 0 {
-		w := co.waiters[0]
-		co.waiters[0] = nil
-		co.waiters = co.waiters[1:]
-		w.claimed = true
+	if w := co.claimFirst(); w != nil {
 		w.msg <- cohortMsg{}
 		return
 	}

@@ -120,9 +120,7 @@ func (k cohortKind) members(t *testing.T, c *dsync.Client, name string, n int, w
 
 // lockAsync starts h.Lock(ctx) and returns the channel of its result.
 func lockAsync(ctx context.Context, h cohortHandle) <-chan error {
-	ch := make(chan error, 1)
-	go func() { ch <- h.Lock(ctx) }()
-	return ch
+	return async(func() error { return h.Lock(ctx) })
 }
 
 func TestCohortReleasePassesTheLock(t *testing.T) {
@@ -190,18 +188,15 @@ func TestCohortPassesAreBounded(t *testing.T) {
 			order []string
 		)
 		hold := func(h cohortHandle, who string) <-chan error {
-			done := make(chan error, 1)
-			go func() {
+			return async(func() error {
 				if err := h.Lock(ctx); err != nil {
-					done <- err
-					return
+					return err
 				}
 				mu.Lock()
 				order = append(order, who)
 				mu.Unlock()
-				done <- h.Unlock(ctx)
-			}()
-			return done
+				return h.Unlock(ctx)
+			})
 		}
 		var dones []<-chan error
 		for i := range local {
@@ -245,8 +240,7 @@ func TestCohortWaiterGivesUpDuringThePass(t *testing.T) {
 		got := lockAsync(wctx, w)
 		k.waiting(t, c, name, 1)
 		gate.close()
-		unlocked := make(chan error, 1)
-		go func() { unlocked <- a.Unlock(ctx) }()
+		unlocked := async(func() error { return a.Unlock(ctx) })
 		waitFor(t, 10*time.Second, "the pass sent", func() bool { return gate.held.Load() == 1 })
 		cancel()
 		select {

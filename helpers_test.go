@@ -291,3 +291,10 @@ func untilClosed(stop <-chan struct{}, n int, step func() bool) {
 		}
 	}
 }
+
+// async starts f and returns the channel of its result.
+func async(f func() error) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	return ch
+}

@@ -23,11 +23,12 @@ import (
 // waiter leaves, so a busy name does not subscribe again for every wait.
 //
 // On Redis Cluster the scripts keep plain PUBLISH, which the cluster
-// forwards to every node. Sharded pub/sub (SPUBLISH/SSUBSCRIBE, Redis 7) would keep a release
-// within its shard, but go-redis binds a sharded PubSub to the slot of its
-// first channel and resubscribes all its channels in one SSUBSCRIBE, which
-// the server rejects (CROSSSLOT) once they span slots: it would take one
-// connection per waited-for slot, not one per Client, plus its own handling
+// forwards to every node. Sharded pub/sub (SPUBLISH/SSUBSCRIBE, Redis 7)
+// would keep a release within its shard, but go-redis binds a sharded
+// PubSub to the slot of its first channel and resubscribes all its
+// channels in one SSUBSCRIBE, which the server rejects (CROSSSLOT) once
+// they span slots: it would take one connection per waited-for slot, not
+// one per master, plus its own handling
 // of slot moves, and miniredis has no SPUBLISH. Measured on a local
 // 3-master cluster (BenchmarkClusterNotify): PUBLISH delivers in about
 // 0.2 ms and costs 2 cluster-bus messages (N-1 for N nodes), SPUBLISH about
@@ -235,28 +236,10 @@ func (n *notifier) send() {
 }
 
 // sendOp sends op on the links of its channels; on records the link each
-// channel is subscribed on (on a Redis Cluster only: elsewhere there is
-// one link).
+// channel is subscribed on.
 func (n *notifier) sendOp(ctx context.Context, op subOp, on map[string]*redis.PubSub) {
-	if _, ok := n.rdb.(*redis.ClusterClient); !ok {
-		if op.unsub {
-			n.mu.Lock()
-			ps := n.links[""]
-			n.mu.Unlock()
-			if ps != nil {
-				_ = ps.Unsubscribe(ctx, op.names...)
-			}
-			return
-		}
-		if ps, made := n.link(""); ps != nil {
-			_ = ps.Subscribe(ctx, op.names...)
-			if made {
-				n.startReceiver(ps)
-			}
-		}
-		return
-	}
 	if op.unsub {
+		// Rare (sweeps): grouped by link.
 		by := make(map[*redis.PubSub][]string)
 		for _, name := range op.names {
 			if ps := on[name]; ps != nil {
@@ -269,24 +252,38 @@ func (n *notifier) sendOp(ctx context.Context, op subOp, on map[string]*redis.Pu
 		}
 		return
 	}
+	if _, ok := n.rdb.(*redis.ClusterClient); !ok {
+		n.subscribe(ctx, "", op.names, on)
+		return
+	}
 	by := make(map[string][]string)
 	for _, name := range op.names {
 		addr := n.linkOf(ctx, name)
 		by[addr] = append(by[addr], name)
 	}
 	for addr, names := range by {
-		ps, made := n.link(addr)
-		if ps == nil {
-			return // closed
-		}
-		for _, name := range names {
-			on[name] = ps
-		}
-		_ = ps.Subscribe(ctx, names...)
-		if made {
-			n.startReceiver(ps)
+		if !n.subscribe(ctx, addr, names, on) {
+			return
 		}
 	}
+}
+
+// subscribe subscribes names on the link for addr, made (and its receiver
+// started) if need be; it reports false, sending nothing, once n is
+// closed.
+func (n *notifier) subscribe(ctx context.Context, addr string, names []string, on map[string]*redis.PubSub) bool {
+	ps, made := n.link(addr)
+	if ps == nil {
+		return false
+	}
+	for _, name := range names {
+		on[name] = ps
+	}
+	_ = ps.Subscribe(ctx, names...)
+	if made {
+		n.startReceiver(ps)
+	}
+	return true
 }
 
 // inboxFor returns the inbox suffix that a call's secret carries (see
