@@ -194,3 +194,103 @@ func TestClusterWaiterSubscribesOnTheNamesMaster(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterWaitersSurvivePubSubKill: on a Redis Cluster every master
+// drops the waiting Client's pub/sub connections (CLIENT KILL by id, found
+// by the client name) while a waiter sleeps on a name of each master; each
+// link reconnects and subscribes again, and the releases that follow wake
+// the waiters at once, not after the 30 s TTL.
+func TestClusterWaitersSurvivePubSubKill(t *testing.T) {
+	be, ok := redistest.Cluster(t)
+	if !ok {
+		t.Skip("needs redis-server and redis-cli")
+	}
+	t.Parallel()
+	ctx := ctxT(t)
+	admin := be.NewClient(t).(*redis.ClusterClient)
+	clientName := "dsync-test-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                      be.Addrs,
+		ClientName:                 clientName,
+		ClusterStateReloadInterval: time.Second,
+	})
+	t.Cleanup(func() { _ = rdb.Close() })
+	waiters := dsync.New(rdb)
+	t.Cleanup(func() { waiters.Close() })
+	holders := newClient(t, be)
+
+	masters := map[string]string{} // master address -> a name it owns
+	base := redistest.Key(t)
+	for i := 0; len(masters) < 3 && i < 1000; i++ {
+		name := base + ":" + strconv.Itoa(i)
+		m, err := admin.MasterForKey(ctx, mutexKeys(name).Lock)
+		must(t, err)
+		if _, ok := masters[m.Options().Addr]; !ok {
+			masters[m.Options().Addr] = name
+		}
+	}
+	if len(masters) < 3 {
+		t.Fatalf("names found on %d masters, want 3", len(masters))
+	}
+	held := map[string]*dsync.Mutex{}
+	waiting := map[string]*dsync.Mutex{}
+	got := map[string]<-chan error{}
+	for _, name := range masters {
+		held[name] = holders.Mutex(name)
+		must(t, held[name].Lock(ctx))
+		w := waiters.Mutex(name)
+		waiting[name] = w
+		got[name] = async(func() error { return w.Lock(ctx) })
+	}
+	// subscribed reports whether the channel of name has a subscriber on
+	// the master at addr.
+	subscribed := func(addr, name string) bool {
+		var n int64
+		err := admin.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			if c.Options().Addr != addr {
+				return nil
+			}
+			ch := mutexKeys(name).Channel()
+			m, err := c.PubSubNumSub(ctx, ch).Result()
+			n = m[ch]
+			return err
+		})
+		must(t, err)
+		return n > 0
+	}
+	for addr, name := range masters {
+		waitFor(t, 10*time.Second, "the subscription of "+name, func() bool { return subscribed(addr, name) })
+	}
+	// Kill the waiting Client's pub/sub connections on every master.
+	var killed atomic.Int64
+	must(t, admin.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		list, err := c.ClientList(ctx).Result()
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(list, "\n") {
+			if !strings.Contains(line, " name="+clientName+" ") || !strings.Contains(line, " sub=") || strings.Contains(line, " sub=0 ") {
+				continue
+			}
+			id, _, _ := strings.Cut(strings.TrimPrefix(line, "id="), " ")
+			if err := c.Do(ctx, "CLIENT", "KILL", "ID", id).Err(); err != nil {
+				return err
+			}
+			killed.Add(1)
+		}
+		return nil
+	}))
+	if killed.Load() < 3 {
+		t.Fatalf("killed %d pub/sub connections, want one per master (3)", killed.Load())
+	}
+	// Each link subscribes again on its master.
+	for addr, name := range masters {
+		waitFor(t, 10*time.Second, "the subscription of "+name+" after the kill", func() bool { return subscribed(addr, name) })
+	}
+	for name, m := range held {
+		released := time.Now()
+		must(t, m.Unlock(ctx))
+		gotLockSoon(t, got[name], released, 10*time.Second, 2*time.Second, "the release of "+name)
+		must(t, waiting[name].Unlock(ctx))
+	}
+}
