@@ -256,7 +256,9 @@ func (c *Client) cohortAwait(ctx context.Context, key string, tok any, id string
 	msg, got, err := cs.wait(ctx, cw, ttl, c.closed)
 	if err != nil {
 		if got {
-			if msg.passed {
+			if msg.passed || !cw.passSent.IsZero() {
+				// A pass, or a release that tried to pass to the call and
+				// whose outcome may be a hold or a waiting place of it.
 				c.cleanup(ctx, u)
 			}
 			cs.leave(key)
@@ -296,15 +298,22 @@ func (c *Client) cohortRelease(ctx context.Context, key string, run func(w *coho
 	w.passSent = time.Now()
 	if rep, err = run(w); err != nil {
 		// The outcome is unknown: the waiter asks Redis itself, under the
-		// id the pass named (its lease measured from passSent).
-		cs.deliver(w, cohortMsg{})
+		// id the pass named (its lease measured from passSent). If it
+		// gave up, what the release may have given it is undone.
+		if !cs.deliver(w, cohortMsg{}) {
+			c.cleanup(ctx, undo(w))
+		}
 		return nil, false, err
 	}
 	g, ok := passGrant(rep)
 	if !ok {
 		// Released without a pass (or not at all): the waiter tries in
-		// Redis in the releaser's place.
-		cs.deliver(w, cohortMsg{})
+		// Redis in the releaser's place. The release may have given it a
+		// waiting place (an RWMutex writer behind readers): if it gave up,
+		// that is undone too.
+		if !cs.deliver(w, cohortMsg{}) {
+			c.cleanup(ctx, undo(w))
+		}
 		return rep, false, nil
 	}
 	if !cs.deliver(w, cohortMsg{passed: true, g: g}) {

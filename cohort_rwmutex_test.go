@@ -14,6 +14,7 @@ import (
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
 )
 
 // Cohorts of RWMutex writers (cohort.go), what is their own: a writer's
@@ -57,6 +58,100 @@ func TestCohortRWMutexWaitingReaderGoesFirst(t *testing.T) {
 		must(t, r.RUnlock(ctx))
 		recvNil(t, write, 10*time.Second, "the writer, once the reader left")
 		must(t, w.Unlock(ctx))
+	})
+}
+
+// A writer waiting in the releaser's process that a release passes over
+// for the readers that waited holds back the readers that come after it,
+// as a writer waiting in Redis does (writer preference): the release gives
+// it the waiting place its own refused attempt would take, so a new
+// reader of another Client is refused from the moment the Unlock returns,
+// before the writer made an attempt of its own (held back here by a gate
+// on the lock script, opened once the reader that waited holds). The
+// writer gets in once that reader leaves.
+func TestCohortRWMutexPassedOverWriterHoldsBackNewReaders(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		gate := &unlockGate{sha: lua.Script("rwmutex_lock").Hash()}
+		c, rdb := hookedClient(t, b, gate)
+		a, w := c.RWMutex(name), c.RWMutex(name)
+		must(t, a.Lock(ctx))
+		write := async(func() error { return w.Lock(ctx) })
+		rwCohort.waiting(t, c, name, 1)
+		gate.close()
+		defer gate.open()
+		r := newClient(t, b).RWMutex(name)
+		read := async(func() error { return r.RLock(ctx) })
+		waitFor(t, 10*time.Second, "the reader's waiting place", func() bool {
+			n, err := rdb.HLen(ctx, rwKeys(name).WaitingReaders).Result()
+			return err == nil && n == 1
+		})
+		must(t, a.Unlock(ctx))
+		late := newClient(t, b).RWMutex(name)
+		if ok, err := late.TryRLock(ctx); err != nil || ok {
+			t.Fatalf("a reader that came after the waiting writer: TryRLock = %v, %v; want false (writer preference)", ok, err)
+		}
+		if n, err := rdb.ZCard(ctx, rwKeys(name).WaitingWriters).Result(); err != nil || n != 1 {
+			t.Fatalf("waiting writers in Redis after the release: %v, %v; want 1", n, err)
+		}
+		recvNil(t, read, 10*time.Second, "the reader that waited")
+		if ok, err := late.TryRLock(ctx); err != nil || ok {
+			t.Fatalf("a new reader while the writer waits and the reader holds: TryRLock = %v, %v; want false", ok, err)
+		}
+		gate.open()
+		if ok, err := late.TryRLock(ctx); err != nil || ok {
+			t.Fatalf("a new reader once the writer tries in Redis: TryRLock = %v, %v; want false", ok, err)
+		}
+		must(t, r.RUnlock(ctx))
+		recvNil(t, write, 10*time.Second, "the writer, once the reader left")
+		must(t, w.Unlock(ctx))
+		ok, err := late.TryRLock(ctx)
+		if err != nil || !ok {
+			t.Fatalf("TryRLock once the writer left: %v, %v; want true", ok, err)
+		}
+		must(t, late.RUnlock(ctx))
+	})
+}
+
+// The waiting place a release gave a writer waiting in its process (see
+// TestCohortRWMutexPassedOverWriterHoldsBackNewReaders) goes with the
+// writer when its Lock gives up: new readers get in at once, not after the
+// place lapses (one lease TTL, 30 s here).
+func TestCohortRWMutexPassedOverWriterGivesUp(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		c := newClient(t, b)
+		rdb := b.NewClient(t)
+		a, w := c.RWMutex(name), c.RWMutex(name)
+		must(t, a.Lock(ctx))
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		write := async(func() error { return w.Lock(wctx) })
+		rwCohort.waiting(t, c, name, 1)
+		r := newClient(t, b).RWMutex(name)
+		read := async(func() error { return r.RLock(ctx) })
+		waitFor(t, 10*time.Second, "the reader's waiting place", func() bool {
+			n, err := rdb.HLen(ctx, rwKeys(name).WaitingReaders).Result()
+			return err == nil && n == 1
+		})
+		must(t, a.Unlock(ctx))
+		recvNil(t, read, 10*time.Second, "the reader that waited")
+		cancel()
+		select {
+		case err := <-write:
+			mustIs(t, err, context.Canceled, "the writer that gave up")
+		case <-time.After(10 * time.Second):
+			t.Fatal("the writer's Lock did not return after its ctx was cancelled")
+		}
+		waitFor(t, 10*time.Second, "the writer's waiting place to go", func() bool {
+			n, err := rdb.Exists(ctx, rwKeys(name).WaitingWriters).Result()
+			return err == nil && n == 0
+		})
+		late := newClient(t, b).RWMutex(name)
+		ok, err := late.TryRLock(ctx)
+		if err != nil || !ok {
+			t.Fatalf("TryRLock once the writer gave up: %v, %v; want true", ok, err)
+		}
+		must(t, late.RUnlock(ctx))
+		must(t, r.RUnlock(ctx))
 	})
 }
 

@@ -41,7 +41,9 @@
 --         release admits the readers that waited for it), its id is
 --         remembered (abandoned), or writers wait in Redis and the hold is
 --         the end of that many passes in a row (':k'). Then the release
---         goes on as without a pass.
+--         goes on as without a pass; when readers wait or hold, that
+--         writer also gets a waiting place (as its refused attempt would),
+--         so that readers who come after it wait for it.
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it, {4, fencing token}
 --        released and passed (ARGV[10..13]) with that token. A repeat
@@ -214,20 +216,31 @@ end
 redis.call('DEL', W)
 
 local ptok, pid = ARGV[10], ARGV[11]
-if guard == '' and ptok and ptok ~= '' and redis.call('EXISTS', RQ, R) == 0 then
-  -- A pass: the next write hold is the waiting call's, with its own TTL
-  -- and id, as a hand-over's is. No reader waits or holds (the owner's own
-  -- read hold, a downgrade, would be one).
-  local k = tonumber(cur[6]) or 0
-  if (k < tonumber(ARGV[13]) or redis.call('EXISTS', WW, WQ) == 0) and not recall(X, pid) then
-    local f = next_fence(idle)
-    if f then
-      redis.call('HSET', W, ptok, '1', ':f', f, ':c', pid, ':p', prune_mark[X] or '', ':k', num(k + 1))
-      redis.call('PEXPIRE', W, ARGV[12])
-      noted(pid, 1)
-      noted(id, 1)
-      return out({ 4, tonumber(f) })
+if guard == '' and ptok and ptok ~= '' then
+  if redis.call('EXISTS', RQ, R) == 0 then
+    -- A pass: the next write hold is the waiting call's, with its own TTL
+    -- and id, as a hand-over's is. No reader waits or holds (the owner's
+    -- own read hold, a downgrade, would be one).
+    local k = tonumber(cur[6]) or 0
+    if (k < tonumber(ARGV[13]) or redis.call('EXISTS', WW, WQ) == 0) and not recall(X, pid) then
+      local f = next_fence(idle)
+      if f then
+        redis.call('HSET', W, ptok, '1', ':f', f, ':c', pid, ':p', prune_mark[X] or '', ':k', num(k + 1))
+        redis.call('PEXPIRE', W, ARGV[12])
+        noted(pid, 1)
+        noted(id, 1)
+        return out({ 4, tonumber(f) })
+      end
     end
+  elseif not recall(X, pid) then
+    -- Readers go first, and the writer waiting in the process gets the
+    -- waiting place its own refused attempt would take: it has waited
+    -- since before this release, so the readers that come after it wait
+    -- for it (writer preference), as they would for a writer of another
+    -- process. Its next attempt keeps the place; if the call gives up
+    -- instead, its abandon drops it (see cohort.go), else it lapses.
+    redis.call('ZADD', WW, num(now + tonumber(ARGV[12])), ptok)
+    fit(WW)
   end
 end
 
