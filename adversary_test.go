@@ -832,6 +832,7 @@ func TestAdvBadInputEdges(t *testing.T) {
 	counter := &redistest.Counter{}
 	c, _ := hookedClient(t, b, counter)
 	ctx := context.Background()
+	var nilClient *dsync.Client
 	invalid := map[string]func() error{
 		"TTL below 1 ms": func() error { return c.Mutex("x", dsync.TTL(time.Millisecond-1)).Lock(ctx) },
 		"Period below 1 ms": func() error {
@@ -863,8 +864,17 @@ func TestAdvBadInputEdges(t *testing.T) {
 			_, err := dsync.New(nil).Mutex("x").TryLock(ctx)
 			return err
 		},
-		"Mutex Unlock, nil client": func() error { return dsync.New(nil).Mutex("x").Unlock(ctx) },
-		"Quorum of no clients":     func() error { return dsync.NewQuorum(nil).Mutex("x").Lock(ctx) },
+		"Mutex Unlock, nil client":   func() error { return dsync.New(nil).Mutex("x").Unlock(ctx) },
+		"Mutex Lock, nil *Client":    func() error { return nilClient.Mutex("x").Lock(ctx) },
+		"RWMutex RLock, nil *Client": func() error { return nilClient.RWMutex("x").RLock(ctx) },
+		"RWMutex Lock, nil *Client":  func() error { return nilClient.RWMutex("x").Lock(ctx) },
+		"Semaphore Acquire, nil *Client": func() error {
+			return nilClient.Semaphore("x", 1).Acquire(ctx, 1)
+		},
+		"Once Do, nil *Client": func() error {
+			return nilClient.Once("x").Do(ctx, func(context.Context) error { return nil })
+		},
+		"Quorum of no clients": func() error { return dsync.NewQuorum(nil).Mutex("x").Lock(ctx) },
 		"Quorum with a nil client": func() error {
 			return dsync.NewQuorum([]redis.UniversalClient{b.NewClient(t), nil, b.NewClient(t)}).Mutex("x").Lock(ctx)
 		},

@@ -86,7 +86,7 @@ func flagArg(b bool) any {
 func (c *Client) Mutex(name string, opts ...Option) *Mutex {
 	m, k := newMutex(c.shared(), name, opts)
 	s := newMutexScripts(c, &m.cfg, k, name)
-	if m.cfg.replicas == 0 {
+	if m.cfg.replicas == 0 && c != nil {
 		s.co = &c.cohorts
 	}
 	m.impl = s

@@ -91,7 +91,7 @@ type rwImpl interface {
 func (c *Client) RWMutex(name string, opts ...Option) *RWMutex {
 	rw, k := newRWMutex(c.shared(), name, opts)
 	s := newRWScripts(c, &rw.cfg, k, name)
-	if rw.cfg.replicas == 0 {
+	if rw.cfg.replicas == 0 && c != nil {
 		s.co = &c.cohorts
 	}
 	rw.impl = s
