@@ -1045,3 +1045,76 @@ func TestRemoteStateReentryFenceDeleted(t *testing.T) {
 		}
 	})
 }
+
+// A hold's list of applied call ids full of foreign data (100,000 words,
+// 200 KB) costs a re-entry time in proportion to its length: the script
+// that re-enters (and keeps the last few ids) returns well within 2 s,
+// where one that cut the list down an id at a time ran for tens of seconds
+// and held every other client of the server up meanwhile (DESIGN, Remote
+// state: no busy loop).
+func TestRemoteStateHugeCallList(t *testing.T) {
+	const words = 100000
+	huge := strings.Repeat("x ", words) + "y"
+	type prim struct {
+		name string
+		// lock takes (or re-enters) the owner's hold through c.
+		lock func(ctx context.Context, c *dsync.Client, name string) error
+		// field is the hash field of the list: key, field and the text
+		// before the ids in it.
+		field func(ctx context.Context, rdb redis.UniversalClient, name string) (k, f, head string)
+	}
+	prims := []prim{
+		{"Mutex", func(ctx context.Context, c *dsync.Client, name string) error { return c.Mutex(name).Lock(ctx) },
+			func(context.Context, redis.UniversalClient, string) (string, string, string) { return "", ":c", "" }},
+		{"RWMutex.Lock", func(ctx context.Context, c *dsync.Client, name string) error { return c.RWMutex(name).Lock(ctx) },
+			func(context.Context, redis.UniversalClient, string) (string, string, string) { return "", ":c", "" }},
+		{"RWMutex.RLock", func(ctx context.Context, c *dsync.Client, name string) error { return c.RWMutex(name).RLock(ctx) },
+			func(ctx context.Context, rdb redis.UniversalClient, name string) (string, string, string) {
+				rec, err := rdb.HGet(ctx, rwKeys(name).ReaderData, dsync.OwnerToken(ctx)).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				f := strings.Fields(rec)
+				return rwKeys(name).ReaderData, dsync.OwnerToken(ctx), f[0] + " " + f[1] + " "
+			}},
+		{"Semaphore", func(ctx context.Context, c *dsync.Client, name string) error {
+			return c.Semaphore(name, 5).Acquire(ctx, 1)
+		}, func(ctx context.Context, _ redis.UniversalClient, name string) (string, string, string) {
+			return semKeys(name).State, ":c:" + dsync.OwnerToken(ctx), ""
+		}},
+	}
+	for _, p := range prims {
+		t.Run(p.name, func(t *testing.T) {
+			for _, b := range redistest.AllBackends(t) {
+				if b.Mini != nil {
+					continue // gopher-lua's timings say nothing about the server's
+				}
+				t.Run(b.Name, func(t *testing.T) {
+					ctx, name := dsync.WithOwner(ctxT(t)), redistest.Key(t)
+					rdb := b.NewClient(t)
+					c := newClient(t, b)
+					must(t, p.lock(ctx, c, name))
+					k, f, head := p.field(ctx, rdb, name)
+					if k == "" {
+						k = mutexKeys(name).Lock
+						if strings.HasPrefix(p.name, "RWMutex") {
+							k = rwKeys(name).Writer
+						}
+					}
+					must(t, rdb.HSet(ctx, k, f, head+huge).Err())
+					rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+					defer cancel()
+					start := time.Now()
+					if err := p.lock(rctx, c, name); err != nil {
+						t.Fatalf("re-entry with %d ids in the hold's list: %v after %v", words, err, time.Since(start).Round(time.Millisecond))
+					}
+					v, err := rdb.HGet(ctx, k, f).Result()
+					must(t, err)
+					if n := len(strings.Fields(strings.TrimPrefix(v, head))); n > 32 {
+						t.Errorf("the list keeps %d ids after the re-entry, want the last few", n)
+					}
+				})
+			}
+		})
+	}
+}

@@ -223,17 +223,23 @@ local function seen(list, id)
   return list ~= nil and list ~= false and string.find(' ' .. list .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
 end
 
--- list with id added, keeping the last keep ids (default 16).
+-- list with id added, keeping the last keep ids (default 16). The ids
+-- dropped are skipped over, not cut off one by one, so that a list of
+-- foreign data costs time in proportion to its length, not its square.
 local function remember(list, id, keep)
   if not list or list == '' then
     return id
   end
   local l = list .. ' ' .. id
   local _, n = string.gsub(l, ' ', ' ')
+  local at = 1
   for _ = keep or 16, n do
-    l = string.sub(l, string.find(l, ' ', 1, true) + 1)
+    at = string.find(l, ' ', at, true) + 1
   end
-  return l
+  if at == 1 then
+    return l
+  end
+  return string.sub(l, at)
 end
 
 -- list without id.
