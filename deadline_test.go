@@ -107,6 +107,8 @@ func TestDeadlineWithRedisDown(t *testing.T) {
 				{"Once.Do", func(ctx context.Context) error {
 					return o.Do(ctx, func(context.Context) error { return errors.New("f ran with Redis down") })
 				}},
+				{"Once.Done", func(ctx context.Context) error { _, err := o.Done(ctx); return err }},
+				{"Once.Reset", o.Reset},
 			}
 			for _, call := range calls {
 				if call.name == "plain GET" && down.name == "silent, go-redis defaults" {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
@@ -195,13 +197,24 @@ func (oc *onceCall) abandon(ctx context.Context) { oc.o.abandon(ctx, oc.tok) }
 func (oc *onceCall) restart() { oc.tok, oc.waited = newToken(), false }
 
 // Done reports whether the Once is done: a run succeeded and its mark has
-// neither expired nor been reset. It changes nothing.
+// neither expired nor been reset. It changes nothing. It returns when ctx
+// ends, as every call does, also while the server holds the command; a
+// done mark that holds data dsync did not write is an error matching
+// [ErrCorrupt] (a key of another type), or no mark (a hash without a
+// value), as [Once.Do] takes it.
 func (o *Once) Done(ctx context.Context) (bool, error) {
 	if err := o.check(); err != nil {
 		return false, err
 	}
-	n, err := o.c.rdb.Exists(ctx, o.keys[1]).Result()
-	return n > 0, err
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	var cmd *redis.BoolCmd
+	if !o.c.within(ctx, func() { cmd = o.c.rdb.HExists(ctx, o.keys[1], "v") }) {
+		return false, ctx.Err()
+	}
+	done, err := cmd.Result()
+	return done, scriptError(err)
 }
 
 // Reset removes the done mark, with its value, so that the next call of Do

@@ -398,3 +398,35 @@ func TestOnceLostReplyOfTheDoneMark(t *testing.T) {
 		}
 	})
 }
+
+// Done agrees with Do on a done mark that dsync did not write: a key of
+// another type is an error matching ErrCorrupt for both, a hash without a
+// value is no mark for both (Do runs f and marks the Once done), and the
+// name works again once the foreign key is removed.
+func TestOnceDoneOnForeignData(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		rdb := b.NewClient(t)
+		o := newClient(t, b).Once(name)
+		done := keys.ForOnce(dsync.DefaultPrefix, name).Done
+		must(t, rdb.Set(ctx, done, "x", time.Minute).Err())
+		if d, err := o.Done(ctx); !errors.Is(err, dsync.ErrCorrupt) {
+			t.Errorf("Done on a done mark of another type: %v, %v; want ErrCorrupt", d, err)
+		}
+		ran := false
+		if err := o.Do(ctx, func(context.Context) error { ran = true; return nil }); !errors.Is(err, dsync.ErrCorrupt) || ran {
+			t.Errorf("Do on a done mark of another type: %v (f ran: %v); want ErrCorrupt", err, ran)
+		}
+		must(t, rdb.Del(ctx, done).Err())
+		must(t, rdb.HSet(ctx, done, "x", "1").Err())
+		if d, err := o.Done(ctx); d || err != nil {
+			t.Errorf("Done on a done hash without a value: %v, %v; want false, nil (as Do takes it)", d, err)
+		}
+		must(t, o.Do(ctx, func(context.Context) error { ran = true; return nil }))
+		if !ran {
+			t.Error("Do on a done hash without a value did not run f")
+		}
+		if d, err := o.Done(ctx); !d || err != nil {
+			t.Errorf("Done after the run: %v, %v; want true", d, err)
+		}
+	})
+}
