@@ -424,3 +424,108 @@ func TestOnceDoCancelledWhileMarkingDone(t *testing.T) {
 		t.Error("f ran again: the done mark of the cancelled call was lost")
 	}
 }
+
+// A run of Once.Do whose ctx ended while f ran, with the server holding
+// commands (CLIENT PAUSE, 2 s): f returns, or panics, once its ctx ends,
+// and Do returns (or the panic goes on) then, not when the server answers
+// the end of the run, which completes in the background: a failed run
+// frees the name for the next call, a run that succeeded marks the Once
+// done (DESIGN, Deadlines).
+func TestOnceDoReturnsAtItsDeadlineWhileServerHoldsTheEnd(t *testing.T) {
+	ps := newPausable(t)
+	c := ps.client(t)
+	name := redistest.Key(t)
+	// Warm up: a connection in the pool, the scripts loaded.
+	must(t, c.Once(name+"-warm").Do(context.Background(), func(context.Context) error { return nil }))
+	const deadline = 300 * time.Millisecond
+	for _, end := range []string{"fails", "succeeds", "panics"} {
+		t.Run(end, func(t *testing.T) {
+			n := name + "-" + end
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			var paused time.Time
+			start := time.Now()
+			var err error
+			var p any
+			func() {
+				defer func() { p = recover() }()
+				err = c.Once(n).Do(ctx, func(fctx context.Context) error {
+					paused = ps.pause(t)
+					<-fctx.Done()
+					switch end {
+					case "fails":
+						return fctx.Err()
+					case "panics":
+						panic("f panicked")
+					}
+					return nil
+				})
+			}()
+			took := time.Since(start)
+			if paused.IsZero() {
+				t.Fatalf("Do = %v before f paused the server", err)
+			}
+			if end == "panics" && p != "f panicked" {
+				t.Errorf("recovered %v, want f's panic", p)
+			}
+			if end != "panics" && !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("Do = %v, want the ctx's error", err)
+			}
+			if took > deadline+slack {
+				t.Errorf("Do with a %v deadline, f ending at it, came back after %v (%v, %v)", deadline, took.Round(time.Millisecond), err, p)
+			}
+			time.Sleep(time.Until(paused.Add(pauseFor)))
+			dsync.WaitCleanups(c)
+			ran := false
+			dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer dcancel()
+			must(t, ps.client(t).Once(n).Do(dctx, func(context.Context) error { ran = true; return nil }))
+			if ran == (end == "succeeds") {
+				t.Errorf("after the pause, another process's Do ran f: %v; want %v", ran, end != "succeeds")
+			}
+		})
+	}
+}
+
+// An Unlock, RUnlock or Release called with a ctx that has already ended,
+// while the server holds commands, returns within a few ms with the ctx's
+// error; the release completes in the background once the server answers.
+func TestReleaseWithEndedCtxWhileServerHoldsIt(t *testing.T) {
+	ps := newPausable(t)
+	c, other := ps.client(t), ps.client(t)
+	name := redistest.Key(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, rw, s := c.Mutex(name), c.RWMutex(name), c.Semaphore(name, 1)
+	must(t, m.Lock(ctx))
+	must(t, rw.RLock(ctx))
+	must(t, s.Acquire(ctx, 1))
+	ended, end := context.WithCancel(context.Background())
+	end()
+	paused := ps.pause(t)
+	for what, release := range map[string]func() error{
+		"Mutex.Unlock":      func() error { return m.Unlock(ended) },
+		"RWMutex.RUnlock":   func() error { return rw.RUnlock(ended) },
+		"Semaphore.Release": func() error { return s.Release(ended, 1) },
+	} {
+		start := time.Now()
+		err := release()
+		if took := time.Since(start); took > slack {
+			t.Errorf("%s with an ended ctx, the server paused: returned after %v (%v)", what, took.Round(time.Millisecond), err)
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("%s with an ended ctx, the server paused: %v, want context.Canceled", what, err)
+		}
+	}
+	time.Sleep(time.Until(paused.Add(pauseFor)))
+	dsync.WaitCleanups(c)
+	for what, try := range map[string]func() (bool, error){
+		"Mutex":     func() (bool, error) { return other.Mutex(name).TryLock(ctx) },
+		"RWMutex":   func() (bool, error) { return other.RWMutex(name).TryLock(ctx) },
+		"Semaphore": func() (bool, error) { return other.Semaphore(name, 1).TryAcquire(ctx, 1) },
+	} {
+		if ok, err := try(); !ok || err != nil {
+			t.Errorf("%s after the pause: another process's try = %v, %v; the release did not complete", what, ok, err)
+		}
+	}
+}

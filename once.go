@@ -328,10 +328,7 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 		// With WaitReplicas, make sure the run lease reached the replicas
 		// before f starts.
 		if err := o.c.replicated(ctx, &o.cfg, onceRenew, o.keys[:1], tok, o.ttlArg); err != nil {
-			if !o.closed() {
-				_, _ = o.release(ctx, tok, "fail", nil)
-			}
-			h.release()
+			o.fail(ctx, tok, h, err)
 			return nil, err
 		}
 	}
@@ -366,10 +363,7 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 		// call, then let the panic go on.
 		p := recover()
 		stop()
-		if !o.closed() {
-			_, _ = o.release(ctx, tok, "fail", nil)
-		}
-		h.release()
+		o.fail(ctx, tok, h, errPanicked)
 		if p != nil {
 			panic(p)
 		}
@@ -393,6 +387,23 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 		return nil, serr
 	}
 	return *fin.out, nil
+}
+
+// errPanicked is the error of a run whose f panicked, as the run's end
+// sees it.
+var errPanicked = errors.New("dsync: f panicked")
+
+// fail ends the run tok, held as h, that failed with err before f
+// returned (f panicked, or the run lease did not reach the replicas): it
+// frees the run for the next call, in the background once ctx ends, as
+// an Unlock does (see settle). After Close the run lease is left to
+// expire, as if the process had died.
+func (o *Once) fail(ctx context.Context, tok string, h *hold, err error) {
+	if o.closed() {
+		h.release()
+		return
+	}
+	_ = settle(&o.c.base, ctx, onceFinish{o: o, tok: tok, h: h, ferr: err, out: new([]byte)}, onceSettler)
 }
 
 // onceFinish is what ends a run of f that returned (val, ferr): the call's

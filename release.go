@@ -153,22 +153,21 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 // the Client (b) and bounded by the Redis client's own timeouts, and
 // completes (its bookkeeping included) as if the caller had waited
 // (unless it completes within cleanupGrace of ctx's end, whose outcome the
-// caller then gets). With
-// ctx already done it runs at once, detached, with a deadline of its own
-// (releaseTimeout). So a release is never lost to a cancellation, and the
-// caller still returns when its ctx ends. (f is a plain function and a its
+// caller then gets). A ctx already done is a ctx that ended at the call:
+// the release starts all the same, and the caller has its outcome if it
+// comes within cleanupGrace. So a release is never lost to a cancellation,
+// and the caller still returns when its ctx ends. (f is a plain function and a its
 // arguments, so that a ctx that cannot end costs no allocation.)
 func settle[A any](b *base, ctx context.Context, a A, rl *settler[A]) error {
 	f := rl.f
 	switch {
 	case ctx.Done() == nil:
 		return f(ctx, a)
-	case ctx.Err() != nil:
+	case !b.releases.add():
+		// Closed: the release is not left to the background.
 		dctx, cancel := detached(ctx)
 		defer cancel()
 		return f(dctx, a)
-	case !b.releases.add():
-		return f(context.WithoutCancel(ctx), a) // closed
 	}
 	r, _ := rl.calls.Get().(*releaseCall[A])
 	if r == nil {
