@@ -95,14 +95,18 @@ func (o *Once) check() error {
 // returns it to this caller only, and the Once stays not done: a waiting
 // call runs f next. If the run lease was lost while f ran, the error also
 // matches [ErrLeaseLost] (f's result, even nil, was not recorded if another
-// call took over); so does the error of a call, rare, whose run lease was
-// lost before f could start (f is then not called). If ctx ends while waiting, Do returns an error for which
-// errors.Is(err, ctx.Err()) holds and leaves nothing behind, also when the
-// server gave this call the run lease but the reply was lost. If ctx ends
-// after f returned, while the run is being ended (a server slow to
-// answer), Do returns then, with f's error or, if f succeeded, ctx's
-// error: the Once is marked done in the background, and a later call
-// learns the outcome.
+// call took over), unless f succeeded and the call that took over has made
+// the Once done since: Do then returns nil, and DoValue that call's value,
+// as to every caller. The error of a call, rare, whose run lease was lost
+// before f could start (f is then not called) matches [ErrLeaseLost] too.
+//
+// If ctx ends while waiting, Do returns an error for which errors.Is(err,
+// ctx.Err()) holds and leaves nothing behind, also when the server gave
+// this call the run lease but the reply was lost. If ctx ends while f
+// runs or after f returned, while the run is being ended (a server slow
+// to answer), Do returns then, with f's error or, if f succeeded, ctx's
+// error: the run ends in the background (a success marks the Once done),
+// and a later call learns the outcome.
 //
 // The ctx passed to f is cancelled when ctx is done, when the run lease is
 // lost (its cause, [context.Cause], is then [ErrLeaseLost]) and when the
@@ -292,7 +296,7 @@ func (d doneCheck) abandon(ctx context.Context) { d.o.abandon(ctx, d.tok) }
 // lease it was given whose reply was lost. It runs detached from ctx, which
 // may be done.
 func (o *Once) abandon(ctx context.Context, tok string) {
-	_, _ = o.release(ctx, tok, "abandon", nil)
+	_, _, _ = o.release(ctx, tok, "abandon", nil)
 }
 
 // releaseTries bounds the attempts of one release. The script is
@@ -300,8 +304,9 @@ func (o *Once) abandon(ctx context.Context, tok string) {
 const releaseTries = 3
 
 // release runs the release script detached from ctx: 1 released, 0 the call
-// did not hold the run lease.
-func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int64, error) {
+// did not hold the run lease, 4 (for "done") it did not and the Once is
+// done by another call, whose value is returned.
+func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int64, []byte, error) {
 	dctx, cancel := detached(ctx)
 	defer cancel()
 	var period int64
@@ -309,11 +314,33 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 		period = ms(o.cfg.period)
 	}
 	for i := 1; ; i++ {
-		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.ch).Int64()
-		if err == nil || i == releaseTries || dctx.Err() != nil {
-			return r, err
+		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.ch).Result()
+		if err == nil {
+			return releaseReply(r)
+		}
+		if i == releaseTries || dctx.Err() != nil {
+			return 0, nil, err
 		}
 	}
+}
+
+// releaseReply decodes the reply r of the release script (see release).
+func releaseReply(r any) (int64, []byte, error) {
+	switch r := r.(type) {
+	case int64:
+		return r, nil, nil
+	case []any:
+		if len(r) == 2 {
+			code, _ := r[0].(int64)
+			if v, ok := r[1].(string); ok && code == 4 {
+				if v == "" {
+					return 4, nil, nil
+				}
+				return 4, []byte(v), nil
+			}
+		}
+	}
+	return 0, nil, replyError("once release", r)
 }
 
 // run calls f while the Client renews the run lease, and ends the run.
@@ -426,9 +453,16 @@ var onceSettler = &settler[onceFinish]{f: finishOnce}
 func finishOnce(ctx context.Context, a onceFinish) error {
 	o, tok, h, val, err := a.o, a.tok, a.h, a.val, a.ferr
 	if err != nil {
-		_, rerr := o.release(ctx, tok, "fail", nil)
-		lost := h.lost()
-		h.release()
+		r, _, rerr := o.release(ctx, tok, "fail", nil)
+		// The lease is lost if the renewer found so, or if the release
+		// found the run not this call's (or, rare, it repeated a release
+		// whose reply was lost: the run ended all the same).
+		lost := h.lost() || (rerr == nil && r == 0)
+		if lost {
+			h.lease.MarkLost()
+		} else {
+			h.release()
+		}
 		if lost {
 			return fmt.Errorf("%w: %w", ErrLeaseLost, err)
 		}
@@ -438,7 +472,7 @@ func finishOnce(ctx context.Context, a onceFinish) error {
 		}
 		return err
 	}
-	r, rerr := o.release(ctx, tok, "done", val)
+	r, won, rerr := o.release(ctx, tok, "done", val)
 	if rerr != nil {
 		// Still unknown after every try: the done mark may be set, or the
 		// lease runs out at its TTL and another call runs f.
@@ -448,6 +482,13 @@ func finishOnce(ctx context.Context, a onceFinish) error {
 	if r == 0 {
 		h.lease.MarkLost()
 		return fmt.Errorf("%w: another call took over the run", ErrLeaseLost)
+	}
+	if r == 4 {
+		// The run lease was lost, and another call has made the Once
+		// done since: its value is every caller's.
+		h.lease.MarkLost()
+		*a.out = won
+		return nil
 	}
 	h.release()
 	if len(val) > 0 {

@@ -430,3 +430,49 @@ func TestOnceDoneOnForeignData(t *testing.T) {
 		}
 	})
 }
+
+// A run whose lease was lost while f ran, after which another call ran f
+// and made the Once done, returns the Once's value when its own f then
+// succeeds: the Once is done, and every caller sees the winner's result.
+// A run whose f fails in the same position keeps its error (ErrLeaseLost).
+func TestOnceLostRunnerGetsTheWinnersValue(t *testing.T) {
+	for _, fails := range []bool{false, true} {
+		t.Run(map[bool]string{false: "f succeeds", true: "f fails"}[fails], func(t *testing.T) {
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+				rdb := b.NewClient(t)
+				c1, c2 := newClient(t, b), newClient(t, b)
+				var v2 []byte
+				var err2 error
+				v1, err1 := c1.Once(name).DoValue(ctx, func(fctx context.Context) ([]byte, error) {
+					// The run lease is lost behind the runner's back ...
+					must(t, rdb.Del(ctx, keys.ForOnce(dsync.DefaultPrefix, name).Run).Err())
+					// ... another process runs f and succeeds ...
+					v2, err2 = c2.Once(name).DoValue(ctx, func(context.Context) ([]byte, error) {
+						return []byte("winner"), nil
+					})
+					// ... and this f ends as it would have anyway.
+					if fails {
+						return nil, errors.New("f failed")
+					}
+					return []byte("loser"), nil
+				})
+				if err2 != nil || string(v2) != "winner" {
+					t.Fatalf("the call that took over: DoValue = %q, %v", v2, err2)
+				}
+				if fails {
+					if !errors.Is(err1, dsync.ErrLeaseLost) || v1 != nil {
+						t.Errorf("the lost run, f failed: DoValue = %q, %v; want ErrLeaseLost", v1, err1)
+					}
+				} else if err1 != nil || string(v1) != "winner" {
+					t.Errorf("the lost run, f succeeded after the Once was done: DoValue = %q, %v; want \"winner\", nil", v1, err1)
+				}
+				v3, err3 := newClient(t, b).Once(name).DoValue(ctx, func(context.Context) ([]byte, error) {
+					return []byte("third"), nil
+				})
+				if err3 != nil || string(v3) != "winner" {
+					t.Errorf("a later call: DoValue = %q, %v; want \"winner\"", v3, err3)
+				}
+			})
+		})
+	}
+}

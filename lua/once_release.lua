@@ -15,7 +15,10 @@
 -- ARGV[5] notification channel
 -- Reply: 1 released (for 'done': the done mark is set), 0 the call did not
 --        hold the run lease, or this is a late copy of an end already
---        applied (nothing changed but the call ids).
+--        applied (nothing changed but the call ids); for 'done', {4,
+--        value} the call did not hold the run lease and another call has
+--        made the Once done since, with that value (nothing changed but
+--        the call ids).
 
 local tok, mode, ch = ARGV[1], ARGV[2], ARGV[5]
 
@@ -55,12 +58,20 @@ end
 local t = redis.call('HGET', KEYS[1], 't')
 if t ~= tok then
   -- The lease was lost. If f succeeded and nobody has taken over or
-  -- finished since, f's success still counts: it ran once.
-  if mode == 'done' and not t and redis.call('EXISTS', KEYS[2]) == 0 then
-    mark_done()
-    -- Waiters may sleep until the expired lease's TTL: wake them.
-    redis.call('PUBLISH', ch, '')
-    return 1
+  -- finished since, f's success still counts: it ran once. If another
+  -- call finished since, the Once is done with that call's value, which
+  -- this call returns as every other caller does.
+  if mode == 'done' then
+    local v = redis.call('HGET', KEYS[2], 'v')
+    if v then
+      return { 4, v }
+    end
+    if not t and redis.call('EXISTS', KEYS[2]) == 0 then
+      mark_done()
+      -- Waiters may sleep until the expired lease's TTL: wake them.
+      redis.call('PUBLISH', ch, '')
+      return 1
+    end
   end
   return 0
 end
