@@ -2,8 +2,12 @@ package dsync
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // The acquisition engine. Every primitive takes a hold the same way: an
@@ -84,7 +88,9 @@ type acquirer interface {
 
 // An abandoner undoes what a failed call may have done on the server.
 type abandoner interface {
-	abandon(ctx context.Context)
+	// abandon runs the undo once; an error says it may not have taken
+	// effect (see Client.cleanup, which tries again).
+	abandon(ctx context.Context) error
 }
 
 // restartPause is how long a call whose hold ended before it learned of
@@ -259,7 +265,7 @@ func (c *Client) cleanup(ctx context.Context, u abandoner) {
 		defer cancel()
 		stop := context.AfterFunc(c.bgCtx, cancel)
 		defer stop()
-		u.abandon(dctx)
+		abandonRetrying(dctx, u)
 	}) {
 		// Closed: the holds a failed call may have taken expire at their TTL.
 		return
@@ -275,6 +281,47 @@ func (c *Client) cleanup(ctx context.Context, u abandoner) {
 	case <-done:
 	case <-t.C:
 	}
+}
+
+// abandonRetrying runs u's undo until it took effect or ctx ends (see
+// Client.cleanup, whose budget ctx is): an undo is idempotent, and one that
+// failed on the way (a connection cut, the server restarting) would leave
+// what the call took held, and renewed by nobody, for its whole TTL. It
+// pauses between tries from minRetry, doubling, up to a second; an error
+// the server sent back (foreign data, say) is not tried again.
+func abandonRetrying(ctx context.Context, u abandoner) {
+	pause := minRetry
+	for {
+		err := u.abandon(ctx)
+		if err == nil || ctx.Err() != nil || !transient(err) {
+			return
+		}
+		t := getTimer(pause)
+		select {
+		case <-ctx.Done():
+			putTimer(t)
+			return
+		case <-t.C:
+		}
+		putTimer(t)
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// transient reports whether err, the error of a command, may not recur
+// if the command is sent again: no reply came, or the server was not ready.
+func transient(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return true
+	}
+	msg := re.Error()
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // timers recycles the timers of waits (see getTimer): a contended call

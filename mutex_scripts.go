@@ -116,7 +116,7 @@ func (mc *mutexCall) attempt(ctx context.Context, queue bool) (grant, error) {
 	return mc.s.attemptCmd(ctx, mc.cmd)
 }
 
-func (mc *mutexCall) abandon(ctx context.Context) { mc.s.abandon(ctx, mc.tok, mc.to.id) }
+func (mc *mutexCall) abandon(ctx context.Context) error { return mc.s.abandon(ctx, mc.tok, mc.to.id) }
 
 func (mc *mutexCall) restart() {
 	mc.to = mc.to.next(newCallID())
@@ -149,8 +149,8 @@ func (s *mutexScripts) attemptCmd(ctx context.Context, cmd []any) (grant, error)
 }
 
 // abandon undoes whatever the lock call id of tok may have done.
-func (s *mutexScripts) abandon(ctx context.Context, tok any, id string) {
-	_ = s.c.eval(ctx, mutexUnlock, s.kargs, tok, newCallID(), s.chanArg, fenceIdleArg, id, argNone, argNone, s.localArg).Err()
+func (s *mutexScripts) abandon(ctx context.Context, tok any, id string) error {
+	return s.c.eval(ctx, mutexUnlock, s.kargs, tok, newCallID(), s.chanArg, fenceIdleArg, id, argNone, argNone, s.localArg).Err()
 }
 
 // unlock runs the unlock script, naming the hold h ends. The first release

@@ -196,7 +196,7 @@ func (oc *onceCall) attempt(ctx context.Context, _ bool) (grant, error) {
 	return g, err
 }
 
-func (oc *onceCall) abandon(ctx context.Context) { oc.o.abandon(ctx, oc.tok) }
+func (oc *onceCall) abandon(ctx context.Context) error { return oc.o.abandon(ctx, oc.tok) }
 
 func (oc *onceCall) restart() { oc.tok, oc.waited = newToken(), false }
 
@@ -290,13 +290,14 @@ type doneCheck struct {
 	tok string
 }
 
-func (d doneCheck) abandon(ctx context.Context) { d.o.abandon(ctx, d.tok) }
+func (d doneCheck) abandon(ctx context.Context) error { return d.o.abandon(ctx, d.tok) }
 
 // abandon undoes whatever a failed call may have done on the server: a run
 // lease it was given whose reply was lost. It runs detached from ctx, which
 // may be done.
-func (o *Once) abandon(ctx context.Context, tok string) {
-	_, _, _ = o.release(ctx, tok, "abandon", nil)
+func (o *Once) abandon(ctx context.Context, tok string) error {
+	_, _, err := o.release(ctx, tok, "abandon", nil)
+	return err
 }
 
 // releaseTries bounds the attempts of one release. The script is

@@ -31,11 +31,15 @@ type memberUndo struct {
 	done chan struct{}
 }
 
-func (u memberUndo) abandon(ctx context.Context) {
+func (u memberUndo) abandon(ctx context.Context) error {
 	if u.done != nil {
 		defer close(u.done)
 	}
 	u.k.undo(ctx, u.i, u.id)
+	// A member's undo is not tried again: the member's hold, if any,
+	// expires at its TTL, and a later attempt of the call there waits for
+	// done.
+	return nil
 }
 
 // stragglerWait is how long a quorum attempt whose outcome is decided

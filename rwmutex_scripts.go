@@ -130,7 +130,9 @@ func (rc *rwCall) attempt(ctx context.Context, queue bool) (grant, error) {
 	return rc.s.attemptCmd(ctx, rc.cmd)
 }
 
-func (rc *rwCall) abandon(ctx context.Context) { rc.s.abandon(ctx, rc.mode, rc.tok, rc.to.id) }
+func (rc *rwCall) abandon(ctx context.Context) error {
+	return rc.s.abandon(ctx, rc.mode, rc.tok, rc.to.id)
+}
 
 func (rc *rwCall) restart() {
 	rc.to = rc.to.next(newCallID())
@@ -169,12 +171,12 @@ func (s *rwScripts) attemptCmd(ctx context.Context, cmd []any) (grant, error) {
 }
 
 // abandon undoes whatever a failed lock call may have done on the server.
-func (s *rwScripts) abandon(ctx context.Context, mode string, tok any, id string) {
+func (s *rwScripts) abandon(ctx context.Context, mode string, tok any, id string) error {
 	local := argNo
 	if s.cfg.local {
 		local = argYes
 	}
-	_ = s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, newCallID(), s.chArg, argNone, id, argNone, fenceIdleArg, local).Err()
+	return s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, newCallID(), s.chArg, argNone, id, argNone, fenceIdleArg, local).Err()
 }
 
 // unlock runs the unlock script for a release of h. It names the hold it

@@ -204,12 +204,13 @@ func (sc *semCall) attempt(ctx context.Context, queue bool) (grant, error) {
 // abandon undoes whatever a failed Acquire or TryAcquire call may have done
 // on the server: its place in the queue, permits it took or was handed
 // whose reply was lost.
-func (sc *semCall) abandon(ctx context.Context) {
+func (sc *semCall) abandon(ctx context.Context) error {
 	s := sc.s
 	r, err := s.c.eval(ctx, semAbandon, s.kargs, sc.tok, sc.n, sc.to.id, fenceIdleArg, s.chanArg).Int64Slice()
 	if err == nil && len(r) == 2 && r[0] == 0 && r[1] > 0 {
 		s.ended(sc.owned, sc.to.tok, uint64(r[1]))
 	}
+	return err
 }
 
 func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
