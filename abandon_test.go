@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -85,6 +86,81 @@ func TestAbandonTriedAgainAfterAFailure(t *testing.T) {
 				ok, err := k.try(ctx, newClient(t, b), name)
 				if err != nil || !ok {
 					t.Fatalf("another process after the clean-up: %v, %v; want the name at once (the undo was not tried again)", ok, err)
+				}
+			})
+		})
+	}
+}
+
+// A re-entry whose reply was lost is undone by its abandon also when more
+// re-entries of the same owner than the hold's list of applied calls keeps
+// (16) came before the abandon arrived: the abandon finds the call in the
+// call ids zset and lowers the count once (a late copy of it changes
+// nothing), so the owner's Unlocks, one per Lock it was told succeeded,
+// free the name.
+func TestAbandonAfterManyReentries(t *testing.T) {
+	const more = 20
+	kinds := []struct {
+		name, attempt, undo string
+		lock                func(ctx context.Context, c *dsync.Client, name string) error
+		unlock              func(ctx context.Context, c *dsync.Client, name string) error
+	}{
+		{"Mutex", "mutex_lock", "mutex_unlock",
+			func(ctx context.Context, c *dsync.Client, n string) error { return c.Mutex(n).Lock(ctx) },
+			func(ctx context.Context, c *dsync.Client, n string) error { return c.Mutex(n).Unlock(ctx) }},
+		{"RWMutex.Lock", "rwmutex_lock", "rwmutex_unlock",
+			func(ctx context.Context, c *dsync.Client, n string) error { return c.RWMutex(n).Lock(ctx) },
+			func(ctx context.Context, c *dsync.Client, n string) error { return c.RWMutex(n).Unlock(ctx) }},
+		{"RWMutex.RLock", "rwmutex_lock", "rwmutex_unlock",
+			func(ctx context.Context, c *dsync.Client, n string) error { return c.RWMutex(n).RLock(ctx) },
+			func(ctx context.Context, c *dsync.Client, n string) error { return c.RWMutex(n).RUnlock(ctx) }},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+				attempt := scriptFaults(k.attempt)
+				gate := &unlockGate{sha: lua.Script(k.undo).Hash()}
+				c, rdb := hookedClient(t, b, attempt)
+				rdb.AddHook(gate)
+				rec := &redistest.Recorder{}
+				rdb.AddHook(rec)
+				must(t, k.lock(ctx, c, name)) // the hold; the scripts loaded
+				gate.close()
+				attempt.DropReplyNext(1, errors.New("i/o timeout"))
+				// The call waits for its abandon while its ctx lives.
+				lost := async(func() error { return k.lock(ctx, c, name) })
+				waitFor(t, 10*time.Second, "the abandon, held at the gate", func() bool { return gate.held.Load() == 1 })
+				for i := 0; i < more; i++ {
+					must(t, k.lock(ctx, c, name))
+				}
+				gate.open()
+				select {
+				case err := <-lost:
+					if err == nil {
+						t.Fatal("the re-entry whose reply was lost returned nil")
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("the re-entry whose reply was lost did not return")
+				}
+				dsync.WaitCleanups(c)
+				// A copy of the abandon, arriving late, lowers nothing again.
+				sha := lua.Script(k.undo).Hash()
+				for _, a := range rec.All() {
+					if a[1] == sha {
+						must(t, rdb.Do(ctx, a...).Err())
+					}
+				}
+				for i := 0; i < 1+more; i++ {
+					must(t, k.unlock(ctx, c, name))
+				}
+				// Another process, with no owner.
+				octx := ctxT(t)
+				ok, err := newClient(t, b).RWMutex(name).TryLock(octx)
+				if k.name == "Mutex" {
+					ok, err = newClient(t, b).Mutex(name).TryLock(octx)
+				}
+				if err != nil || !ok {
+					t.Fatalf("another process after the owner's %d Unlocks: %v, %v; want the name (the lost re-entry was not undone)", 1+more, ok, err)
 				}
 			})
 		})

@@ -150,10 +150,11 @@ func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, err
 }
 
 // Unlock unlocks m: one level of an owner's re-entry, or the handle's hold.
-// It runs even if ctx is already done, detached with its own deadline; if
-// ctx ends while it is under way, Unlock returns ctx's error then and the
-// release completes in the background, as if the caller had waited (it is
-// not to be repeated). It returns [ErrNotHeld] if the caller does not hold m and [ErrLeaseLost] if
+// It runs even if ctx is already done; if ctx ends before its outcome is
+// known (or, already done, the outcome does not come within a few ms),
+// Unlock returns ctx's error then and the release completes in the
+// background, as if the caller had waited (it is not to be repeated). It
+// returns [ErrNotHeld] if the caller does not hold m and [ErrLeaseLost] if
 // the hold was lost before Unlock; in both cases nothing is changed. Unlock
 // never affects another owner's hold, nor a later hold of the same owner or
 // handle, also when retried after a lost reply.

@@ -238,12 +238,13 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 // Unlock releases the write lock: one level of an owner's re-entry, or the
 // handle's write hold. A read hold the owner took while writing (a
 // downgrade) stays. On the last level every reader that waited for the
-// writer becomes a holder. It runs even if ctx is already done, detached
-// with its own deadline; if ctx ends while it is under way, Unlock returns
-// ctx's error then and the release completes in the background, as if the
-// caller had waited (it is not to be repeated). It returns [ErrNotHeld] if the caller does not hold
-// the write lock and [ErrLeaseLost] if the hold was lost before Unlock; in
-// both cases nothing is changed.
+// writer becomes a holder. It runs even if ctx is already done; if ctx ends
+// before its outcome is known (or, already done, the outcome does not come
+// within a few ms), Unlock returns ctx's error then and the release
+// completes in the background, as if the caller had waited (it is not to
+// be repeated). It returns [ErrNotHeld] if the caller does not hold the
+// write lock and [ErrLeaseLost] if the hold was lost before Unlock; in both
+// cases nothing is changed.
 func (rw *RWMutex) Unlock(ctx context.Context) error {
 	return rw.unlock(ctx, modeWrite)
 }

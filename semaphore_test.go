@@ -476,3 +476,72 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 		must(t, five.Release(ctx, 5))
 	})
 }
+
+// An Acquire whose reply was lost is undone by its abandon also when more
+// Acquires of the same holder than the holding's list of recent calls
+// keeps (32) took permits before the abandon arrived: the abandon finds
+// the call in the call ids zset, gives its permit back once, and the
+// permits the caller was told it holds are all there are.
+func TestSemaphoreAbandonAfterManyAcquiresOfTheHolder(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		const size, others = 100, 40
+		attempt := scriptFaults("semaphore_acquire")
+		gate := &unlockGate{sha: lua.Script("semaphore_abandon").Hash()}
+		c, rdb := hookedClient(t, b, attempt)
+		rdb.AddHook(gate)
+		rec := &redistest.Recorder{}
+		rdb.AddHook(rec)
+		s := c.Semaphore(name, size)
+		must(t, s.Acquire(ctx, 1)) // a holding; the scripts loaded
+		gate.close()
+		attempt.DropReplyNext(1, errors.New("i/o timeout"))
+		// The call waits for its abandon while its ctx lives.
+		lost := async(func() error { return s.Acquire(ctx, 1) })
+		waitFor(t, 10*time.Second, "the abandon, held at the gate", func() bool { return gate.held.Load() == 1 })
+		for i := 0; i < others; i++ {
+			if ok, err := s.TryAcquire(ctx, 1); !ok || err != nil {
+				t.Fatalf("TryAcquire %d: %v, %v", i, ok, err)
+			}
+		}
+		gate.open()
+		select {
+		case err := <-lost:
+			if err == nil {
+				t.Fatal("the Acquire whose reply was lost returned nil")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the Acquire whose reply was lost did not return")
+		}
+		dsync.WaitCleanups(c)
+		admin := b.NewClient(t)
+		used, err := admin.HGet(ctx, semKeys(name).State, ":used").Int64()
+		must(t, err)
+		if used != 1+others {
+			t.Fatalf("permits held after the abandon: %d, want %d (the lost call's permit given back)", used, 1+others)
+		}
+		// A copy of the abandon, arriving late, gives nothing back again.
+		sha := lua.Script("semaphore_abandon").Hash()
+		copies := 0
+		for _, a := range rec.All() {
+			if a[1] == sha {
+				must(t, rdb.Do(ctx, a...).Err())
+				copies++
+			}
+		}
+		if copies == 0 {
+			t.Fatal("no abandon recorded")
+		}
+		used, err = admin.HGet(ctx, semKeys(name).State, ":used").Int64()
+		must(t, err)
+		if used != 1+others {
+			t.Fatalf("permits held after a late copy of the abandon: %d, want %d", used, 1+others)
+		}
+		must(t, s.Release(ctx, 1+others))
+		if n, err := admin.Exists(ctx, semKeys(name).State, semKeys(name).Holders).Result(); err != nil || n != 0 {
+			t.Errorf("keys of the semaphore after every permit was released: %d, %v; want none", n, err)
+		}
+		if _, err := s.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+			t.Errorf("Lease after every permit was released: %v, want ErrNotHeld", err)
+		}
+	})
+}

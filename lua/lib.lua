@@ -215,8 +215,11 @@ end
 -- for recognising repeats (recall does that, for the whole replay window):
 -- an abandon (a call its caller gave up on, reply lost) undoes its call's
 -- effect only if the call is among them, and only once, since an undone id
--- leaves the list. An abandon runs as soon as its call failed, so the last
--- few ids suffice.
+-- leaves the list. An abandon runs as soon as its call failed, but many
+-- calls of one holder at once can push its id out of the list first: the
+-- ids pushed out are kept in the call ids zset, tagged with the hold (see
+-- remember_dropping), where the abandon finds them, and undoes one only
+-- if the zset says it took effect and was not abandoned since.
 
 -- list: the remembered ids, or nil/false when there are none.
 local function seen(list, id)
@@ -240,6 +243,34 @@ local function remember(list, id, keep)
     return l
   end
   return string.sub(l, at)
+end
+
+-- remember for a hold whose list may drop ids its caller can still
+-- abandon (many calls of one holder at once): it returns the new list and
+-- the ids dropped from it, space-separated (nil when none). The caller
+-- keeps those in the call ids zset as '<id>><hold>' (see tagged), where an
+-- abandon that does not find its id in the list looks for it.
+local function remember_dropping(list, id, keep)
+  if not list or list == '' then
+    return id, nil
+  end
+  local l = list .. ' ' .. id
+  local _, n = string.gsub(l, ' ', ' ')
+  local at = 1
+  for _ = keep or 16, n do
+    at = string.find(l, ' ', at, true) + 1
+  end
+  if at == 1 then
+    return l, nil
+  end
+  return string.sub(l, at), string.sub(l, 1, at - 2)
+end
+
+-- The call ids zset member that says the call id took effect on the hold
+-- named hold (its fencing token) and was dropped from the hold's list.
+-- Call ids never contain '>'.
+local function tagged(id, hold)
+  return id .. '>' .. hold
 end
 
 -- list without id.

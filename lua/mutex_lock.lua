@@ -63,10 +63,18 @@ if cur[1] then
   if ARGV[6] ~= '1' then
     redis.call('HINCRBY', KEYS[1], tok, '1')
   end
-  redis.call('HSET', KEYS[1], ':c', remember(cur[2], id))
+  local calls, gone = remember_dropping(cur[2], id)
+  redis.call('HSET', KEYS[1], ':c', calls)
   extend_key(KEYS[1], ttl)
   clock()
   note(KEYS[5], id, now_ms, 1)
+  if gone then
+    -- More calls of the holder than ':c' keeps: an abandon of one dropped
+    -- from it finds it in the call ids zset (see mutex_unlock.lua).
+    for d in string.gmatch(gone, '%S+') do
+      note(KEYS[5], tagged(d, cur[3]), now_ms, 1)
+    end
+  end
   return { 1, tonumber(cur[3]) }
 end
 

@@ -90,6 +90,7 @@ end
 local calls -- the ids in ':c', once read
 if guard ~= '' then
   clock()
+  local was = recall(KEYS[5], guard)
   note(KEYS[5], guard, now_ms, 2)
   local d = redis.call('HGET', KEYS[4], tok)
   if d and string.match(d, '^%d+ %d+ (%S+)') == guard then
@@ -101,12 +102,16 @@ if guard ~= '' then
     end
   end
   -- Undo only what the abandoned call did, and only once: its id leaves
-  -- the list when undone.
+  -- the list when undone. A call dropped from the list by later calls of
+  -- the holder (see mutex_lock.lua) is found in the call ids zset, tagged
+  -- with the hold's fencing token, if it took effect and was not undone
+  -- (an undo remembers it as abandoned).
   calls = redis.call('HGET', KEYS[1], ':c')
-  if not seen(calls, guard) then
+  if seen(calls, guard) then
+    calls = forget(calls, guard)
+  elseif was ~= 1 or not redis.call('ZSCORE', KEYS[5], tagged(guard, redis.call('HGET', KEYS[1], ':f') or '')) then
     return 0
   end
-  calls = forget(calls, guard)
   if ARGV[8] == '1' and calls ~= '' and redis.call('HEXISTS', KEYS[1], tok) == 1 then
     -- Client reentrancy: other calls of the process took or re-entered
     -- the hold (the Redis count is 1 whatever their number), and the

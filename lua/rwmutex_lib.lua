@@ -97,6 +97,18 @@ local function read_rec(rec)
   return tonumber(cnt), rid, ids
 end
 
+-- Remembers the call ids gone (space-separated, or nil) that the list of
+-- the hold named hold (its fencing token, or a read hold's id) dropped
+-- (see lib.lua's remember_dropping): an abandon of one of them finds it
+-- in the call ids zset, tagged with the hold.
+local function dropped(gone, hold)
+  if gone then
+    for d in string.gmatch(gone, '%S+') do
+      noted(tagged(d, hold), 1)
+    end
+  end
+end
+
 -- The id of a read hold that the lock call cid begins: 52 bits of the
 -- call id's SHA-1, plus 1. Call ids are random, so one owner's read holds
 -- differ whatever the server clock does (it may stand still, or step back).

@@ -123,7 +123,9 @@ if mode == 'r' then
     end
     -- Remembered also with client reentrancy (see rwmutex_unlock.lua's
     -- ARGV[9]).
-    write_rec(tok, cnt, rid, remember(ids, id))
+    local kept, gone = remember_dropping(ids, id)
+    write_rec(tok, cnt, rid, kept)
+    dropped(gone, rid)
     local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
     if now + ttl > s then
       redis.call('ZADD', R, num(now + ttl), tok)
@@ -192,7 +194,9 @@ if cur[1] then
   end
   -- Remembered also with client reentrancy (see rwmutex_unlock.lua's
   -- ARGV[9]).
-  redis.call('HSET', W, ':c', remember(cur[3], id))
+  local kept, gone = remember_dropping(cur[3], id)
+  redis.call('HSET', W, ':c', kept)
+  dropped(gone, cur[2])
   -- A re-entry never moves the expiry earlier.
   extend_key(W, ttl)
   noted(id, 1)

@@ -100,11 +100,19 @@ if guard == '' then
   end
 else
   prune()
-  if recall(X, guard) == 2 then
+  local was = recall(X, guard)
+  if was == 2 then
     -- Cleaned up already (or refused for good): nothing is left to undo.
     return 0
   end
   noted(guard, 2)
+  -- Whether the call took effect on the hold named hold (its fencing
+  -- token, or a read hold's id) whose list of applied calls is list: its
+  -- id is in the list, or was dropped from it by later calls of the
+  -- holder (see rwmutex_lib.lua's dropped).
+  local function applied(list, hold)
+    return seen(list, guard) or (was == 1 and hold and redis.call('ZSCORE', X, tagged(guard, hold)) ~= false)
+  end
   if mode == 'w' then
     -- The places are the abandoned call's unless another call of the same
     -- owner queued since (its id is in the queue place).
@@ -122,7 +130,8 @@ else
         end
       end
     end
-    if not seen(redis.call('HGET', W, ':c'), guard) then
+    local w = redis.call('HMGET', W, ':c', ':f')
+    if not applied(w[1], w[2]) then
       return out(0)
     end
   else
@@ -131,11 +140,11 @@ else
       redis.call('HDEL', RQ, tok)
     end
     local rec = redis.call('HGET', RC, tok)
-    local ids
+    local ids, rid
     if rec then
-      ids = select(3, read_rec(rec))
+      rid, ids = select(2, read_rec(rec))
     end
-    if not seen(ids, guard) then
+    if not applied(ids, rid) then
       return out(0)
     end
   end
@@ -266,7 +275,9 @@ for i = 1, #q, 2 do
       c, rid, ids = read_rec(rec)
     end
     if c then
-      write_rec(rt, c + 1, rid, remember(ids, cid))
+      local kept, gone = remember_dropping(ids, cid)
+      write_rec(rt, c + 1, rid, kept)
+      dropped(gone, rid)
       local s = tonumber(redis.call('ZSCORE', R, rt) or 0)
       if now + tonumber(rttl) > s then
         redis.call('ZADD', R, num(now + tonumber(rttl)), rt)

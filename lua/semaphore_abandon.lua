@@ -21,7 +21,11 @@ unqueue(id)
 
 local h = hold(tok)
 local cnt, f, list = h.n, h.f or '0', h.c
-if cnt > 0 and seen(list, id) then
+-- The call took its permits into this holding if its id is in the
+-- holding's list, or was dropped from it (more calls of the holder came
+-- after it: see take) and has not been undone since (an undo marks it
+-- abandoned).
+if cnt > 0 and (seen(list, id) or (recall(KEYS[6], id) == 1 and redis.call('ZSCORE', KEYS[6], tagged(id, f)))) then
   -- Undone once: the id leaves the list.
   local back = math.min(n, cnt)
   if back == cnt then

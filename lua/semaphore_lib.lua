@@ -30,8 +30,9 @@
 
 clock()
 
--- How many Acquire call ids a holding remembers for an abandon: enough for
--- the calls of one holder in flight at once.
+-- How many Acquire call ids a holding remembers for an abandon in its own
+-- list; ids that more calls of the holder push out of it are kept in the
+-- call ids zset instead (see take and lib.lua's remember_dropping).
 local RECENT = 32
 
 -- Numbers are formatted by hand: Lua would print 1.7e+15 (see lib.lua's
@@ -160,8 +161,17 @@ local function take(tok, n, ttl, id, idle, sz)
     return nil
   end
   h.n = h.n + tonumber(n)
-  h.c = remember(h.c, id, RECENT)
+  local gone
+  h.c, gone = remember_dropping(h.c, id, RECENT)
   noted(id, 1)
+  if gone then
+    -- More calls of the holder than the list keeps: an abandon of a call
+    -- dropped from it finds it in the call ids zset (see
+    -- semaphore_abandon.lua).
+    for d in string.gmatch(gone, '%S+') do
+      noted(tagged(d, h.f), 1)
+    end
+  end
   used = used + tonumber(n)
   if sz then
     in_force = tonumber(sz)
