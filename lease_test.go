@@ -2,8 +2,12 @@ package dsync_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
@@ -375,4 +379,100 @@ func TestLeaseRenewalManyNames(t *testing.T) {
 			must(t, m.Unlock(ctx))
 		}
 	})
+}
+
+// A hold whose lease was reported lost (renewals held back past its local
+// deadline) while the server still had it (its expiry moved out here) is
+// released by its Unlock or Release, which returns ErrLeaseLost all the
+// same: a lease reported lost stays lost (README: "Unlock then returns
+// ErrLeaseLost"), and the name is free afterwards.
+func TestReleaseOfAHoldReportedLostStillThere(t *testing.T) {
+	kinds := []struct {
+		name string
+		// take takes the name through c, and returns its lease and the
+		// release of the hold through the same handle.
+		take func(ctx context.Context, c *dsync.Client, name string) (*dsync.Lease, func() error, error)
+		// keep moves the hold's expiry in Redis out to a minute.
+		keep func(ctx context.Context, rdb redis.UniversalClient, name string) error
+		try  func(ctx context.Context, c *dsync.Client, name string) (bool, error)
+	}{
+		{"Mutex",
+			func(ctx context.Context, c *dsync.Client, n string) (*dsync.Lease, func() error, error) {
+				m := c.Mutex(n)
+				if err := m.Lock(ctx); err != nil {
+					return nil, nil, err
+				}
+				l, err := m.Lease(ctx)
+				return l, func() error { return m.Unlock(ctx) }, err
+			},
+			func(ctx context.Context, rdb redis.UniversalClient, n string) error {
+				return rdb.PExpire(ctx, mutexKeys(n).Lock, time.Minute).Err()
+			},
+			func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.Mutex(n).TryLock(ctx) }},
+		{"Semaphore",
+			func(ctx context.Context, c *dsync.Client, n string) (*dsync.Lease, func() error, error) {
+				s := c.Semaphore(n, 1)
+				if err := s.Acquire(ctx, 1); err != nil {
+					return nil, nil, err
+				}
+				l, err := s.Lease(ctx)
+				return l, func() error { return s.Release(ctx, 1) }, err
+			},
+			func(ctx context.Context, rdb redis.UniversalClient, n string) error {
+				k := semKeys(n)
+				tm, err := rdb.Time(ctx).Result()
+				if err != nil {
+					return err
+				}
+				dl := tm.Add(time.Minute).UnixMilli()
+				holders, err := rdb.ZRange(ctx, k.Holders, 0, -1).Result()
+				if err != nil || len(holders) != 1 {
+					return fmt.Errorf("holders %v, %v; want one", holders, err)
+				}
+				if err := rdb.ZAddXX(ctx, k.Holders, redis.Z{Score: float64(dl), Member: holders[0]}).Err(); err != nil {
+					return err
+				}
+				if err := rdb.PExpire(ctx, k.State, time.Minute).Err(); err != nil {
+					return err
+				}
+				return rdb.PExpire(ctx, k.Holders, time.Minute).Err()
+			},
+			func(ctx context.Context, c *dsync.Client, n string) (bool, error) {
+				return c.Semaphore(n, 1).TryAcquire(ctx, 1)
+			}},
+	}
+	for _, k := range kinds {
+		for _, owned := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/owned=%v", k.name, owned), func(t *testing.T) {
+				eachRealName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+					// The lease's local deadline passes in real time.
+					if owned {
+						ctx = dsync.WithOwner(ctx)
+					}
+					rdb := b.NewClient(t)
+					c := newClient(t, b, dsync.TTL(time.Second))
+					stall := make(chan struct{})
+					t.Cleanup(func() { close(stall) })
+					l, release, err := k.take(ctx, c, name)
+					must(t, err)
+					must(t, k.keep(ctx, rdb, name))
+					dsync.SetRenewStall(c, func() { <-stall })
+					waitDone(t, l, 10*time.Second, "(renewals held back)")
+					if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+						t.Fatalf("lease after its renewals were held back: %v, want ErrLeaseLost", l.Err())
+					}
+					if err := release(); !errors.Is(err, dsync.ErrLeaseLost) {
+						t.Errorf("release of a hold reported lost: %v, want ErrLeaseLost", err)
+					}
+					if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+						t.Errorf("lease after the release: %v, want ErrLeaseLost still", l.Err())
+					}
+					ok, err := k.try(ctxT(t), newClient(t, b), name)
+					if err != nil || !ok {
+						t.Errorf("another process after the release: %v, %v; want the name (the hold was released)", ok, err)
+					}
+				})
+			})
+		}
+	}
 }

@@ -97,7 +97,13 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	switch r {
 	case 1:
 		b.dropHold(k, h)
+		// A lease reported lost (its local deadline passed) stays lost,
+		// though the hold was still there to release.
+		lost := h.lost()
 		h.release()
+		if lost {
+			return ErrLeaseLost
+		}
 		return nil
 	case 2:
 		b.mu.Lock()
@@ -139,7 +145,9 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 		return ErrNotHeld
 	}
 	defer sl.leave()
-	if r == 0 {
+	if r == 0 || h.lost() {
+		// Gone, or reported lost before (its local deadline passed) though
+		// still there to release: a lost lease stays lost.
 		h.lease.MarkLost()
 		return ErrLeaseLost
 	}

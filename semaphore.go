@@ -218,10 +218,10 @@ func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
 // Release releases n permits held by ctx's owner or, without an owner in
 // ctx, by the handle; when none remain, the holding and its lease end.
 // Permits freed go to the waiters first in line that fit. Release runs even
-// if ctx is already done, detached with its own deadline; if ctx ends while
-// it is under way, Release returns ctx's error then and the release
-// completes in the background, as if the caller had waited (it is not to be
-// repeated). It returns
+// if ctx is already done; if ctx ends before its outcome is known (or,
+// already done, the outcome does not come within a few ms), Release
+// returns ctx's error then and the release completes in the background, as
+// if the caller had waited (it is not to be repeated). It returns
 // [ErrNotHeld] if the holder holds no permits of s, an error matching both
 // ErrNotHeld and [ErrInvalid] if it holds fewer than n (Weighted would
 // panic), and [ErrLeaseLost] if its holding was lost before Release; in
@@ -294,7 +294,7 @@ func releaseSem(ctx context.Context, a semReleaseOf) error {
 
 // release runs the release script for n permits of holder tok, whose
 // holding this process knows as h (nil if none).
-func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold, n int64) error {
+func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold, n int64) (err error) {
 	if !owned {
 		s.mu.Lock()
 		s.releasing++
@@ -319,13 +319,21 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	s.c.beginUnlock(rec)
 	cmd := s.c.eval(ctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg())
 	var r [3]int64 // code, permits left, fencing token
-	_, err := replyInts("semaphore release", cmd, r[:])
+	_, err = replyInts("semaphore release", cmd, r[:])
 	s.c.endUnlock(rec, err == nil && r[0] == 1 && r[1] == 0)
 	if err != nil {
 		return err
 	}
 	switch r[0] {
 	case 1:
+		// A holding reported lost before (its local deadline passed),
+		// though still there to release, stays lost.
+		lost := h != nil && h.lost()
+		defer func() {
+			if lost && err == nil {
+				err = ErrLeaseLost
+			}
+		}()
 		if r[1] == 0 {
 			s.ended(owned, tok, uint64(r[2]))
 		} else if !owned {
