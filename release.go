@@ -72,6 +72,11 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	if h != nil {
 		id = h.unlockCall()
 	}
+	// A lease reported lost before the release (its local deadline passed)
+	// stays lost, though the hold may still be there to release. (One the
+	// renewer finds gone during the release, which may have ended it
+	// itself, is as the release's reply says.)
+	lostBefore := h != nil && h.lost()
 	b.beginUnlock(h)
 	r, err := b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, h) })
 	b.endUnlock(h, err == nil && r == 1)
@@ -97,11 +102,8 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	switch r {
 	case 1:
 		b.dropHold(k, h)
-		// A lease reported lost (its local deadline passed) stays lost,
-		// though the hold was still there to release.
-		lost := h.lost()
 		h.release()
-		if lost {
+		if lostBefore {
 			return ErrLeaseLost
 		}
 		return nil
@@ -132,6 +134,9 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 	if h == nil {
 		return ErrNotHeld
 	}
+	// As in unlockOwner: a lease reported lost before the release stays
+	// lost.
+	lostBefore := h.lost()
 	r, err := run(ctx, h.tok, h.unlockCall(), h)
 	if err != nil {
 		return err
@@ -145,7 +150,7 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 		return ErrNotHeld
 	}
 	defer sl.leave()
-	if r == 0 || h.lost() {
+	if r == 0 || lostBefore {
 		// Gone, or reported lost before (its local deadline passed) though
 		// still there to release: a lost lease stays lost.
 		h.lease.MarkLost()

@@ -316,6 +316,10 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	if !owned {
 		rec = nil // a handle's holding: no owner records it
 	}
+	// A holding reported lost before the release (its local deadline
+	// passed) stays lost, though it may still be there to release; one the
+	// renewer finds gone during the release is as the reply says.
+	lostBefore := h != nil && h.lost()
 	s.c.beginUnlock(rec)
 	cmd := s.c.eval(ctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg())
 	var r [3]int64 // code, permits left, fencing token
@@ -326,11 +330,8 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	}
 	switch r[0] {
 	case 1:
-		// A holding reported lost before (its local deadline passed),
-		// though still there to release, stays lost.
-		lost := h != nil && h.lost()
 		defer func() {
-			if lost && err == nil {
+			if lostBefore && err == nil {
 				err = ErrLeaseLost
 			}
 		}()

@@ -189,8 +189,25 @@ func TestOnce(t *testing.T) {
 	if o.Begin("c") != Run || o.End("c", true) != OK {
 		t.Fatal("take-over after the lease expired")
 	}
-	if o.End("b", true) != LeaseLost {
-		t.Fatal("the late run of b must not count")
+	if o.End("b", true) != OK || !o.IsDone() {
+		t.Fatal("the late run of b, after c made the Once done: Do returns nil (c's value)")
+	}
+	if o.Begin("e") != Done {
+		t.Fatal("not done")
+	}
+	o.Reset()
+	if o.Begin("f") != Run {
+		t.Fatal("after a Reset")
+	}
+	clk.Advance(100)
+	if o.Begin("g") != Run {
+		t.Fatal("take-over after the lease expired")
+	}
+	if o.End("f", true) != LeaseLost || o.IsDone() {
+		t.Fatal("the late run of f while g runs must not count")
+	}
+	if o.End("g", true) != OK {
+		t.Fatal("g's run")
 	}
 	if o.Begin("d") != Done {
 		t.Fatal("not done")

@@ -7,8 +7,9 @@ package model
 //     Wait if another call's run lease lives.
 //   - End(tok, ok) is f returning: with ok the Once is done and Do returns
 //     nil — also if the run lease expired meanwhile, provided nobody else
-//     has finished or is running; otherwise LeaseLost. Without ok the run
-//     ends and Do returns f's error (Failed); the Once stays not done.
+//     is running, and if another call has made the Once done since (Do
+//     then returns that call's value); otherwise LeaseLost. Without ok the
+//     run ends and Do returns f's error (Failed); the Once stays not done.
 //   - The done mark lasts the period (0: forever) from the successful End,
 //     or until Reset.
 type Once struct {
@@ -78,6 +79,10 @@ func (o *Once) End(tok string, ok bool) Err {
 		o.run = nil
 		o.done = true
 		o.doneEnd = o.clk.Now() + o.period
+		return OK
+	}
+	if o.done {
+		// Done by another call since: its result is every caller's.
 		return OK
 	}
 	return LeaseLost
