@@ -27,6 +27,19 @@ var rwCohort = cohortKinds[1]
 
 func rwKeys(name string) keys.RWMutex { return keys.ForRWMutex(dsync.DefaultPrefix, name) }
 
+// readerWaits starts an RLock of name on a Client of its own and returns
+// its handle and its outcome once it waits in Redis (its waiting place).
+func readerWaits(t *testing.T, b redistest.Backend, ctx context.Context, rdb redis.UniversalClient, name string) (*dsync.RWMutex, <-chan error) {
+	t.Helper()
+	r := newClient(t, b).RWMutex(name)
+	read := async(func() error { return r.RLock(ctx) })
+	waitFor(t, 10*time.Second, "the reader's waiting place", func() bool {
+		n, err := rdb.HLen(ctx, rwKeys(name).WaitingReaders).Result()
+		return err == nil && n == 1
+	})
+	return r, read
+}
+
 // A writer's release admits the readers that waited for it rather than
 // pass the write lock on: a reader of another Client holds before the
 // writer waiting in the releaser's process, which gets in once the reader
@@ -37,12 +50,7 @@ func TestCohortRWMutexWaitingReaderGoesFirst(t *testing.T) {
 		rdb := b.NewClient(t)
 		a, w := c.RWMutex(name), c.RWMutex(name)
 		must(t, a.Lock(ctx))
-		r := newClient(t, b).RWMutex(name)
-		read := async(func() error { return r.RLock(ctx) })
-		waitFor(t, 10*time.Second, "the reader's waiting place", func() bool {
-			n, err := rdb.HLen(ctx, rwKeys(name).WaitingReaders).Result()
-			return err == nil && n == 1
-		})
+		r, read := readerWaits(t, b, ctx, rdb, name)
 		write := async(func() error { return w.Lock(ctx) })
 		rwCohort.waiting(t, c, name, 1)
 		must(t, a.Unlock(ctx))
@@ -79,12 +87,7 @@ func TestCohortRWMutexPassedOverWriterHoldsBackNewReaders(t *testing.T) {
 		rwCohort.waiting(t, c, name, 1)
 		gate.close()
 		defer gate.open()
-		r := newClient(t, b).RWMutex(name)
-		read := async(func() error { return r.RLock(ctx) })
-		waitFor(t, 10*time.Second, "the reader's waiting place", func() bool {
-			n, err := rdb.HLen(ctx, rwKeys(name).WaitingReaders).Result()
-			return err == nil && n == 1
-		})
+		r, read := readerWaits(t, b, ctx, rdb, name)
 		must(t, a.Unlock(ctx))
 		late := newClient(t, b).RWMutex(name)
 		if ok, err := late.TryRLock(ctx); err != nil || ok {
@@ -126,12 +129,7 @@ func TestCohortRWMutexPassedOverWriterGivesUp(t *testing.T) {
 		defer cancel()
 		write := async(func() error { return w.Lock(wctx) })
 		rwCohort.waiting(t, c, name, 1)
-		r := newClient(t, b).RWMutex(name)
-		read := async(func() error { return r.RLock(ctx) })
-		waitFor(t, 10*time.Second, "the reader's waiting place", func() bool {
-			n, err := rdb.HLen(ctx, rwKeys(name).WaitingReaders).Result()
-			return err == nil && n == 1
-		})
+		r, read := readerWaits(t, b, ctx, rdb, name)
 		must(t, a.Unlock(ctx))
 		recvNil(t, read, 10*time.Second, "the reader that waited")
 		cancel()

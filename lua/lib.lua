@@ -226,30 +226,13 @@ local function seen(list, id)
   return list ~= nil and list ~= false and string.find(' ' .. list .. ' ', ' ' .. id .. ' ', 1, true) ~= nil
 end
 
--- list with id added, keeping the last keep ids (default 16). The ids
--- dropped are skipped over, not cut off one by one, so that a list of
--- foreign data costs time in proportion to its length, not its square.
-local function remember(list, id, keep)
-  if not list or list == '' then
-    return id
-  end
-  local l = list .. ' ' .. id
-  local _, n = string.gsub(l, ' ', ' ')
-  local at = 1
-  for _ = keep or 16, n do
-    at = string.find(l, ' ', at, true) + 1
-  end
-  if at == 1 then
-    return l
-  end
-  return string.sub(l, at)
-end
-
--- remember for a hold whose list may drop ids its caller can still
--- abandon (many calls of one holder at once): it returns the new list and
--- the ids dropped from it, space-separated (nil when none). The caller
--- keeps those in the call ids zset as '<id>><hold>' (see tagged), where an
--- abandon that does not find its id in the list looks for it.
+-- list with id added, keeping the last keep ids (default 16), and the ids
+-- dropped from it, space-separated (nil when none). The ids dropped are
+-- skipped over, not cut off one by one, so that a list of foreign data
+-- costs time in proportion to its length, not its square. A hold whose
+-- list may drop ids its caller can still abandon (many calls of one holder
+-- at once) keeps those in the call ids zset as '<id>><hold>' (see tagged),
+-- where an abandon that does not find its id in the list looks for it.
 local function remember_dropping(list, id, keep)
   if not list or list == '' then
     return id, nil
@@ -264,6 +247,11 @@ local function remember_dropping(list, id, keep)
     return l, nil
   end
   return string.sub(l, at), string.sub(l, 1, at - 2)
+end
+
+-- remember_dropping's list alone.
+local function remember(list, id, keep)
+  return (remember_dropping(list, id, keep))
 end
 
 -- The call ids zset member that says the call id took effect on the hold
