@@ -67,13 +67,18 @@ if cur[1] then
   redis.call('HSET', KEYS[1], ':c', calls)
   extend_key(KEYS[1], ttl)
   clock()
-  note(KEYS[5], id, now_ms, 1)
   if gone then
     -- More calls of the holder than ':c' keeps: an abandon of one dropped
-    -- from it finds it in the call ids zset (see mutex_unlock.lua).
+    -- from it finds it in the call ids zset (see mutex_unlock.lua). The
+    -- ids go in one ZADD with this call's.
+    local list = { id, 1 }
     for d in string.gmatch(gone, '%S+') do
-      note(KEYS[5], tagged(d, cur[3]), now_ms, 1)
+      list[#list + 1] = tagged(d, cur[3])
+      list[#list + 1] = 1
     end
+    note_all(KEYS[5], list, now_ms)
+  else
+    note(KEYS[5], id, now_ms, 1)
   end
   return { 1, tonumber(cur[3]) }
 end
