@@ -153,6 +153,52 @@ func TestCohortRWMutexPassedOverWriterGivesUp(t *testing.T) {
 	})
 }
 
+// The writer waiting in the process gives up while the release that
+// passes it over for a waiting reader is on its way (held at a gate): the
+// release, which gave it a waiting place, undoes that place, so a new
+// reader gets in once the release is over, not after the place lapses (30
+// s here).
+func TestCohortRWMutexPassedOverWriterGivesUpDuringTheRelease(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		gate := &unlockGate{sha: lua.Script("rwmutex_unlock").Hash()}
+		c, rdb := hookedClient(t, b, gate)
+		a, w := c.RWMutex(name), c.RWMutex(name)
+		must(t, a.Lock(ctx))
+		must(t, a.Unlock(ctx)) // the unlock script loaded
+		must(t, a.Lock(ctx))
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		write := async(func() error { return w.Lock(wctx) })
+		rwCohort.waiting(t, c, name, 1)
+		r, read := readerWaits(t, b, ctx, rdb, name)
+		gate.close()
+		defer gate.open()
+		unlocked := async(func() error { return a.Unlock(ctx) })
+		waitFor(t, 10*time.Second, "the release, held at the gate", func() bool { return gate.held.Load() == 1 })
+		cancel()
+		select {
+		case err := <-write:
+			mustIs(t, err, context.Canceled, "the writer that gave up")
+		case <-time.After(10 * time.Second):
+			t.Fatal("the writer's Lock did not return after its ctx was cancelled")
+		}
+		gate.open()
+		recvNil(t, unlocked, 10*time.Second, "the release")
+		recvNil(t, read, 10*time.Second, "the reader that waited")
+		dsync.WaitCleanups(c)
+		if n, err := rdb.Exists(ctx, rwKeys(name).WaitingWriters).Result(); err != nil || n != 0 {
+			t.Fatalf("waiting writers in Redis after the writer gave up: %v, %v; want none", n, err)
+		}
+		late := newClient(t, b).RWMutex(name)
+		ok, err := late.TryRLock(ctx)
+		if err != nil || !ok {
+			t.Fatalf("TryRLock once the writer gave up: %v, %v; want true", ok, err)
+		}
+		must(t, late.RUnlock(ctx))
+		must(t, r.RUnlock(ctx))
+	})
+}
+
 // A writer's release does not pass the write lock on while a read hold
 // lives in Redis. No reader of dsync's holds with a writer of a handle
 // without owner (a downgrade needs an owner, whose calls are no cohort
