@@ -95,6 +95,13 @@ type hold struct {
 	released  atomic.Bool
 	idMu      sync.Mutex
 	unlockID  string // id of an unlock whose reply was lost, reused on retry
+	// A Semaphore holding: the permits this process knows it holds
+	// (owner holdings; a handle counts its own), and the call id and
+	// permits of a Release of them all whose outcome is unknown (guarded
+	// by idMu; see Semaphore.release).
+	permits  atomic.Int64
+	unsureID string
+	unsureN  int64
 	// relMu makes the releases of this hold in this process run one at a
 	// time (see lockedHold).
 	relMu sync.Mutex

@@ -225,14 +225,18 @@ func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
 // [ErrNotHeld] if the holder holds no permits of s, an error matching both
 // ErrNotHeld and [ErrInvalid] if it holds fewer than n (Weighted would
 // panic), and [ErrLeaseLost] if its holding was lost before Release; in
-// each case nothing is changed. After a Redis error the outcome is unknown.
+// each case nothing is changed. After a Redis error the outcome is unknown;
+// when that Release was of every permit of the holding, a Release repeated
+// after it returns nil if the first one released them (and the holding's
+// Lease ends released, not lost).
 //
 // Without an owner, the permits of a holding of the handle that was lost
 // stay the handle's to release, as a sync.Mutex stays locked until its
 // Unlock: Releases settle them first, returning ErrLeaseLost, and never
 // release for them a permit that a later Acquire through the handle took.
 // A Release of n that settles some and releases the rest from the live
-// holding also returns ErrLeaseLost.
+// holding also returns ErrLeaseLost. Permits of a holding that a Release
+// with an unknown outcome was sent for are not owed.
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err := s.check(); err != nil {
 		return err
@@ -320,12 +324,16 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	// passed) stays lost, though it may still be there to release; one the
 	// renewer finds gone during the release is as the reply says.
 	lostBefore := h != nil && h.lost()
+	// A Release of every permit of the holding whose outcome is unknown
+	// is remembered on it (see resolve).
+	id, whole := newCallID(), s.whole(owned, h, n)
 	s.c.beginUnlock(rec)
-	cmd := s.c.eval(ctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, newCallID(), fenceIdleArg, s.chanArg, h.fenceArg())
-	var r [3]int64 // code, permits left, fencing token
-	_, err = replyInts("semaphore release", cmd, r[:])
+	r, err := s.sendRelease(ctx, tok, h, id, n)
 	s.c.endUnlock(rec, err == nil && r[0] == 1 && r[1] == 0)
 	if err != nil {
+		if whole && unknownOutcome(err) {
+			h.setUnsure(id, n)
+		}
 		return err
 	}
 	switch r[0] {
@@ -337,7 +345,11 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		}()
 		if r[1] == 0 {
 			s.ended(owned, tok, uint64(r[2]))
-		} else if !owned {
+		} else if owned {
+			if h != nil && h.fence == uint64(r[2]) {
+				h.permits.Store(r[1])
+			}
+		} else {
 			s.mu.Lock()
 			if s.cur == h {
 				s.curN = max(s.curN-n, 0)
@@ -351,11 +363,23 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		}
 		return nil
 	case 0:
-		if h != nil {
-			s.lost(owned, tok, h, n)
-			return ErrLeaseLost
+		if h == nil {
+			return ErrNotHeld
 		}
-		return ErrNotHeld
+		uid, un := h.takeUnsure()
+		if uid != "" {
+			if f, ok := s.resolve(ctx, tok, h, uid, un); ok {
+				// An earlier Release of this caller ended the holding;
+				// this one is its repeat.
+				s.ended(owned, tok, f)
+				if lostBefore {
+					return ErrLeaseLost
+				}
+				return nil
+			}
+		}
+		s.lost(owned, tok, h, n+un)
+		return ErrLeaseLost
 	case 2:
 		return fmt.Errorf("%w: release of %d permits, %d held (%w)", ErrNotHeld, n, r[1], ErrInvalid)
 	case 3:
@@ -365,6 +389,31 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	}
 }
 
+// sendRelease runs the release script with call id for n permits of
+// holder tok, naming its holding h (nil: none), and returns the reply:
+// code, permits left, fencing token.
+func (s *Semaphore) sendRelease(ctx context.Context, tok string, h *hold, id string, n int64) ([3]int64, error) {
+	var r [3]int64
+	cmd := s.c.eval(ctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, id, fenceIdleArg, s.chanArg, h.fenceArg())
+	_, err := replyInts("semaphore release", cmd, r[:])
+	return r, err
+}
+
+// resolve learns whether an earlier Release of every permit (n) of
+// holding h, sent with call id, whose outcome was unknown and which h is
+// now found to have ended, did end it: it sends that Release again, which
+// within the replay window repeats its first answer and changes nothing
+// (it names h, so it releases no later holding either). It returns h's
+// fencing token if that Release ended h.
+func (s *Semaphore) resolve(ctx context.Context, tok string, h *hold, id string, n int64) (uint64, bool) {
+	r, err := s.sendRelease(ctx, tok, h, id, n)
+	if err != nil || r[0] != 1 || r[1] != 0 || uint64(r[2]) != h.fence {
+		return 0, false
+	}
+	return h.fence, true
+}
+
+// Lease returns the lease of the permits held by ctx's owner or, without
 // an owner in ctx, by the handle. It returns [ErrNotHeld] if there are none.
 // It sends nothing to Redis.
 func (s *Semaphore) Lease(ctx context.Context) (*Lease, error) {

@@ -41,7 +41,8 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
 		}, id, start)
 	}
 	if owned {
-		_, _ = s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHold, nil, 0)
+		h, _ := s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHold, nil, 0)
+		h.permits.Add(n)
 		return
 	}
 	s.mu.Lock()
@@ -98,12 +99,61 @@ func (s *Semaphore) ended(owned bool, tok string, fence uint64) {
 // next Releases settle them (ErrLeaseLost) before touching a later holding.
 // s.mu must be held.
 func (s *Semaphore) lostLocked(h *hold, n int64) {
+	if _, un := h.takeUnsure(); un > 0 {
+		// A Release of all its permits was sent, and most likely ended
+		// it: its caller was told the outcome is unknown, and owes
+		// nothing.
+		h.release()
+		s.owed += max(n-un, 0)
+		return
+	}
 	h.lease.MarkLost()
 	s.owed += n
 }
 
-// lost forgets h, a holding a Release of n permits found gone. Without an
-// owner, the permits of h that Release did not settle stay owed.
+// whole reports whether n is every permit of h (nil: none) that this
+// process knows of: those of the owner's holding h, or of the handle's.
+func (s *Semaphore) whole(owned bool, h *hold, n int64) bool {
+	switch {
+	case h == nil:
+		return false
+	case owned:
+		return h.permits.Load() == n
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == h {
+		return s.curN == n
+	}
+	for _, p := range s.pending {
+		if p.h == h {
+			return p.n == n
+		}
+	}
+	return false
+}
+
+// setUnsure records on h a Release of all its n permits, sent with call
+// id, whose outcome is unknown.
+func (h *hold) setUnsure(id string, n int64) {
+	h.idMu.Lock()
+	h.unsureID, h.unsureN = id, n
+	h.idMu.Unlock()
+}
+
+// takeUnsure returns and forgets the Release setUnsure recorded on h ("",
+// 0 if none).
+func (h *hold) takeUnsure() (string, int64) {
+	h.idMu.Lock()
+	defer h.idMu.Unlock()
+	id, n := h.unsureID, h.unsureN
+	h.unsureID, h.unsureN = "", 0
+	return id, n
+}
+
+// lost forgets h, a holding that Releases of n permits in all (this one's,
+// and an earlier one's of unknown outcome) found gone. Without an owner,
+// the permits of h that they did not settle stay owed.
 func (s *Semaphore) lost(owned bool, tok string, h *hold, n int64) {
 	h.lease.MarkLost()
 	if owned {
