@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -73,7 +74,9 @@ type Quorum struct {
 // an RWMutex's writer preference as a single one does. See the package
 // documentation's scaling notes for fencing tokens.
 //
-// Options are as for [New], but for [WaitReplicas], which a Quorum refuses.
+// Options are as for [New], but for [WaitReplicas], which a Quorum refuses,
+// and a [TTL] below 5 ms, which it refuses too: Redlock's validity leaves
+// nothing of it.
 // No clients, a nil or ring client or a bad option makes every call fail
 // with [ErrInvalid]. Close stops the Quorum and its members; it does not close
 // the Redis clients.
@@ -84,8 +87,8 @@ func NewQuorum(clients []redis.UniversalClient, opts ...Option) *Quorum {
 	case q.err != nil:
 	case len(clients) == 0:
 		q.err = fmt.Errorf("%w: NewQuorum without clients", ErrInvalid)
-	case q.cfg.replicas > 0:
-		q.err = errQuorumReplicas
+	default:
+		q.err = handleErr(&q.cfg, nil)
 	}
 	for i, rdb := range clients {
 		if rdb == nil && q.err == nil {
@@ -134,13 +137,24 @@ func (q *Quorum) shared() *base {
 	return &q.base
 }
 
-// handleErr is the bad-input error of a quorum handle with cfg whose
-// error is otherwise err: a handle's WaitReplicas is refused, as NewQuorum's.
+// minQuorumTTL is the shortest TTL in quorum mode: Redlock's validity,
+// TTL − elapsed − drift (drift = TTL/100 + 2 ms), leaves a shorter one
+// about nothing, so that a free name would never be granted.
+const minQuorumTTL = 5 * time.Millisecond
+
+// handleErr is the bad-input error of a Quorum, or of a quorum handle, with
+// cfg whose error is otherwise err: WaitReplicas is refused, and a TTL
+// below minQuorumTTL.
 func handleErr(cfg *config, err error) error {
-	if err == nil && cfg.replicas > 0 {
+	switch {
+	case err != nil:
+		return err
+	case cfg.replicas > 0:
 		return errQuorumReplicas
+	case cfg.ttl < minQuorumTTL:
+		return fmt.Errorf("%w: TTL %v in quorum mode, want at least %v (Redlock's validity, TTL − elapsed − TTL/100 − 2ms, leaves a shorter one no time)", ErrInvalid, cfg.ttl, minQuorumTTL)
 	}
-	return err
+	return nil
 }
 
 // members makes one member impl per master with mk.

@@ -13,7 +13,8 @@ import (
 // are no longer renewed.
 type quorumLease struct {
 	done chan struct{}
-	subs []*hold // the member holds, nil where a master did not grant
+	more chan struct{} // (capacity 1) a re-entry added member holds
+	subs []*hold       // the member holds, nil where a master did not grant
 
 	mu    sync.Mutex
 	ended bool
@@ -32,12 +33,21 @@ func (l *quorumLease) reenter(a answers, sub func(i int) *hold) {
 	if l.ended {
 		return
 	}
+	added := false
 	for i := range l.levels {
 		if a.err[i] == nil && a.v[i] > 0 {
 			l.levels[i]++
 			if l.subs[i] == nil {
 				l.subs[i] = sub(i)
+				added = true
 			}
+		}
+	}
+	if added {
+		// The watcher counts the new member hold from now on.
+		select {
+		case l.more <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -69,15 +79,13 @@ func (l *quorumLease) unlockOn(count, n int) []bool {
 	return send
 }
 
-// unlocked counts an unlock's replies v from the masters in send: one
-// level less where it ended one.
-func (l *quorumLease) unlocked(send []bool, v []int64) {
+// unlockedOn counts the reply v (error err) of master i to an unlock sent
+// to the masters in send: one level less if it ended one there.
+func (l *quorumLease) unlockedOn(send []bool, i int, v int64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i, s := range send {
-		if s && i < len(l.levels) && (v[i] == 1 || v[i] == 2) {
-			l.levels[i]--
-		}
+	if send[i] && i < len(l.levels) && err == nil && (v == 1 || v == 2) {
+		l.levels[i]--
 	}
 }
 
@@ -133,7 +141,7 @@ func memberHold(h *hold, i int) *hold {
 // hold makes the hold of a quorum grant a to holder tok: one member hold
 // per granting master, started by sub(i), and the hold's own lease.
 func (q *Quorum) hold(tok string, fence uint64, a answers, sub func(i int) *hold) *hold {
-	l := &quorumLease{done: make(chan struct{}), subs: make([]*hold, len(a.v)), levels: make([]int, len(a.v))}
+	l := &quorumLease{done: make(chan struct{}), more: make(chan struct{}, 1), subs: make([]*hold, len(a.v)), levels: make([]int, len(a.v))}
 	for i := range l.subs {
 		if a.err[i] == nil && a.v[i] > 0 {
 			l.subs[i] = sub(i)
@@ -145,19 +153,9 @@ func (q *Quorum) hold(tok string, fence uint64, a answers, sub func(i int) *hold
 }
 
 // watch marks l lost when fewer than a majority of its member holds are
-// alive, and ends it when the Quorum is closed.
+// alive, and ends it when the Quorum is closed. Member holds that a
+// re-entry adds (see reenter) count from then on.
 func (q *Quorum) watch(l *quorumLease) {
-	cases := []reflect.SelectCase{
-		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.done)},
-		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(q.closed)},
-	}
-	alive := 0
-	for _, s := range l.subs {
-		if s != nil {
-			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.lease.Done())})
-			alive++
-		}
-	}
 	q.watchMu.Lock()
 	defer q.watchMu.Unlock()
 	select {
@@ -169,18 +167,47 @@ func (q *Quorum) watch(l *quorumLease) {
 	q.watched.Add(1)
 	go func() {
 		defer q.watched.Done()
-		for alive >= q.need {
+		for {
+			cases, alive := l.watchCases(q.closed)
+			if alive < q.need {
+				l.MarkLost()
+				return
+			}
 			switch i, _, _ := reflect.Select(cases); i {
 			case 0:
 				return
 			case 1:
 				l.end(false)
 				return
-			default:
-				cases[i].Chan = reflect.Value{} // ended: never selected again
-				alive--
 			}
+			// A member hold ended, or one was added: count again.
 		}
-		l.MarkLost()
 	}()
+}
+
+// watchCases returns what the watcher of l waits for: l's end, closed, a
+// member hold added, and the end of each of its member holds still alive;
+// and how many those are.
+func (l *quorumLease) watchCases(closed chan struct{}) ([]reflect.SelectCase, int) {
+	cases := []reflect.SelectCase{
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.done)},
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(closed)},
+		{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.more)},
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	alive := 0
+	for _, s := range l.subs {
+		if s == nil {
+			continue
+		}
+		select {
+		case <-s.lease.Done():
+			continue
+		default:
+		}
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.lease.Done())})
+		alive++
+	}
+	return cases, alive
 }

@@ -2,6 +2,8 @@ package dsync
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"time"
 
 	"github.com/dsync-go/dsync/renew"
@@ -44,8 +46,11 @@ func (ql *quorumLock[S]) lock(ctx context.Context, k *quorumCall, c lockCall, wa
 	k.channel = ql.ch
 	// Recorded before the call returns, so that errRegrant undoes it.
 	k.accept = func(a answers, start time.Time) error {
+		// A hold reported lost is not re-entered, even where a master
+		// still counts it: the grant is a fresh hold, with the largest
+		// token a master gave.
 		f := fence(a)
-		if h := cur(); h != nil && reentered(h, a) {
+		if h := cur(); h != nil && !h.lost() && reentered(h, a) {
 			f = h.fence
 		}
 		sub := func(i int) *hold {
@@ -102,20 +107,112 @@ func (ql *quorumLock[S]) unlock(ctx context.Context, h *hold, unlock func(ctx co
 		l, _ = h.lease.(*quorumLease)
 	}
 	send := l.unlockOn(ql.q.levels(h), len(ql.subs))
-	a := each(ql.subs, func(i int, sub S) (int64, error) {
+	var late func(i int, v int64, err error)
+	if send != nil {
+		// A master that answers after the call returned has its count of
+		// levels here lowered then.
+		late = func(i int, v int64, err error) { l.unlockedOn(send, i, v, err) }
+	}
+	a := ql.q.gather(ctx, func(ctx context.Context, i int) (int64, error) {
 		if send != nil && !send[i] {
 			return 2, nil // keeps the levels left here
 		}
-		return unlock(ctx, sub, floor, memberHold(h, i).fenceArg())
-	})
+		return unlock(ctx, ql.subs[i], floor, memberHold(h, i).fenceArg())
+	}, late)
 	if send != nil {
-		for i, err := range a.err {
-			if send[i] && err != nil {
-				// The outcome is unknown there: a retry (same id) tells.
-				return 0, err
-			}
+		for i := range send {
+			l.unlockedOn(send, i, a.v[i], a.err[i])
 		}
-		l.unlocked(send, a.v)
 	}
 	return a.unlocked(ql.q.need)
 }
+
+// unlockStragglerWait is how long an unlock waits at least, once a
+// majority answered, for the other masters (see gather): their unlocks go
+// on in the background all the same, so it only saves the next unlock of
+// a re-entered hold from asking a master again before its answer is in.
+const unlockStragglerWait = 50 * time.Millisecond
+
+// gather runs f on every member in parallel, as an unlock does, and
+// collects the replies: once a majority answered (or too many failed for
+// one to), it waits for the others as long again as that took,
+// unlockStragglerWait at least, and returns. A member that has not
+// answered by then counts as failed (errStraggler); its f goes on in the
+// background under ctx, owned by the Quorum (Close waits for it a while),
+// so that a slow master still gets its unlock without holding the call
+// back, and its reply then goes to late (if not nil).
+func (q *Quorum) gather(ctx context.Context, f func(ctx context.Context, i int) (int64, error), late func(i int, v int64, err error)) answers {
+	n := len(q.members)
+	type reply struct {
+		i   int
+		v   int64
+		err error
+	}
+	replies := make(chan reply, n) // never blocks
+	var mu sync.Mutex
+	returned := false
+	for i := range n {
+		owned := q.releases.add()
+		go func() {
+			if owned {
+				defer q.releases.end()
+			}
+			v, err := f(ctx, i)
+			mu.Lock()
+			defer mu.Unlock()
+			if !returned {
+				replies <- reply{i, v, err}
+			} else if late != nil {
+				late(i, v, err)
+			}
+		}()
+	}
+	a := answers{v: make([]int64, n), err: make([]error, n)}
+	for i := range a.err {
+		a.err[i] = errStraggler
+	}
+	take := func(r reply) {
+		if r.err != nil {
+			r.v = 0
+		}
+		a.v[r.i], a.err[r.i] = r.v, r.err
+	}
+	start := time.Now()
+	var cut <-chan time.Time
+	answered, failed := 0, 0
+	for range n {
+		var r reply
+		select {
+		case r = <-replies:
+		case <-cut:
+			mu.Lock()
+			returned = true
+			mu.Unlock()
+			for more := true; more; {
+				select {
+				case r := <-replies:
+					take(r)
+				default:
+					more = false
+				}
+			}
+			a.tally()
+			return a
+		}
+		take(r)
+		if r.err != nil {
+			failed++
+		} else {
+			answered++
+		}
+		if cut == nil && (answered >= q.need || failed > n-q.need) {
+			t := time.NewTimer(max(time.Since(start), unlockStragglerWait))
+			defer t.Stop()
+			cut = t.C
+		}
+	}
+	a.tally()
+	return a
+}
+
+var errStraggler = errors.New("dsync: master did not answer in time")
