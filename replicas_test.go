@@ -3,8 +3,11 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
@@ -63,4 +66,57 @@ func TestWaitReplicasEveryPrimitive(t *testing.T) {
 			t.Errorf("Once left held: Do = %v", err)
 		}
 	})
+}
+
+// masterWithReplica starts a redis-server and a replica of it, synced, and
+// returns clients of each.
+func masterWithReplica(t *testing.T) (master, replica redis.UniversalClient) {
+	t.Helper()
+	m, r := redistest.StartStandalone(t), redistest.StartStandalone(t)
+	ctx := context.Background()
+	master, replica = m.Client(t), r.Client(t)
+	port := strings.TrimPrefix(m.Addr(), "127.0.0.1:")
+	must(t, replica.Do(ctx, "REPLICAOF", "127.0.0.1", port).Err())
+	waitFor(t, 15*time.Second, "the replica syncs", func() bool {
+		n, err := master.Do(ctx, "WAIT", 1, 100).Int64()
+		info, _ := replica.Info(ctx, "replication").Result()
+		return err == nil && n >= 1 && strings.Contains(info, "master_link_status:up")
+	})
+	return master, replica
+}
+
+// With a live replica every primitive's acquire with WaitReplicas succeeds
+// (none panics), and what it took is on the replica when it returns.
+func TestWaitReplicasEveryPrimitiveWithALiveReplica(t *testing.T) {
+	master, replica := masterWithReplica(t)
+	c := dsync.New(master, dsync.WaitReplicas(1, 5*time.Second))
+	t.Cleanup(func() { c.Close() })
+	ctx := ctxT(t)
+	onReplica := func(what, key string) {
+		t.Helper()
+		if n, err := replica.Exists(ctx, key).Result(); n != 1 || err != nil {
+			t.Errorf("%s: %s on the replica = %d, %v when the call returned; want it there", what, key, n, err)
+		}
+	}
+	name := redistest.Key(t)
+	m := c.Mutex(name)
+	must(t, m.Lock(ctx))
+	onReplica("Mutex.Lock", mutexKeys(name).Lock)
+	must(t, m.Unlock(ctx))
+	rw := c.RWMutex(name + "rw")
+	must(t, rw.Lock(ctx))
+	onReplica("RWMutex.Lock", rwk(name+"rw").Writer)
+	must(t, rw.Unlock(ctx))
+	must(t, rw.RLock(ctx))
+	onReplica("RWMutex.RLock", rwk(name+"rw").Readers)
+	must(t, rw.RUnlock(ctx))
+	s := c.Semaphore(name+"s", 2)
+	must(t, s.Acquire(ctx, 1))
+	onReplica("Semaphore.Acquire", semKeys(name+"s").Holders)
+	must(t, s.Release(ctx, 1))
+	ran := false
+	must(t, c.Once(name+"o").Do(ctx, func(context.Context) error { ran = true; return nil }))
+	if !ran {
+		t.Error("Once.Do with a live replica did not run f")
+	}
 }

@@ -81,7 +81,7 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 	}
 	if err == nil && (g.kind == taken || g.kind == handed) && s.cfg.replicas > 0 {
 		spec := s.renewSpec(mode, rc.tok, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg())
-		if err = s.c.replicated(ctx, s.cfg, spec.Script, spec.Keys, spec.Args...); err != nil {
+		if err = s.c.replicated(ctx, s.cfg, spec.Batch, spec.Keys, spec.Args...); err != nil {
 			s.c.cleanup(ctx, rc)
 		}
 	}
