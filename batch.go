@@ -125,16 +125,12 @@ func (c *Client) flush(d int) {
 }
 
 // startBatch sends batch in a goroutine of its own, owned by c; once c is
-// closed, its calls fail with ErrClosed, not sent.
+// closed, in one of its own (the calls in it are calls in progress at
+// Close, or the clean-ups of such calls, which still go out).
 func (c *Client) startBatch(batch []*queuedCall) {
-	if c.calls.start(func() { c.sendBatch(batch) }) {
-		return
+	if !c.calls.start(func() { c.sendBatch(batch) }) {
+		go c.sendBatch(batch)
 	}
-	for _, q := range batch {
-		q.cmd.SetErr(ErrClosed)
-		q.over()
-	}
-	c.leave()
 }
 
 // evalQueued sends a call to the queue (see maxFlight), or at once if the

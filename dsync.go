@@ -129,27 +129,30 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 
 // Close stops renewing every lease of the Client (their Done channels
 // close) and its notifications; calls in progress and later calls return
-// [ErrClosed]. Holds are not released: they expire at their TTL. Close does
-// not close the Redis client. It is safe to call more than once.
+// [ErrClosed], and leave nothing behind, as a failed call does: what such a
+// call had taken or queued for (a grant whose reply came after Close, a
+// waiting place) is undone. Holds taken before are not released: they
+// expire at their TTL. Close does not close the Redis client. It is safe
+// to call more than once.
 //
-// Clean-ups that failed calls left to the background (undoing a cancelled
-// attempt, say) are cancelled, and Close waits for them and for commands
-// whose callers gave up on them, 5 s at most for those sent to a server
-// that does not answer (go-redis ends them at its ReadTimeout, 5 s by
-// default; one that outlives Close ends when go-redis gives up on it).
+// Close waits for the clean-ups that failed calls left to the background
+// (undoing a cancelled attempt, say), for releases left there, and for
+// commands whose callers gave up on them, 5 s at most in all for those
+// sent to a server that does not answer; then it cancels the clean-ups
+// left. A command still in flight ends when go-redis gives up on it (its
+// ReadTimeout, 3 s by default, or the ctx deadline with
+// ContextTimeoutEnabled).
 func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
-		c.bgCancel()
-		c.bg.close(0)
-		// A command whose caller gave up ends when go-redis gives up on
-		// it (its ReadTimeout, or the ctx deadline with
-		// ContextTimeoutEnabled); Close waits releaseTimeout at most.
 		end := time.Now().Add(releaseTimeout)
-		c.calls.close(max(time.Until(end), time.Nanosecond))
-		c.releases.close(max(time.Until(end), time.Nanosecond))
+		left := func() time.Duration { return max(time.Until(end), time.Nanosecond) }
+		c.bg.close(left())
+		c.bgCancel()
+		c.calls.close(left())
+		c.releases.close(left())
 		if c.renew != nil {
-			c.renew.Close()
+			c.renew.CloseWithin(left())
 		}
 		if c.notify != nil {
 			c.notify.close()

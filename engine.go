@@ -58,6 +58,16 @@ type grant struct {
 // for the first attempt a notification asks for, which is made at once.
 const minRetry = 20 * time.Millisecond
 
+// isClosed reports whether c was closed.
+func (c *Client) isClosed() bool {
+	select {
+	case <-c.closed:
+		return true
+	default:
+		return false
+	}
+}
+
 // cleanupGrace is how long a failed call waits for its clean-up before it
 // returns and leaves the clean-up to the Client's background.
 const cleanupGrace = 20 * time.Millisecond
@@ -107,6 +117,13 @@ const restartPause = minRetry
 func (c *Client) take(ctx context.Context, a *acquisition, op acquirer, wait bool) (grant, time.Time, error) {
 	for {
 		g, sent, err := c.takeAs(ctx, a, op, wait)
+		if err == nil && (g.kind == taken || g.kind == handed) && c.isClosed() {
+			// Granted, but Close came first: nobody would renew or release
+			// the hold. The call fails, as one in progress at Close does,
+			// and leaves nothing behind.
+			c.cleanup(ctx, op)
+			return grant{}, sent, ErrClosed
+		}
 		if err != nil || g.kind != over {
 			return g, sent, err
 		}
@@ -259,16 +276,20 @@ func sleepFor(d, ttl time.Duration) time.Duration {
 // call returns in time also when Redis is slow or unreachable.
 func (c *Client) cleanup(ctx context.Context, u abandoner) {
 	done := make(chan struct{})
-	if !c.bg.start(func() {
+	run := func(owned bool) {
 		defer close(done)
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
-		stop := context.AfterFunc(c.bgCtx, cancel)
-		defer stop()
+		if owned {
+			stop := context.AfterFunc(c.bgCtx, cancel)
+			defer stop()
+		}
 		abandonRetrying(dctx, u)
-	}) {
-		// Closed: the holds a failed call may have taken expire at their TTL.
-		return
+	}
+	if !c.bg.start(func() { run(true) }) {
+		// Closed (a call that Close ended, say): the clean-up runs all
+		// the same, on its own, within its budget.
+		go run(false)
 	}
 	select {
 	case <-done:

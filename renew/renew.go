@@ -251,15 +251,34 @@ func (r *Renewer) Add(s Spec) *Hold {
 // Close stops renewing every hold, ends them all (their Done channels close,
 // their Err stays nil: the holds were not lost to Redis, this client stopped
 // keeping them alive, and they run out on the server at their TTL), and waits
-// for the Renewer's goroutine to exit. A round trip in flight is cancelled.
-// Close is idempotent.
-func (r *Renewer) Close() {
+// for the Renewer's goroutine to exit. A round trip in flight is cancelled,
+// and Close waits for it to return. Close is idempotent.
+func (r *Renewer) Close() { r.CloseWithin(0) }
+
+// CloseWithin is Close, but waits at most d (forever if d ≤ 0) for a round
+// trip in flight to return: go-redis does not end a read when its ctx is
+// cancelled, and a server that holds the round trip would hold Close for
+// as long as go-redis's ReadTimeout (or for ever, with none). The round
+// trip then ends in the background when go-redis gives up on it, and
+// changes nothing the holds report. It reports whether it had returned.
+func (r *Renewer) CloseWithin(d time.Duration) bool {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
 	r.cancel()
 	<-r.exited
-	<-r.sent
+	if d <= 0 {
+		<-r.sent
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.sent:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // Len returns the number of live holds.
