@@ -243,8 +243,10 @@ func (c *Client) await(ctx context.Context, a *acquisition, op acquirer, g grant
 				}
 				// Ask the script whether the hold is still this call's:
 				// if so, it was handed over after the last refusal, and
-				// the lease is measured from that attempt.
-				retry, asked = true, false
+				// the lease is measured from that attempt. As for any
+				// notification, at most every minRetry: whoever can read
+				// the queue data can prove a hand-over that never was.
+				retry, asked = true, true
 				continue
 			}
 			// A plain release, a resubscription or a hand-over to another

@@ -64,11 +64,13 @@ func (w *watcher) signal() {
 }
 
 // handover returns the fencing token of a hold handed to this waiter, if a
-// proven hand-over was seen.
+// proven hand-over was seen since the last call, and forgets it.
 func (w *watcher) handover() (uint64, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.handed, w.handed > 0
+	f := w.handed
+	w.handed = 0
+	return f, f > 0
 }
 
 // offer passes w a hand-over message h and reports whether it asks w to

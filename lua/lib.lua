@@ -27,6 +27,16 @@ local function publish_handover(ch, cid, tok, f, secret)
   redis.call('PUBLISH', ch, cid .. ' ' .. redis.sha1hex(tok) .. ' ' .. f .. ' ' .. redis.sha1hex(secret .. ' ' .. f))
 end
 
+-- Wakes the other waiting calls of holder tok after call cid, which gave
+-- up, dropped the waiting place they share with it (one place per holder:
+-- the last call to refresh it is the one a hand-over goes to): "<cid>
+-- <sha1(tok)> 0 -" names their holder but grants nothing (no hold has
+-- token 0), so they try again at once and queue in its place. On the
+-- name's channel ch, which every Client waiting on the name watches.
+local function wake_holder(ch, cid, tok)
+  redis.call('PUBLISH', ch, cid .. ' ' .. redis.sha1hex(tok) .. ' 0 -')
+end
+
 -- x as a plain decimal string (Lua's tostring would print 1.7e+15).
 -- Every number the scripts write is an integer below 2^53, which '%d'
 -- prints several times faster than '%.0f' (about 0.5 against 2 µs); one

@@ -94,9 +94,13 @@ if guard ~= '' then
   note(KEYS[5], guard, now_ms, 2)
   local d = redis.call('HGET', KEYS[4], tok)
   if d and string.match(d, '^%d+ %d+ (%S+)') == guard then
-    redis.call('ZREM', KEYS[3], tok)
+    -- The place goes, but its arrival stays in the queue, where the next
+    -- look at the queue's head drops it unless another waiting call of
+    -- the holder, woken here, refreshes the place first: that call keeps
+    -- the holder's turn.
     redis.call('HDEL', KEYS[4], tok)
-    if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+    wake_holder(ch, guard, tok)
+    if redis.call('EXISTS', KEYS[1]) == 0 then
       -- It may have been first in line for a free lock: let the rest retry.
       redis.call('PUBLISH', ch, '')
     end

@@ -120,6 +120,9 @@ else
     if not d or string.match(d, '^%d+ (%S+)') == guard then
       if redis.call('ZSCORE', WW, tok) then
         unplace(tok)
+        -- Other waiting calls of the owner shared the place: they queue
+        -- again at once.
+        wake_holder(ch, guard, tok)
         if redis.call('EXISTS', W) == 0 then
           if redis.call('EXISTS', R) == 0 and hand_over(ch, idle) then
             -- It may have been first in line for the free lock.
@@ -138,6 +141,7 @@ else
     local d = redis.call('HGET', RQ, tok)
     if d and string.match(d, '(%S+)$') == guard then
       redis.call('HDEL', RQ, tok)
+      wake_holder(ch, guard, tok)
     end
     local rec = redis.call('HGET', RC, tok)
     local ids, rid
