@@ -360,3 +360,61 @@ func TestProvenHandoverThenFloodRate(t *testing.T) {
 		must(t, h.Unlock(ctx))
 	})
 }
+
+// A waiter whose TTL (legal: at least 1 ms) is shorter than the 20 ms
+// between its attempts keeps its queue place (a place lasts 200 ms at
+// least) and is served in its turn, against owners of two other Clients
+// that keep the name busy; before, with a 5 ms TTL, its place lapsed
+// between its attempts and it got nothing in 3 s.
+func TestShortTTLWaiterIsServed(t *testing.T) {
+	for _, k := range []waitKind{waitKinds[0], waitKinds[1], {"Semaphore1", semHold(1, 1), semHold(1, 1), nil}} {
+		t.Run(k.name, func(t *testing.T) {
+			b, ctx, name := realName(t)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for range 2 {
+				c := newClient(t, b)
+				for range 2 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						h := k.holder(c, name)
+						octx := dsync.WithOwner(ctx)
+						untilClosed(stop, 100000, func() bool {
+							if err := h.lock(octx); err != nil {
+								t.Error(err)
+								return false
+							}
+							time.Sleep(5 * time.Millisecond)
+							if err := h.unlock(octx); err != nil {
+								t.Error(err)
+								return false
+							}
+							return true
+						})
+					}()
+				}
+			}
+			defer func() { close(stop); wg.Wait() }()
+			time.Sleep(200 * time.Millisecond)
+			for _, ttl := range []time.Duration{5 * time.Millisecond, 15 * time.Millisecond} {
+				c := newClient(t, b, dsync.TTL(ttl))
+				fails := 0
+				for range 5 {
+					h := k.waiter(c, name)
+					lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+					err := h.lock(lctx)
+					cancel()
+					if err != nil {
+						fails++
+						continue
+					}
+					_ = h.unlock(ctx) // a 5 ms lease may be gone by now
+				}
+				if fails > 0 {
+					t.Errorf("waiter with TTL %v starved: %d of 5 Lock calls got nothing in 3 s while others looped", ttl, fails)
+				}
+			}
+		})
+	}
+}

@@ -37,6 +37,19 @@ local function wake_holder(ch, cid, tok)
   redis.call('PUBLISH', ch, cid .. ' ' .. redis.sha1hex(tok) .. ' 0 -')
 end
 
+-- How long a waiting call's place lasts (ms, a string): one lease TTL (ttl,
+-- a string), and 200 ms at least. A waiter refreshes its place with every
+-- attempt, at most every 20 ms, and comes back within half its TTL: a
+-- place of a TTL much below 40 ms would lapse between its attempts, and
+-- the waiter would never be first in line. A dead waiter with a shorter
+-- TTL delays the others by 200 ms at most.
+local function place_ms(ttl)
+  if tonumber(ttl) < 200 then
+    return '200'
+  end
+  return ttl
+end
+
 -- x as a plain decimal string (Lua's tostring would print 1.7e+15).
 -- Every number the scripts write is an integer below 2^53, which '%d'
 -- prints several times faster than '%.0f' (about 0.5 against 2 µs); one

@@ -107,14 +107,16 @@ local function head()
 end
 
 local function enqueue()
-  -- The place lasts one lease TTL and is refreshed by every attempt. Each
+  -- The place lasts one lease TTL (200 ms at least, see place_ms) and is
+  -- refreshed by every attempt. Each
   -- key gets its expiry right after its write: if the next key holds
   -- foreign data (another type), the error leaves no key without one.
   clock()
-  redis.call('HSET', KEYS[4], tok, string.format('%s %s %s %s', digits(now_ms + tonumber(ttl)), ttl, id, ARGV[7]))
-  extend_key(KEYS[4], ttl)
+  local place = place_ms(ttl)
+  redis.call('HSET', KEYS[4], tok, string.format('%s %s %s %s', digits(now_ms + tonumber(place)), ttl, id, ARGV[7]))
+  extend_key(KEYS[4], place)
   redis.call('ZADD', KEYS[3], 'NX', digits(now_us), tok)
-  extend_key(KEYS[3], ttl)
+  extend_key(KEYS[3], place)
 end
 
 -- A refusal: a waiting call (Lock) tries again later under the same id; a

@@ -154,9 +154,10 @@ if mode == 'r' then
         return { 3, 0 }
       end
       if wait then
-        redis.call('HSET', RQ, tok, string.format('%s %d %s', num(now + ttl), ttl, id))
-        if redis.call('PTTL', RQ) < ttl then
-          redis.call('PEXPIRE', RQ, ARGV[3])
+        local place = tonumber(place_ms(ARGV[3]))
+        redis.call('HSET', RQ, tok, string.format('%s %d %s', num(now + place), ttl, id))
+        if redis.call('PTTL', RQ) < place then
+          redis.call('PEXPIRE', RQ, place_ms(ARGV[3]))
         end
       end
       if held then
@@ -206,7 +207,8 @@ end
 local function enqueue()
   -- The place lasts one lease TTL and is refreshed by every attempt; while
   -- it lives, new readers wait.
-  redis.call('ZADD', WW, num(now + ttl), tok)
+  local place = place_ms(ARGV[3])
+  redis.call('ZADD', WW, num(now + tonumber(place)), tok)
   fit(WW)
   if ARGV[8] == '1' or redis.call('EXISTS', WQ) == 1 then
     -- Starving, or behind writers that starve: keep the arrival order. The
@@ -214,9 +216,9 @@ local function enqueue()
     -- Each key gets its expiry right after its write: if the next key
     -- holds foreign data, the error leaves no key without one.
     redis.call('HSET', WD, tok, string.format('%d %s %s', ttl, id, ARGV[9]))
-    extend_key(WD, ttl)
+    extend_key(WD, place)
     redis.call('ZADD', WQ, 'NX', num(now_us), tok)
-    extend_key(WQ, ttl)
+    extend_key(WQ, place)
   end
 end
 

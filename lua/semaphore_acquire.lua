@@ -107,7 +107,8 @@ if not queue then
   return out({ 0, 0 })
 end
 
--- Take (or refresh) a place: it lasts one TTL and every attempt renews it,
+-- Take (or refresh) a place: it lasts one TTL (200 ms at least, see
+-- place_ms) and every attempt renews it,
 -- so a dead waiter's place lapses alone. Arrival scores strictly increase.
 if not in_force then
   redis.call('HSET', KEYS[1], ':size', ARGV[3])
@@ -121,11 +122,12 @@ if not redis.call('ZSCORE', KEYS[4], id) then
   end
   redis.call('ZADD', KEYS[4], fmt(a), id)
 end
-redis.call('HSET', KEYS[5], id, string.format('%s %s %d %s %s', digits(now_ms + tonumber(ttl)), ttl, n, ARGV[9], tok))
+local place = place_ms(ttl)
+redis.call('HSET', KEYS[5], id, string.format('%s %s %d %s %s', digits(now_ms + tonumber(place)), ttl, n, ARGV[9], tok))
 -- The holders zset must outlive the state hash: prune reads the deadlines
 -- there, and permits counted in the hash without one would never return.
 for i = 3, 5 do
-  extend(KEYS[i], ttl)
+  extend(KEYS[i], place)
 end
-extend(KEYS[1], ttl)
+extend(KEYS[1], place)
 return out({ 0, waitms(id, ttl, head, hd) })
