@@ -209,7 +209,10 @@ func TestOwnerAbandonLosesWriterPreference(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		cancel()
 		mustIs(t, <-r2, context.Canceled, "second writer call: %v")
-		time.Sleep(100 * time.Millisecond)
+		// The second call's clean-up is over, and the first call, woken
+		// by it if it dropped the owner's place, has queued again.
+		dsync.WaitCleanups(c)
+		waitFor(t, 5*time.Second, "the owner's first call waiting again", writerWaits(t, rdb, name))
 		select {
 		case err := <-r1:
 			t.Fatalf("first writer call returned %v while the reader holds", err)
@@ -291,7 +294,14 @@ func TestOwnerAbandonLetsLaterArrivalOvertake(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 				cancel()
 				mustIs(t, <-r2, context.Canceled, "owner's second call: %v")
-				time.Sleep(100 * time.Millisecond)
+				// The second call's clean-up is over, and the first call,
+				// woken by it if it dropped the owner's place, has taken
+				// the place again.
+				dsync.WaitCleanups(co)
+				waitFor(t, 5*time.Second, "the owner's place", func() bool {
+					n, _ := rdb.HExists(ctx, mutexKeys(name).QueueData, dsync.OwnerToken(octx)).Result()
+					return n
+				})
 				must(t, h.unlock(ctx))
 				must(t, <-r1)
 				must(t, o1.unlock(octx))
