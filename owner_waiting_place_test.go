@@ -246,11 +246,8 @@ func TestOwnerAbandonLosesWriterPreference(t *testing.T) {
 // queues and gives up. On A's release the lock should go to O's call 1,
 // which waited longest (DESIGN: the queue lives in Redis; "no waiter
 // starves"), not to N.
-//
-// An RWMutex writer's place is queued again at the back by the owner's
-// other call (see rwmutex_unlock.lua), so only the Mutex keeps the turn.
 func TestOwnerAbandonLetsLaterArrivalOvertake(t *testing.T) {
-	for _, k := range []waitKind{waitKinds[0]} {
+	for _, k := range []waitKind{waitKinds[0], waitKinds[1]} {
 		t.Run(k.name, func(t *testing.T) {
 			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 				rdb := b.NewClient(t)
@@ -298,8 +295,12 @@ func TestOwnerAbandonLetsLaterArrivalOvertake(t *testing.T) {
 				// woken by it if it dropped the owner's place, has taken
 				// the place again.
 				dsync.WaitCleanups(co)
+				data := mutexKeys(name).QueueData
+				if k.name != "Mutex" {
+					data = rwk(name).WriterQueueData
+				}
 				waitFor(t, 5*time.Second, "the owner's place", func() bool {
-					n, _ := rdb.HExists(ctx, mutexKeys(name).QueueData, dsync.OwnerToken(octx)).Result()
+					n, _ := rdb.HExists(ctx, data, dsync.OwnerToken(octx)).Result()
 					return n
 				})
 				must(t, h.unlock(ctx))

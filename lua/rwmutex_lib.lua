@@ -163,13 +163,17 @@ local function head()
   return nil
 end
 
--- Drops writer w's waiting place and its queue place.
-local function unplace(w)
+-- Drops writer w's waiting place and its queue place; with keep, the
+-- arrival stays in the queue, where head() drops it unless a call of w
+-- takes the place again first (and so keeps w's turn).
+local function unplace(w, keep)
   if redis.call('ZREM', WW, w) == 1 then
     prune_writers()
     fit(WW)
   end
-  redis.call('ZREM', WQ, w)
+  if not keep then
+    redis.call('ZREM', WQ, w)
+  end
   redis.call('HDEL', WD, w)
 end
 

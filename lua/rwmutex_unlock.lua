@@ -119,9 +119,9 @@ else
     local d = redis.call('HGET', WD, tok)
     if not d or string.match(d, '^%d+ (%S+)') == guard then
       if redis.call('ZSCORE', WW, tok) then
-        unplace(tok)
         -- Other waiting calls of the owner shared the place: they queue
-        -- again at once.
+        -- again at once, in the owner's turn (its arrival stays).
+        unplace(tok, true)
         wake_holder(ch, guard, tok)
         if redis.call('EXISTS', W) == 0 then
           if redis.call('EXISTS', R) == 0 and hand_over(ch, idle) then
