@@ -367,7 +367,8 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 			return ErrNotHeld
 		}
 		uid, un := h.takeUnsure()
-		if uid != "" {
+		if uid != "" && un == n {
+			// Perhaps a repeat of that Release (the same n): ask.
 			if f, ok := s.resolve(ctx, tok, h, uid, un); ok {
 				// An earlier Release of this caller ended the holding;
 				// this one is its repeat.
