@@ -241,78 +241,32 @@ func TestOwnerAbandonLosesWriterPreference(t *testing.T) {
 	})
 }
 
-// TestOwnerAbandonLetsLaterArrivalOvertake: Mutex. A holds; owner O's
-// call 1 queues; a waiter N of another Client queues after it; O's call 2
-// queues and gives up. On A's release the lock should go to O's call 1,
-// which waited longest (DESIGN: the queue lives in Redis; "no waiter
-// starves"), not to N.
-func TestOwnerAbandonLetsLaterArrivalOvertake(t *testing.T) {
-	for _, k := range []waitKind{waitKinds[0], waitKinds[1]} {
-		t.Run(k.name, func(t *testing.T) {
-			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-				rdb := b.NewClient(t)
-				qk := mutexKeys(name).Queue
-				if k.name != "Mutex" {
-					qk = rwk(name).WaitingWriters
-				}
-				queued := func(n int64) func() bool {
-					return func() bool { v, _ := rdb.ZCard(ctx, qk).Result(); return v == n }
-				}
-				h := k.holder(newClient(t, b), name)
-				must(t, h.lock(ctx))
-				co := newClient(t, b)
-				octx := dsync.WithOwner(ctx)
-				o1 := k.waiter(co, name)
-				var order []string
-				var mu sync.Mutex
-				got := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
-				r1 := async(func() error {
-					err := o1.lock(octx)
-					got("owner")
-					return err
-				})
-				waitFor(t, 5*time.Second, "owner queued", queued(1))
-				time.Sleep(30 * time.Millisecond)
-				nw := k.waiter(newClient(t, b), name)
-				rn := async(func() error {
-					err := nw.lock(ctx)
-					got("later")
-					if err == nil {
-						time.Sleep(100 * time.Millisecond)
-						return nw.unlock(ctx)
-					}
-					return err
-				})
-				waitFor(t, 5*time.Second, "later waiter queued", queued(2))
-				time.Sleep(30 * time.Millisecond)
-				o2 := k.waiter(co, name)
-				sctx, cancel := context.WithCancel(octx)
-				r2 := async(func() error { return o2.lock(sctx) })
-				time.Sleep(100 * time.Millisecond)
-				cancel()
-				mustIs(t, <-r2, context.Canceled, "owner's second call: %v")
-				// The second call's clean-up is over, and the first call,
-				// woken by it if it dropped the owner's place, has taken
-				// the place again.
-				dsync.WaitCleanups(co)
-				data := mutexKeys(name).QueueData
-				if k.name != "Mutex" {
-					data = rwk(name).WriterQueueData
-				}
-				waitFor(t, 5*time.Second, "the owner's place", func() bool {
-					n, _ := rdb.HExists(ctx, data, dsync.OwnerToken(octx)).Result()
-					return n
-				})
-				must(t, h.unlock(ctx))
-				must(t, <-r1)
-				must(t, o1.unlock(octx))
-				must(t, <-rn)
-				if order[0] != "owner" {
-					t.Errorf("served in order %v: the owner's call that queued first was overtaken after its other call gave up", order)
-				}
-			})
+// A queued Mutex waiter that gives up leaves nothing in the queue, its
+// arrival included, however its holder's other calls fare: the release
+// after it finds only the waiters that are still there.
+func TestMutexCancelledQueuedWaiterLeavesNothing(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		rdb := b.NewClient(t)
+		holder := newClient(t, b).Mutex(name)
+		must(t, holder.Lock(ctx))
+		wc := newClient(t, b)
+		wctx, cancel := context.WithCancel(dsync.WithOwner(ctx))
+		defer cancel()
+		tok := dsync.OwnerToken(wctx)
+		got := async(func() error { return wc.Mutex(name).Lock(wctx) })
+		waitFor(t, 5*time.Second, "the waiter's place", func() bool {
+			n, _ := rdb.HExists(ctx, mutexKeys(name).QueueData, tok).Result()
+			return n
 		})
-	}
+		cancel()
+		mustIs(t, <-got, context.Canceled, "Lock = %v, want Canceled")
+		dsync.WaitCleanups(wc)
+		checkIs(t, rdb.ZScore(ctx, mutexKeys(name).Queue, tok).Err(), redis.Nil, "the cancelled waiter's arrival is left in the queue: %v")
+		if ok, _ := rdb.HExists(ctx, mutexKeys(name).QueueData, tok).Result(); ok {
+			t.Error("the cancelled waiter's queue record is left")
+		}
+		must(t, holder.Unlock(ctx))
+	})
 }
 
 // TestProvenHandoverThenFloodRate: a waiter that has waited longer than

@@ -94,13 +94,12 @@ if guard ~= '' then
   note(KEYS[5], guard, now_ms, 2)
   local d = redis.call('HGET', KEYS[4], tok)
   if d and string.match(d, '^%d+ %d+ (%S+)') == guard then
-    -- The place goes, but its arrival stays in the queue, where the next
-    -- look at the queue's head drops it unless another waiting call of
-    -- the holder, woken here, refreshes the place first: that call keeps
-    -- the holder's turn.
+    -- The place goes (nothing is left behind), and the holder's other
+    -- waiting calls, if any, woken here, queue again at once.
+    redis.call('ZREM', KEYS[3], tok)
     redis.call('HDEL', KEYS[4], tok)
     wake_holder(ch, guard, tok)
-    if redis.call('EXISTS', KEYS[1]) == 0 then
+    if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[3]) == 1 then
       -- It may have been first in line for a free lock: let the rest retry.
       redis.call('PUBLISH', ch, '')
     end

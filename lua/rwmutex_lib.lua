@@ -163,17 +163,13 @@ local function head()
   return nil
 end
 
--- Drops writer w's waiting place and its queue place; with keep, the
--- arrival stays in the queue, where head() drops it unless a call of w
--- takes the place again first (and so keeps w's turn).
-local function unplace(w, keep)
+-- Drops writer w's waiting place and its queue place.
+local function unplace(w)
   if redis.call('ZREM', WW, w) == 1 then
     prune_writers()
     fit(WW)
   end
-  if not keep then
-    redis.call('ZREM', WQ, w)
-  end
+  redis.call('ZREM', WQ, w)
   redis.call('HDEL', WD, w)
 end
 

@@ -120,8 +120,8 @@ else
     if not d or string.match(d, '^%d+ (%S+)') == guard then
       if redis.call('ZSCORE', WW, tok) then
         -- Other waiting calls of the owner shared the place: they queue
-        -- again at once, in the owner's turn (its arrival stays).
-        unplace(tok, true)
+        -- again at once.
+        unplace(tok)
         wake_holder(ch, guard, tok)
         if redis.call('EXISTS', W) == 0 then
           if redis.call('EXISTS', R) == 0 and hand_over(ch, idle) then
