@@ -31,8 +31,9 @@ end
 -- up, dropped the waiting place they share with it (one place per holder:
 -- the last call to refresh it is the one a hand-over goes to): "<cid>
 -- <sha1(tok)> 0 -" names their holder but grants nothing (no hold has
--- token 0), so they try again at once and queue in its place. On the
--- name's channel ch, which every Client waiting on the name watches.
+-- token 0), so they try again at once and queue again, behind later
+-- arrivals. On the name's channel ch, which every Client waiting on the
+-- name watches.
 local function wake_holder(ch, cid, tok)
   redis.call('PUBLISH', ch, cid .. ' ' .. redis.sha1hex(tok) .. ' 0 -')
 end
