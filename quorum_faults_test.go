@@ -228,119 +228,70 @@ func TestQuorumUnlockWithMasterPaused(t *testing.T) {
 // again after another process held and released the name. The new hold is
 // a fresh acquisition: its token must exceed the other process's (DESIGN
 // Fencing: "Each fresh acquisition of a name gets a token strictly larger
-// than every earlier one for that name").
+// than every earlier one for that name"). For a Mutex and an RWMutex
+// writer, in both reentrancy modes.
 func TestQuorumFencingAfterLossWithStaleMinority(t *testing.T) {
-	for _, mode := range []string{"script", "client"} {
-		t.Run(mode, func(t *testing.T) {
-			rdbs := miniMasters(t, 3)
-			opts := []dsync.Option{dsync.TTL(3 * time.Second)}
-			if mode == "client" {
-				opts = append(opts, dsync.ClientReentrancy())
-			}
-			q := newQuorum(t, rdbs, opts...)
-			ctx := ctxT(t)
-			octx := dsync.WithOwner(ctx)
-			name := redistest.Key(t)
-			m := q.Mutex(name)
-			l1 := lockLease(t, octx, m)
-			for _, i := range []int{0, 1} {
-				must(t, rdbs[i].Del(ctx, mutexKeys(name).Lock).Err())
-			}
-			select {
-			case <-l1.Done():
-			case <-time.After(3 * time.Second):
-				t.Fatal("lease not lost")
-			}
-			assertLeaseLost(t, l1)
-			// Master 2 still holds the owner's stale hold.
-			if n, _ := rdbs[2].Exists(ctx, mutexKeys(name).Lock).Result(); n != 1 {
-				t.Skip("stale hold on master 2 already gone")
-			}
-			p := newQuorum(t, rdbs).Mutex(name)
-			lp := lockLease(t, ctx, p)
-			tp := lp.Token()
-			must(t, p.Unlock(ctx))
-			must(t, m.Lock(octx))
-			l2, err := m.Lease(octx)
-			must(t, err)
-			t.Logf("tokens: owner's first %d, other's %d, owner's new %d; new lease err %v", l1.Token(), tp, l2.Token(), l2.Err())
-			if l2.Token() <= tp {
-				t.Errorf("owner's new hold token %d <= other process's earlier token %d (first hold's %d)", l2.Token(), tp, l1.Token())
-			}
-			// And exclusion: another process must not get in now.
-			if ok, err := newQuorum(t, rdbs).Mutex(name).TryLock(ctx); ok || err != nil {
-				t.Errorf("other TryLock beside owner's new hold = %v, %v", ok, err)
-			}
-			err = m.Unlock(octx)
-			t.Logf("owner Unlock = %v", err)
-			for i, rdb := range rdbs {
-				h, _ := rdb.HGetAll(ctx, mutexKeys(name).Lock).Result()
-				if len(h) > 0 {
-					t.Logf("master %d after the owner's last Unlock: %v", i, h)
-				}
-			}
-			if ok, err := newQuorum(t, rdbs).Mutex(name).TryLock(ctx); !ok || err != nil {
-				t.Errorf("other TryLock after owner's last Unlock = %v, %v", ok, err)
-			}
-		})
+	type writeLock interface {
+		lockLeaser
+		TryLock(context.Context) (bool, error)
+		Unlock(context.Context) error
 	}
-}
-
-// As above, for an RWMutex writer.
-func TestQuorumFencingAfterLossWithStaleMinorityRW(t *testing.T) {
-	for _, mode := range []string{"script", "client"} {
-		t.Run(mode, func(t *testing.T) {
-			rdbs := miniMasters(t, 3)
-			opts := []dsync.Option{dsync.TTL(3 * time.Second)}
-			if mode == "client" {
-				opts = append(opts, dsync.ClientReentrancy())
-			}
-			q := newQuorum(t, rdbs, opts...)
-			ctx := ctxT(t)
-			octx := dsync.WithOwner(ctx)
-			name := redistest.Key(t)
-			m := q.RWMutex(name)
-			l1 := lockLease(t, octx, m)
-			for _, i := range []int{0, 1} {
-				must(t, rdbs[i].Del(ctx, rwk(name).Writer).Err())
-			}
-			select {
-			case <-l1.Done():
-			case <-time.After(3 * time.Second):
-				t.Fatal("lease not lost")
-			}
-			assertLeaseLost(t, l1)
-			// Master 2 still holds the owner's stale hold.
-			if n, _ := rdbs[2].Exists(ctx, rwk(name).Writer).Result(); n != 1 {
-				t.Skip("stale hold on master 2 already gone")
-			}
-			p := newQuorum(t, rdbs).RWMutex(name)
-			lp := lockLease(t, ctx, p)
-			tp := lp.Token()
-			must(t, p.Unlock(ctx))
-			must(t, m.Lock(octx))
-			l2, err := m.Lease(octx)
-			must(t, err)
-			t.Logf("tokens: owner's first %d, other's %d, owner's new %d; new lease err %v", l1.Token(), tp, l2.Token(), l2.Err())
-			if l2.Token() <= tp {
-				t.Errorf("owner's new hold token %d <= other process's earlier token %d (first hold's %d)", l2.Token(), tp, l1.Token())
-			}
-			// And exclusion: another process must not get in now.
-			if ok, err := newQuorum(t, rdbs).RWMutex(name).TryLock(ctx); ok || err != nil {
-				t.Errorf("other TryLock beside owner's new hold = %v, %v", ok, err)
-			}
-			err = m.Unlock(octx)
-			t.Logf("owner Unlock = %v", err)
-			for i, rdb := range rdbs {
-				h, _ := rdb.HGetAll(ctx, rwk(name).Writer).Result()
-				if len(h) > 0 {
-					t.Logf("master %d after the owner's last Unlock: %v", i, h)
+	for _, kind := range []struct {
+		name string
+		open func(q *dsync.Quorum, name string) writeLock
+		key  func(name string) string // the key of the write hold
+	}{
+		{"Mutex", func(q *dsync.Quorum, n string) writeLock { return q.Mutex(n) }, func(n string) string { return mutexKeys(n).Lock }},
+		{"RWMutex", func(q *dsync.Quorum, n string) writeLock { return q.RWMutex(n) }, func(n string) string { return rwk(n).Writer }},
+	} {
+		for _, mode := range []string{"script", "client"} {
+			t.Run(kind.name+"/"+mode, func(t *testing.T) {
+				rdbs := miniMasters(t, 3)
+				opts := []dsync.Option{dsync.TTL(3 * time.Second)}
+				if mode == "client" {
+					opts = append(opts, dsync.ClientReentrancy())
 				}
-			}
-			if ok, err := newQuorum(t, rdbs).RWMutex(name).TryLock(ctx); !ok || err != nil {
-				t.Errorf("other TryLock after owner's last Unlock = %v, %v", ok, err)
-			}
-		})
+				q := newQuorum(t, rdbs, opts...)
+				ctx := ctxT(t)
+				octx := dsync.WithOwner(ctx)
+				name := redistest.Key(t)
+				key := kind.key(name)
+				m := kind.open(q, name)
+				l1 := lockLease(t, octx, m)
+				for _, i := range []int{0, 1} {
+					must(t, rdbs[i].Del(ctx, key).Err())
+				}
+				select {
+				case <-l1.Done():
+				case <-time.After(3 * time.Second):
+					t.Fatal("lease not lost")
+				}
+				assertLeaseLost(t, l1)
+				// Master 2 still holds the owner's stale hold.
+				if n, _ := rdbs[2].Exists(ctx, key).Result(); n != 1 {
+					t.Skip("stale hold on master 2 already gone")
+				}
+				p := kind.open(newQuorum(t, rdbs), name)
+				lp := lockLease(t, ctx, p)
+				tp := lp.Token()
+				must(t, p.Unlock(ctx))
+				must(t, m.Lock(octx))
+				l2, err := m.Lease(octx)
+				must(t, err)
+				if l2.Token() <= tp {
+					t.Errorf("owner's new hold token %d <= other process's earlier token %d (first hold's %d)", l2.Token(), tp, l1.Token())
+				}
+				// And exclusion: another process must not get in now.
+				if ok, err := kind.open(newQuorum(t, rdbs), name).TryLock(ctx); ok || err != nil {
+					t.Errorf("other TryLock beside owner's new hold = %v, %v", ok, err)
+				}
+				err = m.Unlock(octx)
+				t.Logf("owner Unlock = %v", err)
+				if ok, err := kind.open(newQuorum(t, rdbs), name).TryLock(ctx); !ok || err != nil {
+					t.Errorf("other TryLock after owner's last Unlock = %v, %v", ok, err)
+				}
+			})
+		}
 	}
 }
 
