@@ -108,9 +108,9 @@ end
 
 local function enqueue()
   -- The place lasts one lease TTL (200 ms at least, see place_ms) and is
-  -- refreshed by every attempt. Each
-  -- key gets its expiry right after its write: if the next key holds
-  -- foreign data (another type), the error leaves no key without one.
+  -- refreshed by every attempt. Each key gets its expiry right after its
+  -- write: if the next key holds foreign data (another type), the error
+  -- leaves no key without one.
   clock()
   local place = place_ms(ttl)
   redis.call('HSET', KEYS[4], tok, string.format('%s %s %s %s', digits(now_ms + tonumber(place)), ttl, id, ARGV[7]))

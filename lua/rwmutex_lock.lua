@@ -205,8 +205,8 @@ if cur[1] then
 end
 
 local function enqueue()
-  -- The place lasts one lease TTL and is refreshed by every attempt; while
-  -- it lives, new readers wait.
+  -- The place lasts one lease TTL (200 ms at least, see place_ms) and is
+  -- refreshed by every attempt; while it lives, new readers wait.
   local place = place_ms(ARGV[3])
   redis.call('ZADD', WW, num(now + tonumber(place)), tok)
   fit(WW)

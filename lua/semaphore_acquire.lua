@@ -108,8 +108,8 @@ if not queue then
 end
 
 -- Take (or refresh) a place: it lasts one TTL (200 ms at least, see
--- place_ms) and every attempt renews it,
--- so a dead waiter's place lapses alone. Arrival scores strictly increase.
+-- place_ms) and every attempt renews it, so a dead waiter's place lapses
+-- alone. Arrival scores strictly increase.
 if not in_force then
   redis.call('HSET', KEYS[1], ':size', ARGV[3])
   in_force = size
