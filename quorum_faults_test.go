@@ -80,8 +80,9 @@ func TestQuorumReentrantUnlockMinorityDown(t *testing.T) {
 	}
 }
 
-// RWMutex re-entered read hold, one master killed: the inner RUnlock must
-// succeed while a majority lives.
+// An RWMutex's re-entered write hold, one master of three killed: the
+// inner Unlock must succeed while a majority lives, and the owner can then
+// take a read hold too (a downgrade).
 func TestQuorumReentrantRUnlockMinorityDown(t *testing.T) {
 	ss, rdbs := masters(t, 3)
 	q := newQuorum(t, rdbs, dsync.TTL(2*time.Second))
