@@ -3,9 +3,6 @@ package dsync_test
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -98,45 +95,13 @@ func TestQuorumReentrantRUnlockMinorityDown(t *testing.T) {
 	must(t, rw.RLock(octx))
 }
 
-// hungMaster is a TCP listener on 127.0.0.1 that accepts and never answers.
-func hungMaster(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			go func() { _, _ = io.Copy(io.Discard, c) }()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	return ln.Addr().String()
-}
-
 // One hung master of three (accepts, never answers), go-redis defaults:
 // Lock/TryLock/Unlock must not be held back by it (scaling.md: "A slow or
 // paused master does not hold calls back"), and each returns within its
 // ctx deadline.
 func TestQuorumHungMaster(t *testing.T) {
 	_, live := masters(t, 2)
-	hung := redis.NewClient(&redis.Options{Addr: hungMaster(t)})
+	hung := redis.NewClient(&redis.Options{Addr: silentAddr(t)})
 	t.Cleanup(func() { hung.Close() })
 	rdbs := []redis.UniversalClient{live[0], hung, live[1]}
 	q := newQuorum(t, rdbs)
@@ -172,15 +137,7 @@ func TestQuorumHungMaster(t *testing.T) {
 // master does not hold calls back"; DESIGN "A call returns within its ctx
 // deadline".
 func TestQuorumUnlockWithMasterPaused(t *testing.T) {
-	var ps []*pausable
-	var rdbs []redis.UniversalClient
-	for range 3 {
-		p := newPausable(t)
-		ps = append(ps, p)
-		rdb := redis.NewClient(&redis.Options{Addr: p.s.Addr()})
-		t.Cleanup(func() { rdb.Close() })
-		rdbs = append(rdbs, rdb)
-	}
+	ps, rdbs := pausableMasters(t, 3)
 	ctx := ctxT(t)
 	name := redistest.Key(t)
 	q := newQuorum(t, rdbs)

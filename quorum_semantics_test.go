@@ -228,6 +228,22 @@ func TestQuorumForgedNotificationsGrantNothing(t *testing.T) {
 	}
 }
 
+// pausableMasters starts n independent servers that a test can pause, with
+// a client of each on go-redis's defaults: reads last until ReadTimeout,
+// whatever the ctx.
+func pausableMasters(t *testing.T, n int) ([]*pausable, []redis.UniversalClient) {
+	var ps []*pausable
+	var rdbs []redis.UniversalClient
+	for range n {
+		p := newPausable(t)
+		ps = append(ps, p)
+		rdb := redis.NewClient(&redis.Options{Addr: p.s.Addr()})
+		t.Cleanup(func() { rdb.Close() })
+		rdbs = append(rdbs, rdb)
+	}
+	return ps, rdbs
+}
+
 // Deadlines: with one master of three paused (CLIENT PAUSE: busy, or its
 // network holding replies), a Lock of a held name returns at its ctx's end,
 // and one of a free name is granted by the two others at once (Redlock
@@ -241,16 +257,7 @@ func TestQuorumDeadlineWithMasterPaused(t *testing.T) {
 			what = "held"
 		}
 		t.Run(what, func(t *testing.T) {
-			var ps []*pausable
-			var rdbs []redis.UniversalClient
-			for range 3 {
-				p := newPausable(t)
-				ps = append(ps, p)
-				// go-redis's defaults: reads last until ReadTimeout, whatever the ctx.
-				rdb := redis.NewClient(&redis.Options{Addr: p.s.Addr()})
-				t.Cleanup(func() { rdb.Close() })
-				rdbs = append(rdbs, rdb)
-			}
+			ps, rdbs := pausableMasters(t, 3)
 			ctx := ctxT(t)
 			name := redistest.Key(t)
 			q := newQuorum(t, rdbs)
