@@ -27,6 +27,29 @@ func freeWithin(t *testing.T, try func(context.Context) (bool, error), release f
 	return time.Since(start), false
 }
 
+// waitingKey returns the key where a waiter of kind kn ("mutex", "write",
+// "sem", "read") on name takes its place.
+func waitingKey(kn, name string) string {
+	switch kn {
+	case "mutex":
+		return mutexKeys(name).Queue
+	case "write":
+		return rwk(name).WaitingWriters
+	case "read":
+		return rwk(name).WaitingReaders
+	}
+	return semKeys(name).Queue
+}
+
+// waitPlaced waits until a waiter of kind kn on name has its place.
+func waitPlaced(t *testing.T, rdb redis.UniversalClient, kn, name string) {
+	t.Helper()
+	waitFor(t, 5*time.Second, "the waiter's place", func() bool {
+		n, _ := rdb.Exists(context.Background(), waitingKey(kn, name)).Result()
+		return n == 1
+	})
+}
+
 // A waiter whose Client is closed returns ErrClosed; the holder's later
 // release must not hand the name to that dead waiter (it "leaves no hold
 // behind").
@@ -43,7 +66,7 @@ func TestCloseWaiterThenRelease(t *testing.T) {
 			ha, hb, hc := kind(ca, name), kind(cb, name), kind(cc, name)
 			must(t, ha.lock(ctx))
 			ch := async(func() error { return hb.lock(ctx) })
-			time.Sleep(500 * time.Millisecond) // B queued in Redis
+			waitPlaced(t, b.NewClient(t), kn, name)
 			start := time.Now()
 			cb.Close()
 			select {
@@ -79,7 +102,7 @@ func TestCloseWaitingReaderThenRelease(t *testing.T) {
 	wa, rb, wc := ca.RWMutex(name), cb.RWMutex(name), cc.RWMutex(name)
 	must(t, wa.Lock(ctx))
 	ch := async(func() error { return rb.RLock(ctx) })
-	time.Sleep(300 * time.Millisecond)
+	waitPlaced(t, b.NewClient(t), "read", name)
 	cb.Close()
 	if err := <-ch; !errors.Is(err, dsync.ErrClosed) {
 		t.Errorf("RLock waiting at Close: %v", err)
@@ -106,7 +129,7 @@ func TestCancelWaiterThenRelease(t *testing.T) {
 			must(t, ha.lock(ctx))
 			wctx, cancel := context.WithCancel(ctx)
 			ch := async(func() error { return hb.lock(wctx) })
-			time.Sleep(300 * time.Millisecond)
+			waitPlaced(t, b.NewClient(t), kn, name)
 			cancel()
 			<-ch
 			must(t, ha.unlock(ctx))
