@@ -175,8 +175,6 @@ func (s *Semaphore) lost(owned bool, tok string, h *hold, n int64) {
 	})
 }
 
-// Lease returns the lease of the permits held by ctx's owner or, without
-
 // current returns the handle's holding (nil if none).
 func (s *Semaphore) current() *hold {
 	s.mu.Lock()
