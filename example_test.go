@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/alicebob/miniredis/v2"
@@ -86,4 +87,69 @@ func ExampleMutex_Lease() {
 	// Output:
 	// held, token > 0: true
 	// after Unlock: <nil>
+}
+
+func ExampleMutex_TryLock() {
+	srv, _ := miniredis.Run()
+	defer srv.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	c := dsync.New(rdb)
+	defer c.Close()
+
+	// The noon lottery: whichever replica gets the lock draws; the others
+	// skip this round instead of waiting for it.
+	replicaA, replicaB := dsync.WithOwner(context.Background()), dsync.WithOwner(context.Background())
+	m := c.Mutex("lottery:noon")
+	for _, r := range []struct {
+		name string
+		ctx  context.Context
+	}{{"A", replicaA}, {"B", replicaB}} {
+		ok, err := m.TryLock(r.ctx)
+		switch {
+		case err != nil:
+			fmt.Println(r.name, "could not try:", err)
+		case ok:
+			fmt.Println(r.name, "draws")
+		default:
+			fmt.Println(r.name, "skips")
+		}
+	}
+	_ = m.Unlock(replicaA)
+
+	// Unlock by an owner that does not hold it is an error, not a panic.
+	err := m.Unlock(replicaB)
+	fmt.Println(errors.Is(err, dsync.ErrNotHeld))
+	// Output:
+	// A draws
+	// B skips
+	// true
+}
+
+func ExampleNewQuorum() {
+	// Three independent masters (here in-process servers); a hold needs a
+	// majority of them.
+	var rdbs []redis.UniversalClient
+	for range 3 {
+		srv, _ := miniredis.Run()
+		defer srv.Close()
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		defer rdb.Close()
+		rdbs = append(rdbs, rdb)
+	}
+	q := dsync.NewQuorum(rdbs)
+	defer q.Close()
+	ctx := context.Background()
+
+	m := q.Mutex("migration")
+	if err := m.Lock(ctx); err != nil {
+		fmt.Println("lock:", err) // errors.Is(err, dsync.ErrNoQuorum) when too few answer
+		return
+	}
+	lease, _ := m.Lease(ctx)
+	fmt.Println("held on a majority, token > 0:", lease.Token() > 0)
+	if err := m.Unlock(ctx); err != nil {
+		fmt.Println("unlock:", err)
+	}
+	// Output: held on a majority, token > 0: true
 }
