@@ -191,9 +191,16 @@ func tables(root, peers results) []target {
 			num(d(lib, "allocs/op")))
 	}
 	fmt.Println()
+	bestU := math.NaN()
+	for _, lib := range libs[2:] {
+		if v := u(lib, "pairs/s"); !math.IsNaN(v) && (math.IsNaN(bestU) || v > bestU) {
+			bestU = v
+		}
+	}
 	check("uncontended pairs/s ≥ 0.95× raw", u("dsync", "pairs/s")/u("raw", "pairs/s"), 0.95, true)
+	check(fmt.Sprintf("uncontended pairs/s ≥ 0.97× best peer (%s pairs/s)", num(bestU)), u("dsync", "pairs/s")/bestU, 0.97, true)
 	check("uncontended allocs ≤ 1.5× raw", u("dsync", "allocs/op")/u("raw", "allocs/op"), 1.5, false)
-	check("distinct names pairs/s ≥ 0.95× raw", d("dsync", "pairs/s")/d("raw", "pairs/s"), 0.95, true)
+	check("distinct names pairs/s ≥ 1.2× raw", d("dsync", "pairs/s")/d("raw", "pairs/s"), 1.2, true)
 
 	// Contended, from bench/peers.
 	c := func(lib string, g int, unit string) float64 {
@@ -221,9 +228,10 @@ func tables(root, peers results) []target {
 				num(c(lib, g, "violations")), num(c(lib, g, "lock-errors")),
 				num(c(lib, g, "allocs/acq")), num(c(lib, g, "roundtrips/acq")))
 		}
-		check(fmt.Sprintf("G=%d throughput ≥ 0.95× best peer (%s acq/s)", g, num(bestAcq)), c("dsync", g, "acq/s")/bestAcq, 0.95, true)
+		check(fmt.Sprintf("G=%d throughput ≥ 1.0× best peer (%s acq/s)", g, num(bestAcq)), c("dsync", g, "acq/s")/bestAcq, 1.0, true)
 		check(fmt.Sprintf("G=%d worst wait ≤ 0.25× best peer's (%s ms)", g, num(bestMax)), c("dsync", g, "wait-max-ms")/bestMax, 0.25, false)
-		check(fmt.Sprintf("G=%d fairness ≥ 0.5", g), c("dsync", g, "fairness"), 0.5, true)
+		check(fmt.Sprintf("G=%d fairness ≥ 0.9", g), c("dsync", g, "fairness"), 0.9, true)
+		check(fmt.Sprintf("G=%d allocations per acquisition ≤ 40", g), c("dsync", g, "allocs/acq"), 40, false)
 		check(fmt.Sprintf("G=%d violations = 0", g), c("dsync", g, "violations"), 0, false)
 	}
 	fmt.Println()
@@ -286,6 +294,15 @@ func tables(root, peers results) []target {
 	fmt.Println("round trips are per Do. A round in which f did not run exactly once fails the")
 	fmt.Println("benchmark, so a row here means no violation.")
 	fmt.Println()
+	mutex := root.get("BenchmarkMutex", "ns/op")
+	for _, p := range []struct{ label, name string }{
+		{"RWMutex RLock+RUnlock", "BenchmarkRWMutexRead"},
+		{"RWMutex Lock+Unlock", "BenchmarkRWMutexWrite"},
+		{"Semaphore Acquire+Release", "BenchmarkSemaphore/op=uncontended"},
+	} {
+		// Pairs per second against the Mutex's: its time per pair over theirs.
+		check(p.label+" pairs/s ≥ 0.9× the Mutex's", mutex/root.get(p.name, "ns/op"), 0.9, true)
+	}
 	script := root.get("BenchmarkMutexReentry/mode=script", "ns/op")
 	client := root.get("BenchmarkMutexReentry/mode=client", "ns/op")
 	check("client re-entry ≥ 100× faster than script re-entry", script/client, 100, true)
