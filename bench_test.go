@@ -2,6 +2,11 @@ package dsync_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -155,4 +160,101 @@ func BenchmarkOnceDone(b *testing.B) {
 	reportRoundTrips(b, counter, func() {
 		must(b, o.Do(ctx, f))
 	})
+}
+
+// BenchmarkMutexScriptFloor is the floor of a Mutex pair made of one
+// script a call, as dsync's is: the EVALSHAs of one Lock and its Unlock,
+// with exactly the keys and arguments dsync sent, run against scripts that
+// return at once (with a reply of the same shape). What dsync's pair costs
+// beyond it is what its scripts do on the server; what this costs beyond
+// BenchmarkRawFloor is the larger commands and the script start.
+func BenchmarkMutexScriptFloor(b *testing.B) {
+	rdb := benchDial(b)(b)
+	rec := &evalRecorder{}
+	rdb.AddHook(rec)
+	c := dsync.New(rdb)
+	b.Cleanup(func() { c.Close() })
+	m := c.Mutex(redistest.Key(b))
+	ctx := context.Background()
+	must(b, m.Lock(ctx)) // loads the scripts
+	must(b, m.Unlock(ctx))
+	rec.reset()
+	must(b, m.Lock(ctx))
+	must(b, m.Unlock(ctx))
+	calls := rec.evals()
+	if len(calls) != 2 {
+		b.Fatalf("a Lock and its Unlock sent %d scripts, want 2", len(calls))
+	}
+	lock := redis.NewScript(`return {1, 1}`)
+	unlock := redis.NewScript(`return 1`)
+	for _, s := range []*redis.Script{lock, unlock} {
+		must(b, s.Load(ctx, rdb).Err())
+	}
+	counter := redistest.Count(rdb)
+	reportRoundTrips(b, counter, func() {
+		for i, s := range []*redis.Script{lock, unlock} {
+			must(b, s.EvalSha(ctx, rdb, calls[i].keys, calls[i].args...).Err())
+		}
+	})
+}
+
+// An evalRecorder keeps the keys and arguments of the EVALSHA commands sent
+// through the client it hooks.
+type evalRecorder struct {
+	mu    sync.Mutex
+	calls []evalCall
+}
+
+type evalCall struct {
+	keys []string
+	args []any
+}
+
+func (r *evalRecorder) evals() []evalCall {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+func (r *evalRecorder) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = nil
+}
+
+func (r *evalRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *evalRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.record(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *evalRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			r.record(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// record keeps cmd if it is an EVALSHA: EVALSHA sha numkeys key... arg...
+func (r *evalRecorder) record(cmd redis.Cmder) {
+	a := cmd.Args()
+	if len(a) < 3 || !strings.EqualFold(fmt.Sprint(a[0]), "evalsha") {
+		return
+	}
+	n, err := strconv.Atoi(fmt.Sprint(a[2]))
+	if err != nil || 3+n > len(a) {
+		return
+	}
+	call := evalCall{args: slices.Clone(a[3+n:])}
+	for _, k := range a[3 : 3+n] {
+		call.keys = append(call.keys, fmt.Sprint(k))
+	}
+	r.mu.Lock()
+	r.calls = append(r.calls, call)
+	r.mu.Unlock()
 }

@@ -73,7 +73,7 @@ for round in $(seq 1 "$count"); do
 	for target in "${targets[@]}"; do
 		echo "run.sh: round $round of $count, $target: dsync primitives" >&2
 		run "$target" "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.benchtime "$benchtime" \
-			-test.bench '^(BenchmarkRawFloor|BenchmarkMutex|BenchmarkMutexFixed|BenchmarkRWMutexRead|BenchmarkRWMutexWrite|BenchmarkOnceDone)$'
+			-test.bench '^(BenchmarkRawFloor|BenchmarkMutexScriptFloor|BenchmarkMutex|BenchmarkMutexFixed|BenchmarkRWMutexRead|BenchmarkRWMutexWrite|BenchmarkOnceDone)$'
 		run "$target" "$repo" "$work/dsync.test" "$work/root.txt" -test.benchmem -test.benchtime "$benchtime" \
 			-test.bench '^(BenchmarkMutexReentry|BenchmarkRWMutexReentry|BenchmarkSemaphore|BenchmarkDistinct)$/^(mode=.*|op=uncontended|lib=.*)$'
 		echo "run.sh: round $round of $count, $target: peers, uncontended and distinct names" >&2

@@ -148,6 +148,7 @@ var (
 // uncontended: label and benchmark name in the root package's output.
 var uncontendedRows = []struct{ label, name string }{
 	{"raw floor: SET NX PX + compare-and-delete", "BenchmarkRawFloor"},
+	{"floor of one script a call: the EVALSHAs of a Mutex pair, scripts that return at once", "BenchmarkMutexScriptFloor"},
 	{"Mutex Lock+Unlock", "BenchmarkMutex"},
 	{"Mutex Lock+Unlock, FixedLease", "BenchmarkMutexFixed"},
 	{"Mutex re-entry, script reentrancy", "BenchmarkMutexReentry/mode=script"},
