@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -81,9 +82,13 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	r, err := b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, h) })
 	b.endUnlock(h, err == nil && r == 1)
 	if err != nil {
-		if local && h != nil && unknownOutcome(err) {
-			b.unsettled(k, h)
-			return err
+		if h != nil && unknownOutcome(err) {
+			switch {
+			case local:
+				b.unsettled(k, h)
+			case callerLeft(ctx):
+				b.unsettledLevel(k, h)
+			}
 		}
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		return err
@@ -137,7 +142,23 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 	// As in unlockOwner: a lease reported lost before the release stays
 	// lost.
 	lostBefore := h.lost()
-	r, err := run(ctx, h.tok, h.unlockCall(), h)
+	id := h.unlockCall()
+	r, err := run(ctx, h.tok, id, h)
+	if err != nil && unknownOutcome(err) && callerLeft(ctx) {
+		// Its caller left: the release settles its outcome alone.
+		r, err = b.retryRelease(ctx, func(ctx context.Context) (int64, error) { return run(ctx, h.tok, id, h) }, r, err)
+		if err != nil && unknownOutcome(err) {
+			// No reply however often it was sent: the handle is unlocked
+			// as its caller was told, and the hold, no longer renewed,
+			// ends in Redis by this release or at its TTL.
+			h.unlocked()
+			if sl.clear(h) {
+				sl.leave()
+			}
+			h.lease.MarkLost()
+			return err
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -186,7 +207,8 @@ func settle[A any](b *base, ctx context.Context, a A, rl *settler[A]) error {
 	if r == nil {
 		r = &releaseCall[A]{done: make(chan struct{}, 1)}
 	}
-	r.b, r.ctx, r.a, r.rl = b, context.WithoutCancel(ctx), a, rl
+	r.fctx = fateCtx{Context: context.WithoutCancel(ctx), fate: &r.fate}
+	r.b, r.ctx, r.a, r.rl = b, &r.fctx, a, rl
 	go r.run()
 	if awaitCall(ctx, r.done) {
 		return r.reuse()
@@ -199,9 +221,56 @@ func settle[A any](b *base, ctx context.Context, a A, rl *settler[A]) error {
 	case <-r.done:
 		return r.reuse()
 	case <-t.C:
-		// The release goes on without its caller; r is not used again.
-		return ctx.Err()
+		if r.fate.CompareAndSwap(fateOpen, fateLeft) {
+			// The release goes on without its caller, and settles its
+			// outcome alone (see callerLeft); r is not used again.
+			return ctx.Err()
+		}
+		// The release has told its outcome to the caller: it has no
+		// more to send, and is over in a moment.
+		<-r.done
+		return r.reuse()
 	}
+}
+
+// The fate of a release's outcome (see settle): its caller waits for it
+// (fateOpen), it goes to the caller (fateTold), or the caller returned
+// without it, its ctx ended (fateLeft).
+const (
+	fateOpen int32 = iota
+	fateTold
+	fateLeft
+)
+
+type fateKey struct{}
+
+// A fateCtx is the ctx of a release that runs for a caller that may
+// leave (see settle): its Value(fateKey{}) is the release's fate.
+type fateCtx struct {
+	context.Context
+	fate *atomic.Int32
+}
+
+func (c *fateCtx) Value(k any) any {
+	if k == (fateKey{}) {
+		return c.fate
+	}
+	return c.Context.Value(k)
+}
+
+// callerLeft reports whether the caller of the release running on ctx
+// returned without its outcome (its ctx ended), when that outcome is
+// unknown (no reply came): the caller was told that the release
+// completes in the background and will not repeat it, so the release is
+// sent again under its call id until a reply tells the outcome (see
+// retryRelease), and if none does, what the caller holds is forgotten as
+// if it had been released, never kept for a repeat that is not coming
+// (it would take the caller's next unlock for that repeat). Otherwise the
+// outcome is the caller's from here on: it waits for it, and may repeat
+// the release.
+func callerLeft(ctx context.Context) bool {
+	f, _ := ctx.Value(fateKey{}).(*atomic.Int32)
+	return f != nil && !f.CompareAndSwap(fateOpen, fateTold) && f.Load() == fateLeft
 }
 
 // A settler is a release function (an Unlock or Release of one kind of
@@ -223,6 +292,8 @@ type releaseCall[A any] struct {
 	rl   *settler[A]
 	err  error
 	done chan struct{}
+	fate atomic.Int32 // see callerLeft
+	fctx fateCtx      // ctx, with fate
 }
 
 func (r *releaseCall[A]) run() {
@@ -249,9 +320,18 @@ func (r *releaseCall[A]) reuse() error {
 // what follows if none does).
 func (b *base) runRelease(ctx context.Context, local bool, run func(ctx context.Context) (int64, error)) (int64, error) {
 	r, err := run(ctx)
-	if !local || err == nil || !unknownOutcome(err) {
+	if err == nil || !unknownOutcome(err) || !local && !callerLeft(ctx) {
 		return r, err
 	}
+	return b.retryRelease(ctx, run, r, err)
+}
+
+// retryRelease sends again a release whose outcome is unknown, under the
+// same call id (a repeat within the replay window answers as the first run
+// did), until a reply tells the outcome, for releaseTimeout at most or
+// until the Client closes, and returns the last reply (r and err, its
+// first, if it sent none).
+func (b *base) retryRelease(ctx context.Context, run func(ctx context.Context) (int64, error), r int64, err error) (int64, error) {
 	end := time.Now().Add(releaseTimeout)
 	for wait := minRetry; time.Now().Before(end); wait = min(2*wait, time.Second/2) {
 		t := getTimer(min(wait, time.Until(end)))
@@ -277,6 +357,24 @@ func (b *base) runRelease(ctx context.Context, local bool, run func(ctx context.
 func (b *base) unsettled(k holdKey, h *hold) {
 	b.dropHold(k, h)
 	h.lease.MarkLost()
+}
+
+// unsettledLevel forgets one level of h, the hold recorded under k, whose
+// release got no reply however often it was sent, and whose caller left
+// (see callerLeft): the level counts as released, and the release's call
+// id is forgotten, so that the owner's next unlock is a call of its own.
+// With the last level, h ends as unsettled says. (If the release never
+// arrived, the level it was for stays in Redis until the hold's TTL: the
+// owner's last unlock lowers the count there to one and ends the renewal.)
+func (b *base) unsettledLevel(k holdKey, h *hold) {
+	h.unlocked()
+	b.mu.Lock()
+	h.count--
+	last := h.count <= 0
+	b.mu.Unlock()
+	if last {
+		b.unsettled(k, h)
+	}
 }
 
 // unknownOutcome reports whether err, the error of a script call, leaves

@@ -329,9 +329,21 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	id, whole := newCallID(), s.whole(owned, h, n)
 	s.c.beginUnlock(rec)
 	r, err := s.sendRelease(ctx, tok, h, id, n)
+	left := err != nil && unknownOutcome(err) && callerLeft(ctx)
+	if left {
+		// Its caller left: the release settles its outcome alone.
+		_, err = s.c.retryRelease(ctx, func(ctx context.Context) (int64, error) {
+			var err error
+			r, err = s.sendRelease(ctx, tok, h, id, n)
+			return r[0], err
+		}, 0, err)
+	}
 	s.c.endUnlock(rec, err == nil && r[0] == 1 && r[1] == 0)
 	if err != nil {
-		if whole && unknownOutcome(err) {
+		switch {
+		case left && unknownOutcome(err):
+			s.unsettled(owned, tok, h, n)
+		case whole && unknownOutcome(err):
 			h.setUnsure(id, n)
 		}
 		return err

@@ -175,6 +175,45 @@ func (s *Semaphore) lost(owned bool, tok string, h *hold, n int64) {
 	})
 }
 
+// unsettled forgets n permits of h (nil: none recorded), the holding of
+// tok, whose Release got no reply however often it was sent, and whose
+// caller left (see callerLeft): they count as released, and a holding left
+// with none ends in this process, its lease lost and no longer renewed.
+// (If the Release never arrived, they stay held in Redis until the
+// holding's TTL.)
+func (s *Semaphore) unsettled(owned bool, tok string, h *hold, n int64) {
+	if h == nil {
+		return
+	}
+	if owned {
+		if h.permits.Add(-n) <= 0 {
+			s.c.dropHold(holdKey{s.keys[0], tok}, h)
+			h.lease.MarkLost()
+		}
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == h {
+		if s.curN -= n; s.curN <= 0 {
+			h.lease.MarkLost()
+			s.cur, s.curN = nil, 0
+		}
+	}
+	for i := range s.pending {
+		if s.pending[i].h == h {
+			s.pending[i].n -= n
+		}
+	}
+	s.pending = slices.DeleteFunc(s.pending, func(p pendingHolding) bool {
+		if p.h == h && p.n <= 0 {
+			h.lease.MarkLost()
+			return true
+		}
+		return false
+	})
+}
+
 // current returns the handle's holding (nil if none).
 func (s *Semaphore) current() *hold {
 	s.mu.Lock()
