@@ -207,8 +207,10 @@ func settle[A any](b *base, ctx context.Context, a A, rl *settler[A]) error {
 	if r == nil {
 		r = &releaseCall[A]{done: make(chan struct{}, 1)}
 	}
-	r.fctx = fateCtx{Context: context.WithoutCancel(ctx), fate: &r.fate}
-	r.b, r.ctx, r.a, r.rl = b, &r.fctx, a, rl
+	// A ctx of its own: goroutines the release leaves behind (a quorum's
+	// stragglers) may use it after r is used again.
+	r.fctx = &fateCtx{Context: context.WithoutCancel(ctx)}
+	r.b, r.ctx, r.a, r.rl = b, r.fctx, a, rl
 	go r.run()
 	if awaitCall(ctx, r.done) {
 		return r.reuse()
@@ -221,7 +223,7 @@ func settle[A any](b *base, ctx context.Context, a A, rl *settler[A]) error {
 	case <-r.done:
 		return r.reuse()
 	case <-t.C:
-		if r.fate.CompareAndSwap(fateOpen, fateLeft) {
+		if r.fctx.fate.CompareAndSwap(fateOpen, fateLeft) {
 			// The release goes on without its caller, and settles its
 			// outcome alone (see callerLeft); r is not used again.
 			return ctx.Err()
@@ -248,12 +250,12 @@ type fateKey struct{}
 // leave (see settle): its Value(fateKey{}) is the release's fate.
 type fateCtx struct {
 	context.Context
-	fate *atomic.Int32
+	fate atomic.Int32
 }
 
 func (c *fateCtx) Value(k any) any {
 	if k == (fateKey{}) {
-		return c.fate
+		return &c.fate
 	}
 	return c.Context.Value(k)
 }
@@ -292,8 +294,7 @@ type releaseCall[A any] struct {
 	rl   *settler[A]
 	err  error
 	done chan struct{}
-	fate atomic.Int32 // see callerLeft
-	fctx fateCtx      // ctx, with fate
+	fctx *fateCtx // ctx, with the outcome's fate (see callerLeft)
 }
 
 func (r *releaseCall[A]) run() {
