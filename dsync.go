@@ -248,7 +248,7 @@ func MaxHold(d time.Duration) Option {
 	}
 }
 
-// ClientReentrancy makes an owner's re-entries count in this process rather
+// ClientReentrancy makes an owner's re-entries count in this Client rather
 // than in Redis: Redis sees only an owner's first Lock and last Unlock, so a
 // re-entry or an inner Unlock costs no round trip. An [RWMutex] counts its
 // read and write holds apart: Redis sees the first RLock and the last
@@ -256,11 +256,19 @@ func MaxHold(d time.Duration) Option {
 // writing) is a first RLock, and an upgrade is refused with [ErrUpgrade] as
 // without this option. An owner used by several goroutines at once never
 // re-enters a hold its last Unlock is ending: a Lock while that Unlock is
-// under way waits for it, then takes the lock afresh. The price: a token
-// carried to another process (see [WithOwnerToken]) does not re-enter
-// there — it waits like any other owner. The default is script reentrancy, where the
-// count lives in Redis and works across processes. It changes nothing for
-// calls without an owner in ctx, which never re-enter.
+// under way waits for it, then takes the lock afresh. The price: re-entry
+// is per Client — a token carried to another process (see
+// [WithOwnerToken]), or used with another Client in this one, does not
+// re-enter there: it waits like any other owner. The default is script
+// reentrancy, where the count lives in Redis and works across processes. It
+// changes nothing for calls without an owner in ctx, which never re-enter.
+//
+// The two modes hold under different tokens in Redis and count in
+// different places, so an owner does not mix them on one name in one
+// Client: while it holds the name through a handle of one mode, its calls
+// through a handle of the other mode fail with an error matching
+// [ErrInvalid] and change nothing (a write Lock while it reads gets
+// [ErrUpgrade], as through one handle).
 func ClientReentrancy() Option {
 	return func(cfg *config) { cfg.local = true }
 }

@@ -168,6 +168,9 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	}
 	if owned {
 		k := holdKey{m.key, otok}
+		if err := m.b.otherMode(otok, m.b.holderToken(&m.cfg, otok), m.key); err != nil {
+			return err
+		}
 		var h *hold
 		if m.cfg.local {
 			var inner bool

@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Owners' holds as this process records them: re-entries, the lock
@@ -22,6 +23,27 @@ var errRegrant = errors.New("dsync: hold released meanwhile in this process")
 type callWatch struct {
 	n   int    // calls under way
 	rel uint64 // releases begun
+}
+
+// errOtherMode is the error of a call of an owner, through a handle of one
+// reentrancy mode, on a name whose hold the owner has in this Client
+// through a handle of the other mode: the two modes hold under different
+// tokens in Redis (see holderToken) and count levels in different places,
+// so the call is refused and changes nothing.
+var errOtherMode = fmt.Errorf("%w: ctx's owner holds this name in this Client through a handle of the other reentrancy mode (ClientReentrancy)", ErrInvalid)
+
+// otherMode returns errOtherMode if the owner otok has a live hold
+// recorded under one of keys under another holder token than tok (the
+// one a call through this handle holds under), and nil otherwise.
+func (b *base) otherMode(otok, tok string, keys ...string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, k := range keys {
+		if h := b.holds[holdKey{k, otok}]; h != nil && h.tok != tok && !h.lost() {
+			return errOtherMode
+		}
+	}
+	return nil
 }
 
 // ownerHold records a hold (or a re-entry) of an owner carried in ctx. w
@@ -70,6 +92,9 @@ func (b *base) lockThrough(ctx context.Context, cfg *config, key string, sl *slo
 	c := lockCall{otok: otok, owned: owned}
 	if owned {
 		c.tok = b.holderToken(cfg, otok)
+		if err := b.otherMode(otok, c.tok, key); err != nil {
+			return false, err
+		}
 		if cfg.local {
 			return b.lockLocal(ctx, holdKey{key, otok}, c, lock)
 		}

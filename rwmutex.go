@@ -168,9 +168,30 @@ func (rw *RWMutex) lock(ctx context.Context, mode string, wait bool) (bool, erro
 	if mode == modeWrite {
 		sl = &rw.slot
 	}
+	if otok, owned, err := callOwner(ctx); err == nil && owned {
+		if err := rw.otherMode(otok, mode); err != nil {
+			return false, err
+		}
+	}
 	return rw.b.lockThrough(ctx, &rw.cfg, rw.modeKey(mode), sl, wait, func(c lockCall) (bool, error) {
 		return rw.impl.lock(ctx, rw, mode, c, wait)
 	})
+}
+
+// otherMode refuses a lock call in mode of owner otok through rw if the
+// owner holds rw in this Client through a handle of the other reentrancy
+// mode (see base.otherMode): with ErrUpgrade for the write lock while it
+// reads there, and does not write, else with errOtherMode (a downgrade or
+// a re-entry across modes is not made).
+func (rw *RWMutex) otherMode(otok, mode string) error {
+	tok := rw.b.holderToken(&rw.cfg, otok)
+	if rw.b.otherMode(otok, tok, rw.rkey, rw.wkey) == nil {
+		return nil
+	}
+	if mode == modeWrite && rw.b.otherMode(otok, tok, rw.rkey) != nil && rw.b.lookupHold(holdKey{rw.wkey, otok}) == nil {
+		return ErrUpgrade
+	}
+	return errOtherMode
 }
 
 // modeKey returns the key under which owners' holds in mode are recorded.
@@ -258,6 +279,11 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 		return err
 	}
 	var h *hold
+	if owned {
+		if err := rw.b.otherMode(otok, rw.b.holderToken(&rw.cfg, otok), rw.modeKey(mode)); err != nil {
+			return err
+		}
+	}
 	if owned && rw.cfg.local {
 		var inner bool
 		if h, inner = rw.b.leaveLocal(rw.holdKey(mode, otok)); inner {
