@@ -95,6 +95,10 @@ type hold struct {
 	released  atomic.Bool
 	idMu      sync.Mutex
 	unlockID  string // id of an unlock whose reply was lost, reused on retry
+	// Whether the lease was reported lost when the unlock of unlockID (or
+	// the Release of unsureID) was first sent: the hold's end that the
+	// renewer reports meanwhile may be that unlock's own doing.
+	lostAtSend bool
 	// A Semaphore holding: the permits this process knows it holds
 	// (owner holdings; a handle counts its own), and the call id and
 	// permits of a Release of them all whose outcome is unknown (guarded

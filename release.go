@@ -14,14 +14,19 @@ import (
 )
 
 // unlockCall returns the call id of an unlock of h: the id of an earlier
-// unlock whose reply was lost, so that a retry is recognised, or a new one.
-func (h *hold) unlockCall() string {
+// unlock whose reply was lost, so that a retry is recognised, or a new one;
+// and whether h's lease was reported lost before the unlock of that id was
+// first sent. (Lost since, the hold's end the renewer found may be that
+// unlock's own: a retry that finds it released by that unlock did
+// release it.)
+func (h *hold) unlockCall() (string, bool) {
 	h.idMu.Lock()
 	defer h.idMu.Unlock()
 	if h.unlockID == "" {
 		h.unlockID = newCallID()
+		h.lostAtSend = h.lost()
 	}
-	return h.unlockID
+	return h.unlockID, h.lostAtSend
 }
 
 // unlocked forgets the id of an unlock of h that got its reply.
@@ -69,15 +74,14 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 			defer h.relMu.Unlock()
 		}
 	}
-	id := newCallID()
-	if h != nil {
-		id = h.unlockCall()
-	}
 	// A lease reported lost before the release (its local deadline passed)
 	// stays lost, though the hold may still be there to release. (One the
 	// renewer finds gone during the release, which may have ended it
 	// itself, is as the release's reply says.)
-	lostBefore := h != nil && h.lost()
+	id, lostBefore := newCallID(), false
+	if h != nil {
+		id, lostBefore = h.unlockCall()
+	}
 	b.beginUnlock(h)
 	r, err := b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, h) })
 	b.endUnlock(h, err == nil && r == 1)
@@ -141,8 +145,7 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 	}
 	// As in unlockOwner: a lease reported lost before the release stays
 	// lost.
-	lostBefore := h.lost()
-	id := h.unlockCall()
+	id, lostBefore := h.unlockCall()
 	r, err := run(ctx, h.tok, id, h)
 	if err != nil && unknownOutcome(err) && callerLeft(ctx) {
 		// Its caller left: the release settles its outcome alone.

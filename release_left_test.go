@@ -159,6 +159,7 @@ func TestUnlockLeftWithLostReplyIsSettledInTheBackground(t *testing.T) {
 					probe := newClient(t, b)
 					h := k.hold(c, name)
 					own := dsync.WithOwner(ctx)
+					warmUp(t, ctx, h)
 					must(t, h.lock(own))
 					must(t, h.lock(own))
 
@@ -203,6 +204,7 @@ func TestHandleUnlockLeftWithLostReplyUnlocksTheHandle(t *testing.T) {
 				c, _ := hookedClient(t, b, fault)
 				probe := newClient(t, b)
 				h := k.hold(c, name)
+				warmUp(t, ctx, h)
 				must(t, h.lock(ctx))
 				cctx, cancel := context.WithCancel(ctx)
 				cancel()
@@ -237,6 +239,7 @@ func TestUnlockLeftUnreachableForgetsTheLevel(t *testing.T) {
 		probe := newClient(t, b)
 		m := c.Mutex(name)
 		own := dsync.WithOwner(ctx)
+		warmUp(t, ctx, mutexHold(c, name))
 		must(t, m.Lock(own))
 		must(t, m.Lock(own))
 		l, err := m.Lease(own)
@@ -262,4 +265,61 @@ func TestUnlockLeftUnreachableForgetsTheLevel(t *testing.T) {
 		})
 		mustIs(t, m.Unlock(own), dsync.ErrNotHeld, "a third Unlock after two Locks: %v, want ErrNotHeld")
 	})
+}
+
+// A release whose reply was lost ended the hold; the renewer, finding the
+// hold gone, reports the lease lost (it cannot tell a release from a
+// loss). The caller's repeat of the release, which finds the hold ended by
+// that release, did release it: it returns nil, not ErrLeaseLost. Before,
+// it returned ErrLeaseLost whenever a renewal came between the two.
+func TestReleaseRepeatedAfterALostReplyAndARenewal(t *testing.T) {
+	kinds := []struct {
+		name, script string
+		hold         holdKind
+		owned        bool
+	}{
+		{"Mutex, owner", "mutex_unlock", mutexHold, true},
+		{"Mutex, handle", "mutex_unlock", mutexHold, false},
+		{"RWMutex write, owner", "rwmutex_unlock", writeHold, true},
+		{"RWMutex write, handle", "rwmutex_unlock", writeHold, false},
+		{"RWMutex read, owner", "rwmutex_unlock", readHold, true},
+		{"Semaphore, owner", "semaphore_release", semHold(2, 2), true},
+		{"Semaphore, handle", "semaphore_release", semHold(2, 2), false},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, b redistest.Backend) {
+				ctx, name := ctxT(t), redistest.Key(t)
+				faults := scriptFaults(k.script)
+				c, _ := hookedClient(t, b, faults, dsync.TTL(600*time.Millisecond))
+				if k.owned {
+					ctx = dsync.WithOwner(ctx)
+				}
+				h := k.hold(c, name)
+				warmUp(t, ctx, h)
+				must(t, h.lock(ctx))
+				l, err := h.lease(ctx)
+				must(t, err)
+				faults.DropReplyNext(1, nil)
+				if err := h.unlock(ctx); err == nil {
+					t.Fatal("the release whose reply was lost returned nil")
+				}
+				// The renewer finds the hold gone (every 200 ms).
+				if b.Mini != nil {
+					b.Advance(time.Second)
+				}
+				waitDone(t, l, 5*time.Second, "the release whose reply was lost")
+				must(t, h.unlock(ctx))
+			})
+		})
+	}
+}
+
+// warmUp takes and releases a hold through h without an owner, so that the
+// server has loaded the scripts: a fault that hides a NOSCRIPT reply would
+// stand for a script that never ran.
+func warmUp(t *testing.T, ctx context.Context, h holdCalls) {
+	t.Helper()
+	must(t, h.lock(ctx))
+	must(t, h.unlock(ctx))
 }

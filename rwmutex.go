@@ -335,7 +335,18 @@ func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) 
 	if h == nil {
 		return ErrNotHeld
 	}
-	r, err := run(ctx, h.tok, h.unlockCall(), h)
+	id, _ := h.unlockCall()
+	r, err := run(ctx, h.tok, id, h)
+	if err != nil && unknownOutcome(err) && callerLeft(ctx) {
+		// Its caller left: the release settles its outcome alone (see
+		// base.unlockSlot).
+		r, err = rw.b.retryRelease(ctx, func(ctx context.Context) (int64, error) { return run(ctx, h.tok, id, h) }, r, err)
+		if err != nil && unknownOutcome(err) {
+			h.unlocked()
+			h.lease.MarkLost()
+			return err
+		}
+	}
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
 		rw.restoreRead(h)

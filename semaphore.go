@@ -228,7 +228,8 @@ func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
 // each case nothing is changed. After a Redis error the outcome is unknown;
 // when that Release was of every permit of the holding, a Release repeated
 // after it returns nil if the first one released them (and the holding's
-// Lease ends released, not lost).
+// Lease ends released, not lost, unless a renewal found the holding gone
+// before the repeat: a renewal cannot tell a release from a loss).
 //
 // Without an owner, the permits of a holding of the handle that was lost
 // stay the handle's to release, as a sync.Mutex stays locked until its
@@ -344,7 +345,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		case left && unknownOutcome(err):
 			s.unsettled(owned, tok, h, n)
 		case whole && unknownOutcome(err):
-			h.setUnsure(id, n)
+			h.setUnsure(id, n, lostBefore)
 		}
 		return err
 	}
@@ -378,14 +379,15 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		if h == nil {
 			return ErrNotHeld
 		}
-		uid, un := h.takeUnsure()
+		uid, un, lostAtSend := h.takeUnsure()
 		if uid != "" && un == n {
 			// Perhaps a repeat of that Release (the same n): ask.
 			if f, ok := s.resolve(ctx, tok, h, uid, un); ok {
 				// An earlier Release of this caller ended the holding;
-				// this one is its repeat.
+				// this one is its repeat. (A loss the renewer reported
+				// since may be that Release's own doing.)
 				s.ended(owned, tok, f)
-				if lostBefore {
+				if lostAtSend {
 					return ErrLeaseLost
 				}
 				return nil

@@ -99,7 +99,7 @@ func (s *Semaphore) ended(owned bool, tok string, fence uint64) {
 // next Releases settle them (ErrLeaseLost) before touching a later holding.
 // s.mu must be held.
 func (s *Semaphore) lostLocked(h *hold, n int64) {
-	if _, un := h.takeUnsure(); un > 0 {
+	if _, un, _ := h.takeUnsure(); un > 0 {
 		// A Release of all its permits was sent, and most likely ended
 		// it: its caller was told the outcome is unknown, and owes
 		// nothing.
@@ -134,21 +134,22 @@ func (s *Semaphore) whole(owned bool, h *hold, n int64) bool {
 }
 
 // setUnsure records on h a Release of all its n permits, sent with call
-// id, whose outcome is unknown.
-func (h *hold) setUnsure(id string, n int64) {
+// id, whose outcome is unknown, and whether h's lease was reported lost
+// before it was sent.
+func (h *hold) setUnsure(id string, n int64, lost bool) {
 	h.idMu.Lock()
-	h.unsureID, h.unsureN = id, n
+	h.unsureID, h.unsureN, h.lostAtSend = id, n, lost
 	h.idMu.Unlock()
 }
 
 // takeUnsure returns and forgets the Release setUnsure recorded on h ("",
-// 0 if none).
-func (h *hold) takeUnsure() (string, int64) {
+// 0 if none), and whether the lease was lost before it was sent.
+func (h *hold) takeUnsure() (string, int64, bool) {
 	h.idMu.Lock()
 	defer h.idMu.Unlock()
-	id, n := h.unsureID, h.unsureN
+	id, n, lost := h.unsureID, h.unsureN, h.lostAtSend
 	h.unsureID, h.unsureN = "", 0
-	return id, n
+	return id, n, lost
 }
 
 // lost forgets h, a holding that Releases of n permits in all (this one's,
