@@ -129,8 +129,7 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 		}
 		return nil
 	case 0:
-		b.dropHold(k, h)
-		h.lease.MarkLost()
+		b.dropLost(k, h, 1)
 		return ErrLeaseLost
 	}
 	return replyError("unlock", r)
@@ -359,8 +358,7 @@ func (b *base) retryRelease(ctx context.Context, run func(ctx context.Context) (
 // asks Redis instead of re-entering it. If the release never arrived, the
 // hold expires at its TTL, no longer renewed.
 func (b *base) unsettled(k holdKey, h *hold) {
-	b.dropHold(k, h)
-	h.lease.MarkLost()
+	b.dropLost(k, h, 1)
 }
 
 // unsettledLevel forgets one level of h, the hold recorded under k, whose
