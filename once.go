@@ -300,10 +300,6 @@ func (o *Once) abandon(ctx context.Context, tok string) error {
 	return err
 }
 
-// releaseTries bounds the attempts of one release. The script is
-// idempotent, so an attempt whose reply was lost is simply made again.
-const releaseTries = 3
-
 // release runs the release script detached from ctx: 1 released, 0 the call
 // did not hold the run lease, 4 (for "done") it did not and the Once is
 // done by another call, whose value is returned.
@@ -314,14 +310,26 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 	if o.cfg.period > 0 {
 		period = ms(o.cfg.period)
 	}
-	for i := 1; ; i++ {
+	// The script is idempotent, so an attempt whose reply was lost is
+	// simply made again, after a pause that doubles (as base.retryRelease
+	// does), until a reply comes or dctx ends (releaseTimeout).
+	for wait := minRetry; ; wait = min(2*wait, time.Second/2) {
 		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.ch).Result()
-		if err == nil {
+		switch {
+		case err == nil:
 			return releaseReply(r)
-		}
-		if i == releaseTries || dctx.Err() != nil {
+		case !unknownOutcome(err) || dctx.Err() != nil:
 			return 0, nil, err
 		}
+		t := getTimer(wait)
+		select {
+		case <-t.C:
+		case <-dctx.Done():
+		case <-o.c.closed:
+			putTimer(t)
+			return 0, nil, err
+		}
+		putTimer(t)
 	}
 }
 
