@@ -21,9 +21,6 @@ type base struct {
 	mu     sync.Mutex
 	holds  map[holdKey]*hold // holds of owners carried in ctx
 	calls  map[holdKey]*callWatch
-	// owed counts, per owner and key, the levels of lost holds that no
-	// Unlock has settled yet (see dropLost).
-	owed map[holdKey]int
 	// Tests: called when a lock call starts waiting for a release (enter).
 	onWait atomic.Pointer[func()]
 	// Releases whose caller's ctx ended first (see settle).

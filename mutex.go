@@ -157,11 +157,7 @@ func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, err
 // returns [ErrNotHeld] if the caller does not hold m and [ErrLeaseLost] if
 // the hold was lost before Unlock; in both cases nothing is changed. Unlock
 // never affects another owner's hold, nor a later hold of the same owner or
-// handle, also when retried after a lost reply: once an owner's hold is
-// lost, each of its levels is settled by one Unlock returning
-// [ErrLeaseLost] (the goroutines sharing the owner each unlock their own),
-// before the owner's Unlocks release a hold it took afresh. The same holds
-// for an [RWMutex]'s Unlock and RUnlock.
+// handle, also when retried after a lost reply.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.check(); err != nil {
 		return err
@@ -174,9 +170,6 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		k := holdKey{m.key, otok}
 		if err := m.b.otherMode(otok, m.b.holderToken(&m.cfg, otok), m.key); err != nil {
 			return err
-		}
-		if m.b.settleOwed(k) {
-			return ErrLeaseLost
 		}
 		var h *hold
 		if m.cfg.local {

@@ -70,8 +70,6 @@ func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, w *callW
 		} else {
 			h.lease.MarkLost()
 		}
-		// Its levels that no unlock under way settles are owed.
-		b.oweLocked(k, h.count-h.unlocking)
 	}
 	h := newHold()
 	b.holds[k] = h
@@ -286,51 +284,6 @@ func (b *base) lockedHold(k holdKey) *hold {
 		// Ended (or replaced) while this release waited its turn.
 		h.relMu.Unlock()
 	}
-}
-
-// dropLost forgets h, the hold recorded under k, which was lost, and
-// marks its lease lost; settled of its levels were settled by the Unlock
-// that learned of it. Its other levels are owed: the owner's next Unlocks
-// of k settle them (ErrLeaseLost, see settleOwed) before they touch a
-// later hold, as a goroutine of the owner that re-entered the lost hold
-// unlocks its level of that hold, never another goroutine's fresh hold.
-func (b *base) dropLost(k holdKey, h *hold, settled int) {
-	b.mu.Lock()
-	if b.holds[k] == h {
-		delete(b.holds, k)
-		b.oweLocked(k, h.count-settled)
-	}
-	b.mu.Unlock()
-	h.lease.MarkLost()
-}
-
-// oweLocked adds n levels owed under k; b.mu is held.
-func (b *base) oweLocked(k holdKey, n int) {
-	if n <= 0 {
-		return
-	}
-	if b.owed == nil {
-		b.owed = make(map[holdKey]int)
-	}
-	b.owed[k] += n
-}
-
-// settleOwed settles one level owed under k (see dropLost), if any, and
-// reports whether it did: the Unlock that asked returns ErrLeaseLost and
-// sends nothing.
-func (b *base) settleOwed(k holdKey) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := b.owed[k]
-	switch {
-	case n == 0:
-		return false
-	case n == 1:
-		delete(b.owed, k)
-	default:
-		b.owed[k] = n - 1
-	}
-	return true
 }
 
 // dropHold forgets h if it is still the hold recorded under k.

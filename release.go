@@ -129,7 +129,8 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 		}
 		return nil
 	case 0:
-		b.dropLost(k, h, 1)
+		b.dropHold(k, h)
+		h.lease.MarkLost()
 		return ErrLeaseLost
 	}
 	return replyError("unlock", r)
@@ -358,7 +359,8 @@ func (b *base) retryRelease(ctx context.Context, run func(ctx context.Context) (
 // asks Redis instead of re-entering it. If the release never arrived, the
 // hold expires at its TTL, no longer renewed.
 func (b *base) unsettled(k holdKey, h *hold) {
-	b.dropLost(k, h, 1)
+	b.dropHold(k, h)
+	h.lease.MarkLost()
 }
 
 // unsettledLevel forgets one level of h, the hold recorded under k, whose

@@ -283,9 +283,6 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 		if err := rw.b.otherMode(otok, rw.b.holderToken(&rw.cfg, otok), rw.modeKey(mode)); err != nil {
 			return err
 		}
-		if rw.b.settleOwed(rw.holdKey(mode, otok)) {
-			return ErrLeaseLost
-		}
 	}
 	if owned && rw.cfg.local {
 		var inner bool
