@@ -3,10 +3,7 @@ package dsync_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -170,7 +167,7 @@ func BenchmarkOnceDone(b *testing.B) {
 // BenchmarkRawFloor is the larger commands and the script start.
 func BenchmarkMutexScriptFloor(b *testing.B) {
 	rdb := benchDial(b)(b)
-	rec := &evalRecorder{}
+	rec := &redistest.Recorder{}
 	rdb.AddHook(rec)
 	c := dsync.New(rdb)
 	b.Cleanup(func() { c.Close() })
@@ -178,12 +175,27 @@ func BenchmarkMutexScriptFloor(b *testing.B) {
 	ctx := context.Background()
 	must(b, m.Lock(ctx)) // loads the scripts
 	must(b, m.Unlock(ctx))
-	rec.reset()
+	rec.Reset()
 	must(b, m.Lock(ctx))
 	must(b, m.Unlock(ctx))
-	calls := rec.evals()
-	if len(calls) != 2 {
-		b.Fatalf("a Lock and its Unlock sent %d scripts, want 2", len(calls))
+	var calls [2]struct {
+		keys []string
+		args []any
+	}
+	sent := rec.All()
+	if len(sent) != 2 {
+		b.Fatalf("a Lock and its Unlock sent %d scripts, want 2", len(sent))
+	}
+	for i, a := range sent {
+		// EVALSHA sha numkeys key... arg...
+		n, err := strconv.Atoi(fmt.Sprint(a[2]))
+		if err != nil || 3+n > len(a) {
+			b.Fatalf("script %d sent as %v", i, a)
+		}
+		for _, k := range a[3 : 3+n] {
+			calls[i].keys = append(calls[i].keys, fmt.Sprint(k))
+		}
+		calls[i].args = a[3+n:]
 	}
 	lock := redis.NewScript(`return {1, 1}`)
 	unlock := redis.NewScript(`return 1`)
@@ -196,65 +208,4 @@ func BenchmarkMutexScriptFloor(b *testing.B) {
 			must(b, s.EvalSha(ctx, rdb, calls[i].keys, calls[i].args...).Err())
 		}
 	})
-}
-
-// An evalRecorder keeps the keys and arguments of the EVALSHA commands sent
-// through the client it hooks.
-type evalRecorder struct {
-	mu    sync.Mutex
-	calls []evalCall
-}
-
-type evalCall struct {
-	keys []string
-	args []any
-}
-
-func (r *evalRecorder) evals() []evalCall {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.calls)
-}
-
-func (r *evalRecorder) reset() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = nil
-}
-
-func (r *evalRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *evalRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.record(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (r *evalRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			r.record(cmd)
-		}
-		return next(ctx, cmds)
-	}
-}
-
-// record keeps cmd if it is an EVALSHA: EVALSHA sha numkeys key... arg...
-func (r *evalRecorder) record(cmd redis.Cmder) {
-	a := cmd.Args()
-	if len(a) < 3 || !strings.EqualFold(fmt.Sprint(a[0]), "evalsha") {
-		return
-	}
-	n, err := strconv.Atoi(fmt.Sprint(a[2]))
-	if err != nil || 3+n > len(a) {
-		return
-	}
-	call := evalCall{args: slices.Clone(a[3+n:])}
-	for _, k := range a[3 : 3+n] {
-		call.keys = append(call.keys, fmt.Sprint(k))
-	}
-	r.mu.Lock()
-	r.calls = append(r.calls, call)
-	r.mu.Unlock()
 }
