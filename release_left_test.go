@@ -3,88 +3,26 @@ package dsync_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
-	"github.com/dsync-go/dsync/lua"
 )
 
-// A lateFault is a go-redis hook that, armed, holds the next matching
-// script calls for delay and then either lets them run and loses their
-// reply (ran) or fails them unsent: a reply that comes too late and is
-// lost, or a server that cannot be reached, after the caller of the call
-// gave up waiting for it.
-type lateFault struct {
-	sha   string
-	delay time.Duration
-	ran   bool
-	armed atomic.Int32 // calls still to affect
-	hits  atomic.Int32
-}
-
-var errLateFault = errors.New("reply lost (injected)")
-
-func newLateFault(script string, delay time.Duration, ran bool) *lateFault {
-	return &lateFault{sha: lua.Script(script).Hash(), delay: delay, ran: ran}
-}
-
-func (f *lateFault) take(cmd redis.Cmder) bool {
-	a := cmd.Args()
-	if cmd.Name() != "evalsha" || len(a) < 2 || a[1] != f.sha {
-		return false
-	}
-	for {
-		n := f.armed.Load()
-		if n <= 0 {
-			return false
+// lateFault returns faults on script for the tests below: the next
+// faults it is armed with (arm) hold the release for delay and then lose
+// its reply after it ran (ran) or fail it unsent, after a caller that
+// waits a shorter time gave up on it.
+func lateFault(script string, delay time.Duration, ran bool) (f *redistest.Faults, arm func(n int)) {
+	f = scriptFaults(script)
+	f.Delay(delay)
+	return f, func(n int) {
+		if ran {
+			f.DropReplyNext(n, nil)
+		} else {
+			f.FailNext(n, nil)
 		}
-		if f.armed.CompareAndSwap(n, n-1) {
-			f.hits.Add(1)
-			return true
-		}
-	}
-}
-
-func (f *lateFault) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (f *lateFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !f.take(cmd) {
-			return next(ctx, cmd)
-		}
-		time.Sleep(f.delay)
-		if f.ran {
-			_ = next(ctx, cmd)
-		}
-		cmd.SetErr(errLateFault)
-		return errLateFault
-	}
-}
-
-func (f *lateFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		var hit []redis.Cmder
-		for _, cmd := range cmds {
-			if f.take(cmd) {
-				hit = append(hit, cmd)
-			}
-		}
-		if len(hit) == 0 {
-			return next(ctx, cmds)
-		}
-		time.Sleep(f.delay)
-		if f.ran {
-			_ = next(ctx, cmds)
-		}
-		for _, cmd := range cmds {
-			cmd.SetErr(errLateFault)
-		}
-		return errLateFault
 	}
 }
 
@@ -154,7 +92,7 @@ func TestUnlockLeftWithLostReplyIsSettledInTheBackground(t *testing.T) {
 					ctx, name := ctxT(t), redistest.Key(t)
 					// The fault holds the release well past the grace the
 					// cancelled caller waits for its outcome (20 ms).
-					fault := newLateFault(k.script, 400*time.Millisecond, ran)
+					fault, arm := lateFault(k.script, 400*time.Millisecond, ran)
 					c, _ := hookedClient(t, b, fault)
 					probe := newClient(t, b)
 					h := k.hold(c, name)
@@ -165,10 +103,10 @@ func TestUnlockLeftWithLostReplyIsSettledInTheBackground(t *testing.T) {
 
 					cctx, cancel := context.WithCancel(own)
 					cancel()
-					fault.armed.Store(1)
+					arm(1)
 					mustIs(t, h.unlock(cctx), context.Canceled, "Unlock with a cancelled ctx, its release held up: %v, want the ctx's error")
 					dsync.WaitCleanups(c)
-					if n := fault.hits.Load(); n != 1 {
+					if n := fault.Injected(); n != 1 {
 						t.Fatalf("the fault hit %d releases, want 1", n)
 					}
 					free, err := k.free(ctx, probe, name)
@@ -200,7 +138,7 @@ func TestHandleUnlockLeftWithLostReplyUnlocksTheHandle(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, b redistest.Backend) {
 				ctx, name := ctxT(t), redistest.Key(t)
-				fault := newLateFault(k.script, 400*time.Millisecond, true)
+				fault, arm := lateFault(k.script, 400*time.Millisecond, true)
 				c, _ := hookedClient(t, b, fault)
 				probe := newClient(t, b)
 				h := k.hold(c, name)
@@ -208,7 +146,7 @@ func TestHandleUnlockLeftWithLostReplyUnlocksTheHandle(t *testing.T) {
 				must(t, h.lock(ctx))
 				cctx, cancel := context.WithCancel(ctx)
 				cancel()
-				fault.armed.Store(1)
+				arm(1)
 				mustIs(t, h.unlock(cctx), context.Canceled, "Unlock with a cancelled ctx, its release held up: %v, want the ctx's error")
 				dsync.WaitCleanups(c)
 				free, err := k.free(ctx, probe, name)
@@ -234,7 +172,7 @@ func TestHandleUnlockLeftWithLostReplyUnlocksTheHandle(t *testing.T) {
 func TestUnlockLeftUnreachableForgetsTheLevel(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		ctx, name := ctxT(t), redistest.Key(t)
-		fault := newLateFault("mutex_unlock", 400*time.Millisecond, false)
+		fault, arm := lateFault("mutex_unlock", 400*time.Millisecond, false)
 		c, _ := hookedClient(t, b, fault, dsync.TTL(time.Second))
 		probe := newClient(t, b)
 		m := c.Mutex(name)
@@ -247,13 +185,13 @@ func TestUnlockLeftUnreachableForgetsTheLevel(t *testing.T) {
 
 		cctx, cancel := context.WithCancel(own)
 		cancel()
-		fault.armed.Store(1 << 20) // every release, until disarmed
+		arm(1 << 20) // every release, until disarmed
 		mustIs(t, m.Unlock(cctx), context.Canceled, "Unlock with a cancelled ctx, its release held up: %v, want the ctx's error")
 		dsync.WaitCleanups(c) // the release gives up (5 s)
-		if n := fault.hits.Load(); n < 2 {
+		if n := fault.Injected(); n < 2 {
 			t.Fatalf("the release was sent %d times, want it sent again", n)
 		}
-		fault.armed.Store(0)
+		arm(0)
 		must(t, m.Unlock(own))
 		waitDone(t, l, 5*time.Second, "the last Unlock")
 		b.Advance(1500 * time.Millisecond) // past the TTL (on miniredis, its clock)

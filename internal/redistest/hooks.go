@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -113,6 +114,7 @@ type Faults struct {
 	drop     int
 	dropErr  error
 	match    func(redis.Cmder) bool
+	delay    time.Duration
 	injected int64
 }
 
@@ -134,6 +136,16 @@ func (f *Faults) DropReplyNext(n int, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.drop, f.dropErr = max(n, 0), orInjected(err)
+}
+
+// Delay holds each command (or pipeline) a fault is injected into for d
+// before the fault: a reply that comes late and is then lost, or a server
+// that takes that long to be found unreachable, after a caller that
+// waits a shorter time gave up on it. 0 (the default) holds nothing.
+func (f *Faults) Delay(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.delay = d
 }
 
 // Match limits the faults to commands for which pred returns true, for
@@ -167,6 +179,9 @@ func (f *Faults) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		failErr, dropErr := f.take(1)
+		if failErr != nil || dropErr != nil {
+			f.hold()
+		}
 		switch {
 		case failErr != nil:
 			cmd.SetErr(failErr)
@@ -193,6 +208,9 @@ func (f *Faults) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 			return next(ctx, cmds)
 		}
 		failErr, dropErr, k := f.takeUpTo(len(sel))
+		if failErr != nil || dropErr != nil {
+			f.hold()
+		}
 		switch {
 		case failErr != nil:
 			for _, c := range cmds {
@@ -208,6 +226,14 @@ func (f *Faults) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// hold sleeps for the delay set by Delay.
+func (f *Faults) hold() {
+	f.mu.Lock()
+	d := f.delay
+	f.mu.Unlock()
+	time.Sleep(d)
 }
 
 func (f *Faults) matches(cmd redis.Cmder) bool {
