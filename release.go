@@ -117,11 +117,7 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 		}
 		return nil
 	case 2:
-		b.mu.Lock()
-		h.count--
-		last := h.count <= 0
-		b.mu.Unlock()
-		if last {
+		if b.lowerLevel(h) {
 			// Another process re-entered with this owner and renews the
 			// rest of the hold.
 			b.dropHold(k, h)
@@ -372,13 +368,18 @@ func (b *base) unsettled(k holdKey, h *hold) {
 // owner's last unlock lowers the count there to one and ends the renewal.)
 func (b *base) unsettledLevel(k holdKey, h *hold) {
 	h.unlocked()
-	b.mu.Lock()
-	h.count--
-	last := h.count <= 0
-	b.mu.Unlock()
-	if last {
+	if b.lowerLevel(h) {
 		b.unsettled(k, h)
 	}
+}
+
+// lowerLevel counts one level of h less and reports whether it was the
+// last.
+func (b *base) lowerLevel(h *hold) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h.count--
+	return h.count <= 0
 }
 
 // unknownOutcome reports whether err, the error of a script call, leaves
