@@ -224,14 +224,36 @@ func (o *Once) Done(ctx context.Context) (bool, error) {
 // Reset removes the done mark, with its value, so that the next call of Do
 // runs f again; it is for operators (a job to redo) and tests. A run in
 // progress is not stopped: when it succeeds it marks the Once done again.
-// Reset of a Once that is not done does nothing. A copy of the Reset that
-// go-redis sent again after a read timeout, arriving late, removes nothing
-// (within the replay window; see README).
+// Reset of a Once that is not done does nothing. A Reset whose reply was
+// lost is sent again, as the same call, while ctx lasts; an error that is
+// not a Redis reply means its outcome is unknown. A copy of the Reset,
+// sent again by go-redis after a read timeout or by Reset itself, arriving
+// late, removes nothing (within the replay window; see README): not the
+// done mark of a run that succeeded after the Reset took effect.
 func (o *Once) Reset(ctx context.Context) error {
 	if err := o.check(); err != nil {
 		return err
 	}
-	return o.c.eval(ctx, onceReset, o.kargs, newCallID()).Err()
+	// The script is idempotent for one id: an attempt whose reply was lost
+	// is made again under the same id, after a pause that doubles, while
+	// ctx lasts. A Reset of a new id could remove the done mark of a run
+	// that succeeded after the first attempt took effect.
+	id := newCallID()
+	for wait := minRetry; ; wait = min(2*wait, time.Second/2) {
+		err := o.c.eval(ctx, onceReset, o.kargs, id).Err()
+		if err == nil || !unknownOutcome(err) || ctx.Err() != nil {
+			return scriptError(err)
+		}
+		t := getTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		case <-o.c.closed:
+			putTimer(t)
+			return err
+		}
+		putTimer(t)
+	}
 }
 
 // attempt runs the do script once; waited says that an earlier attempt of
@@ -464,8 +486,8 @@ func finishOnce(ctx context.Context, a onceFinish) error {
 	if err != nil {
 		r, _, rerr := o.release(ctx, tok, "fail", nil)
 		// The lease is lost if the renewer found so, or if the release
-		// found the run not this call's (or, rare, it repeated a release
-		// whose reply was lost: the run ended all the same).
+		// found the run not this call's. (A repeat of a release whose
+		// reply was lost answers as the first copy did.)
 		lost := h.lost() || (rerr == nil && r == 0)
 		if lost {
 			h.lease.MarkLost()

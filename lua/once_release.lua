@@ -13,9 +13,10 @@
 -- ARGV[3] the value ('done' only)
 -- ARGV[4] ms after which the done mark expires; '0' never
 -- ARGV[5] notification channel
--- Reply: 1 released (for 'done': the done mark is set), 0 the call did not
---        hold the run lease, or this is a late copy of an end already
---        applied (nothing changed but the call ids); for 'done', {4,
+-- Reply: 1 released (for 'done': the done mark is set; for 'fail', also a
+--        copy of a 'fail' that released it), 0 the call did not hold the
+--        run lease, or this is a late copy of a 'done' already applied
+--        (nothing changed but the call ids); for 'done', {4,
 --        value} the call did not hold the run lease and another call has
 --        made the Once done since, with that value (nothing changed but
 --        the call ids).
@@ -38,24 +39,31 @@ if mode == 'done' and redis.call('HGET', KEYS[2], 't') == tok then
 end
 
 -- A repeat of an end that was applied (a go-redis retry whose first copy
--- arrives late) changes nothing: after a Reset, a late 'done' would mark
--- the Once done again, and a late 'fail' would find another run. Its
--- answer is the first one's as far as it can still be told: 'done' held
--- (1) only if its done mark is still there (answered above).
+-- arrives late, or the caller's own retry after a lost reply) changes
+-- nothing: after a Reset, a late 'done' would mark the Once done again,
+-- and a late 'fail' would find another run. Its answer is the first one's
+-- as far as it can still be told: 'done' held (1) only if its done mark is
+-- still there (answered above); 'fail' held (1) if it was remembered as
+-- ENDED, which only a 'fail' that held the run is (one that did not is
+-- remembered as ABANDONED, and its repeat finds the run not its own again).
 if mode ~= 'abandon' and recall(KEYS[3], tok) == ENDED then
+  if mode == 'fail' then
+    return 1
+  end
   return 0
 end
+
+local t = redis.call('HGET', KEYS[1], 't')
 
 -- The call is over: a late copy of its attempts must take nothing (see
 -- once_do.lua). A run is remembered again when it ends, since it may have
 -- outlasted the replay window counted from when it was taken.
-if mode == 'abandon' then
+if mode == 'abandon' or (mode == 'fail' and t ~= tok) then
   note(KEYS[3], tok, now(), ABANDONED)
 else
   note(KEYS[3], tok, now(), ENDED)
 end
 
-local t = redis.call('HGET', KEYS[1], 't')
 if t ~= tok then
   -- The lease was lost. If f succeeded and nobody has taken over or
   -- finished since, f's success still counts: it ran once. If another
