@@ -21,7 +21,11 @@
 //   - Handles are safe for concurrent use. Without an owner in ctx a handle
 //     behaves like its sync twin; with [WithOwner] the owner carried in ctx
 //     holds, may re-enter, and alone may release. [WithOwnerToken] and
-//     [OwnerToken] carry an owner across processes.
+//     [OwnerToken] carry an owner across processes. The goroutines acting
+//     for one owner share its levels, as one holder: the levels of a hold
+//     that was lost are gone with it, and once the owner holds again, an
+//     unlock by any of them ends a level of the new hold (whose Lease tells
+//     them when it ends).
 //   - Every hold is bounded by a lease (see [TTL]) that the Client renews
 //     while the hold lives; a holder that dies frees what it held when the
 //     lease runs out. The Lease methods of Mutex, RWMutex and Semaphore give

@@ -213,6 +213,43 @@ func TestOwnerHoldReplacedAfterLossIsLost(t *testing.T) {
 	})
 }
 
+// The goroutines acting for one owner share its levels (Mutex.Unlock):
+// the two levels of a lost hold go with it, and once the owner holds
+// again, the Unlock a goroutine meant for its level of the lost hold ends
+// the new hold, whose Lease then ends released, not lost. The name is then
+// free for another owner, and a further Unlock finds nothing held.
+func TestOwnerLevelsOfALostHoldAreGone(t *testing.T) {
+	eachOwnerName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		c := newClient(t, b)
+		m := c.Mutex(name)
+		must(t, m.Lock(ctx)) // goroutine 1
+		must(t, m.Lock(ctx)) // goroutine 2, a re-entry
+		first, err := m.Lease(ctx)
+		must(t, err)
+		must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err())
+		must(t, m.Lock(ctx)) // goroutine 1 again, after the loss
+		fresh, err := m.Lease(ctx)
+		must(t, err)
+		mustIs(t, first.Err(), dsync.ErrLeaseLost, "the lost hold's Lease Err = %v, want ErrLeaseLost")
+		if err := m.Unlock(ctx); err != nil { // goroutine 2, for its level of the lost hold
+			t.Fatalf("Unlock after the owner holds again = %v, want nil (it ends a level of the new hold)", err)
+		}
+		select {
+		case <-fresh.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the new hold's Lease did not end within 10s of its release")
+		}
+		if err := fresh.Err(); errors.Is(err, dsync.ErrLeaseLost) {
+			t.Fatalf("the new hold's Lease Err = %v, want a release, not a loss", err)
+		}
+		other := newClient(t, b).Mutex(name)
+		if ok, err := other.TryLock(dsync.WithOwner(ctxT(t))); err != nil || !ok {
+			t.Fatalf("another owner's TryLock after the release = %v, %v; want true", ok, err)
+		}
+		mustIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "a further Unlock = %v, want ErrNotHeld")
+	})
+}
+
 // A Semaphore handle without an owner whose holding was lost still owes
 // its permits: a Release of them reports the loss and leaves the holding a
 // later Acquire through the handle took alone, so the semaphore never has

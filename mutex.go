@@ -156,8 +156,11 @@ func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, err
 // background, as if the caller had waited (it is not to be repeated). It
 // returns [ErrNotHeld] if the caller does not hold m and [ErrLeaseLost] if
 // the hold was lost before Unlock; in both cases nothing is changed. Unlock
-// never affects another owner's hold, nor a later hold of the same owner or
-// handle, also when retried after a lost reply.
+// never affects another owner's hold, and an Unlock retried after a lost
+// reply never affects a later hold of the same owner or handle. The
+// goroutines acting for one owner share its levels: once the owner holds
+// again after a loss, an Unlock by any of them ends a level of the new
+// hold, also one meant for a level of the lost hold.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.check(); err != nil {
 		return err
