@@ -61,6 +61,10 @@ type Client struct {
 	// been sent again by go-redis after a read timeout, and its first copy
 	// may still reach the server later (see lateCopiesAfter).
 	resentAfter time.Duration
+
+	// clock estimates the server's time, for the bound of each acquiring
+	// attempt (see clock.go).
+	clock serverClock
 }
 
 // lateCopiesAfter returns how long a command of rdb must take before

@@ -165,3 +165,11 @@ func CohortMembers(c *Client, key string) int {
 	}
 	return 0
 }
+
+// SetAttemptValid sets how long after it was sent an acquiring attempt of
+// c may take effect (attemptValid by default; see clock.go).
+func SetAttemptValid(c *Client, d time.Duration) { c.clock.valid = d }
+
+// SetClockOffset sets c's estimate of the server's clock to this machine's
+// wall clock plus d.
+func SetClockOffset(c *Client, d time.Duration) { c.clock.off.Store(d.Milliseconds()) }

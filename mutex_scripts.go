@@ -127,7 +127,7 @@ func (mc *mutexCall) restart() {
 // hand-overs prove secret. With queue, a refused caller takes (or keeps) a
 // place in the queue.
 func (s *mutexScripts) lockCmd(tok any, id, secret string, queue bool) []any {
-	return scriptCall(mutexLock, s.kargs, tok, s.ttlArg, id, flagArg(queue), fenceIdleArg, s.localArg, secret)
+	return scriptCall(mutexLock, s.kargs, tok, s.ttlArg, id, flagArg(queue), fenceIdleArg, s.localArg, secret, argNone)
 }
 
 // attempt runs the lock script once (see lockCmd).

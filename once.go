@@ -265,14 +265,30 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 		w = argYes
 	}
 	sent := time.Now()
-	r, err := o.c.eval(ctx, onceDo, o.kargs, tok, o.ttlArg, w).Slice()
-	if err != nil {
-		return grant{}, nil, scriptError(err)
+	var r []any
+	var code int64
+	// Each attempt carries its bound (see clock.go); one that arrived
+	// after it is sent again, once the estimate of the server's clock is
+	// corrected.
+	for try := 1; ; try++ {
+		var err error
+		r, err = o.c.eval(ctx, onceDo, o.kargs, tok, o.ttlArg, w, o.c.clock.bound()).Slice()
+		if err != nil {
+			return grant{}, nil, scriptError(err)
+		}
+		if len(r) != 2 {
+			return grant{}, nil, replyError("once do", r)
+		}
+		code, _ = r[0].(int64)
+		v, isInt := r[1].(int64)
+		if code != codeStale || !isInt {
+			break
+		}
+		if try == staleTries {
+			return grant{}, nil, errStale("once do")
+		}
+		o.c.clock.learn(v)
 	}
-	if len(r) != 2 {
-		return grant{}, nil, replyError("once do", r)
-	}
-	code, _ := r[0].(int64)
 	switch code {
 	case 4:
 		s, ok := r[1].(string)

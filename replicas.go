@@ -46,7 +46,26 @@ func WaitReplicas(n int, timeout time.Duration) Option {
 // follows in the same pipeline, and a grant fewer replicas acknowledged is
 // reported as ErrNotReplicated, so that the caller releases it as after
 // any failed call.
+//
+// The last argument of a is the attempt's bound (see clock.go), set here
+// for every attempt; an attempt that arrives after it is sent again, after
+// the Client's estimate of the server's clock is corrected.
 func (c *Client) acquirePair(ctx context.Context, cfg *config, sc *script, what string, a []any) (pairReply, error) {
+	for try := 1; ; try++ {
+		a[len(a)-1] = c.clock.bound()
+		r, err := c.acquirePairOnce(ctx, cfg, sc, what, a)
+		if err != nil || r.code != codeStale {
+			return r, err
+		}
+		if try == staleTries {
+			return pairReply{}, errStale(what)
+		}
+		c.clock.learn(r.v)
+	}
+}
+
+// acquirePairOnce is one attempt of acquirePair.
+func (c *Client) acquirePairOnce(ctx context.Context, cfg *config, sc *script, what string, a []any) (pairReply, error) {
 	if cfg.replicas == 0 {
 		return pair(what, c.evalCall(ctx, sc, a))
 	}

@@ -168,7 +168,7 @@ func TestRWMutexAbandonedHandOver(t *testing.T) {
 		// A writer's starving lock call, as its caller sends it.
 		const tok, id = "abandoning-writer", "lock-call"
 		const secret = "the-call-secret"
-		lockArgs := []any{"w", tok, 60000, id, "1", 86400000, "0", "1", secret}
+		lockArgs := []any{"w", tok, 60000, id, "1", 86400000, "0", "1", secret, boundNow(t, ctx, rdb, 20*time.Second)}
 		lockScript := lua.Script("rwmutex_lock")
 		if v, err := lockScript.Run(ctx, rdb, keys, lockArgs...).Int64Slice(); err != nil || v[0] != 0 {
 			t.Fatalf("lock call = %v, %v; want refused", v, err)

@@ -144,7 +144,7 @@ func (rc *rwCall) restart() {
 // waiter; starving makes a refused writer take a place in the writers'
 // queue.
 func (s *rwScripts) lockCmd(mode string, tok any, id, secret string, wait, starving bool) []any {
-	return scriptCall(rwLock, s.kargs, modeArg(mode), tok, s.ttlArg, id, flagArg(wait), fenceIdleArg, s.localArg, flagArg(starving), secret)
+	return scriptCall(rwLock, s.kargs, modeArg(mode), tok, s.ttlArg, id, flagArg(wait), fenceIdleArg, s.localArg, flagArg(starving), secret, argNone)
 }
 
 // attempt runs the lock script once (see lockCmd).

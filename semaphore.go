@@ -185,7 +185,7 @@ type semCall struct {
 func (sc *semCall) attempt(ctx context.Context, queue bool) (grant, error) {
 	s := sc.s
 	if sc.cmd == nil || sc.queue != queue {
-		sc.cmd, sc.queue = scriptCall(semAcquire, s.kargs, sc.tok, sc.n, s.sizeArg, s.ttlArg, sc.to.id, flagArg(queue), fenceIdleArg, s.chanArg, sc.to.secret), queue
+		sc.cmd, sc.queue = scriptCall(semAcquire, s.kargs, sc.tok, sc.n, s.sizeArg, s.ttlArg, sc.to.id, flagArg(queue), fenceIdleArg, s.chanArg, sc.to.secret, argNone), queue
 	}
 	r, err := s.c.acquirePair(ctx, &s.cfg, semAcquire, "semaphore acquire", sc.cmd)
 	if err != nil {

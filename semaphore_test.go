@@ -402,7 +402,7 @@ func TestSemaphoreScriptsIdempotent(t *testing.T) {
 		keys := semKeys(name).Keys()
 		acquire := func(tok, id string, n int64) []int64 {
 			t.Helper()
-			r, err := lua.Script("semaphore_acquire").Run(ctx, rdb, keys, tok, n, 4, 30000, id, "1", 86400000, keys[0], "secret").Int64Slice()
+			r, err := lua.Script("semaphore_acquire").Run(ctx, rdb, keys, tok, n, 4, 30000, id, "1", 86400000, keys[0], "secret", boundNow(t, ctx, rdb, 20*time.Second)).Int64Slice()
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -103,6 +103,24 @@ local function clock()
   end
 end
 
+-- Late copies of an acquiring attempt (see clock.go). Each attempt of a
+-- lock or acquire script carries, as its last argument, the server time
+-- (ms) after which it takes nothing: when it was sent, as its Client
+-- estimates the server's clock, plus 20 s. stale(bound) says that this
+-- copy arrived after its bound, or that the bound lies more than VALID_MS
+-- ahead (the Client's estimate is off, or the argument is no number): the
+-- script then answers {6, server time ms} and changes nothing, and the
+-- Client corrects its estimate and sends the attempt again. So a copy that
+-- takes effect arrived within VALID_MS of its sending, well within the
+-- REPLAY_MS for which the call's id is remembered from its effect (or its
+-- abandon): a later copy of any attempt of the call changes nothing.
+local VALID_MS = 40000
+local function stale(bound)
+  clock()
+  local b = tonumber(bound)
+  return not b or b < now_ms or b > now_ms + VALID_MS
+end
+
 -- The fence hash of a name (the fencing counter) outlives its holds with
 -- an idle expiry: 'n' the last fencing token, 'e' the server time (ms) at
 -- which the hash expires as the scripts last set it, so that they need not

@@ -24,12 +24,19 @@
 --         a re-entry then leaves the count in Redis at 1 (its call id is
 --         still added to ':c', see mutex_unlock.lua's ARGV[8])
 -- ARGV[7] the call's secret, proof of a hand-over to it (see lib.lua)
+-- ARGV[8] the attempt's bound (server ms; see lib.lua's stale)
 -- Reply: {1, fencing token} the caller took or re-entered the hold now;
 --        {2, fencing token} the hold was this call's already (a hand-over,
 --        or a repeat of this call); {0, ms} refused: try again after at
 --        most ms; {3, 0} the name's keys hold data dsync did not write (the
 --        name recovers when they expire or are removed); {5, 0} the call
 --        took effect and its hold has ended: it takes nothing any more.
+
+-- Reply {6, server time ms}: this copy arrived after its bound, or its
+-- bound is too far ahead; it takes nothing (see lib.lua's stale).
+if stale(ARGV[8]) then
+  return { 6, now_ms }
+end
 
 local tok, ttl, id = ARGV[1], ARGV[2], ARGV[3]
 

@@ -12,6 +12,7 @@
 --         the same)
 -- ARGV[2] lease TTL (ms)
 -- ARGV[3] '1' when an earlier attempt of this call was refused
+-- ARGV[4] the attempt's bound (server ms; see lib.lua's stale)
 -- Reply: {4, value} the Once is done;
 --        {1, 0} this attempt took the run lease: the caller must run f;
 --        {2, 0} the run lease was this call's already (a repeat of the
@@ -21,7 +22,9 @@
 --        without an expiry);
 --        {5, 0} the call is over (it took the run, which has ended since,
 --        or was abandoned, or found the Once done): a late copy of one of
---        its attempts, which takes nothing.
+--        its attempts, which takes nothing;
+--        {6, server time ms} this copy arrived after its bound, or its
+--        bound is too far ahead: it takes nothing (see lib.lua's stale).
 
 local tok, ttl = ARGV[1], ARGV[2]
 
@@ -35,6 +38,12 @@ if v then
     note(KEYS[3], tok, now(), WAITED)
   end
   return { 4, v }
+end
+
+-- Checked only here, before the first write that matters: a Do on a
+-- done Once reads no clock.
+if stale(ARGV[4]) then
+  return { 6, now_ms }
 end
 
 local t = redis.call('HGET', KEYS[1], 't')

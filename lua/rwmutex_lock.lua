@@ -39,6 +39,7 @@
 -- ARGV[8] '1' when the caller (a waiting writer) has waited past the
 --         starvation threshold: a refused attempt then queues it
 -- ARGV[9] the call's secret, proof of a hand-over to it (see lib.lua)
+-- ARGV[10] the attempt's bound (server ms; see lib.lua's stale)
 -- Reply: {1, v} the caller took or re-entered the hold now, {2, v} the
 --        hold was this call's already (granted to it while it waited, or a
 --        repeat), where v is the fencing token for a write hold and the
@@ -46,6 +47,12 @@
 --        holds a read lock (an upgrade); {3, 0} foreign data in the keys;
 --        {0, ms} refused: try again after at most ms; {5, 0} the call took
 --        effect and its hold has ended: it takes nothing any more.
+
+-- Reply {6, server time ms}: this copy arrived after its bound, or its
+-- bound is too far ahead; it takes nothing (see lib.lua's stale).
+if stale(ARGV[10]) then
+  return { 6, now_ms }
+end
 
 local mode, tok, ttl, id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local wait = ARGV[5] == '1'

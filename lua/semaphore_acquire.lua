@@ -12,6 +12,7 @@
 -- ARGV[7] idle expiry of the fence hash (ms)
 -- ARGV[8] notification channel
 -- ARGV[9] the call's secret, proof of a hand-over to it (see lib.lua)
+-- ARGV[10] the attempt's bound (server ms; see lib.lua's stale)
 -- Reply: {1, fencing token} the holder took the permits now; {2, fencing
 --        token} they were handed to this call while it waited (or a repeat
 --        of this call, which changes nothing); {0, ms} not served, try again
@@ -21,6 +22,12 @@
 --        {4, size in force} the size differs, nothing changed;
 --        {3, 0} the keys hold data dsync did not write where the fencing
 --        token comes from.
+
+-- Reply {6, server time ms}: this copy arrived after its bound, or its
+-- bound is too far ahead; it takes nothing (see lib.lua's stale).
+if stale(ARGV[10]) then
+  return { 6, now_ms }
+end
 
 local tok, n, size, ttl, id = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local queue, idle, ch = ARGV[6] == '1', ARGV[7], ARGV[8]

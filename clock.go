@@ -1,0 +1,65 @@
+package dsync
+
+import (
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// Late copies of an acquiring attempt. go-redis may send an attempt again
+// after a read timeout while its first copy is still on its way, and a
+// network may hold a copy back for longer still. The scripts remember a
+// call's id for the replay window (60 s, lib.lua's REPLAY_MS); a copy that
+// arrived after it would act as a new call and take a hold that nobody
+// renews or releases. So every attempt of a lock or acquire script carries
+// a bound, in server time, after which it takes nothing: the server time
+// at which it was sent, as the Client estimates it, plus attemptValid. The
+// script answers an attempt that arrives after its bound, or whose bound
+// lies further ahead than lib.lua's VALID_MS (40 s) allows (the estimate
+// is off), with codeStale and its own time, and changes nothing; the
+// Client then corrects its estimate and sends the attempt again, under the
+// same call id. A copy that takes effect thus reaches the server within
+// 40 s of the call's first arrival, and the call's id is remembered for
+// 60 s from its effect: a later copy of it changes nothing, however late.
+
+// attemptValid is how long after it was sent an attempt may take effect.
+// A Client whose clock is off the server's by up to VALID_MS −
+// attemptValid (20 s) needs no correction.
+const attemptValid = 20 * time.Second
+
+// codeStale is the reply code of an attempt that arrived after its bound.
+const codeStale = 6
+
+// staleTries bounds the attempts made in a row for one call when each
+// comes back stale (the server's clock stepping while they travel).
+const staleTries = 3
+
+// serverClock is a Client's estimate of the server's clock: the offset of
+// the server's time from this machine's wall clock, learned from the
+// replies of stale attempts (0 until one comes).
+type serverClock struct {
+	off   atomic.Int64 // ms
+	valid time.Duration
+}
+
+// bound returns the bound of an attempt sent now, as a script argument.
+func (s *serverClock) bound() string {
+	valid := s.valid
+	if valid == 0 {
+		valid = attemptValid
+	}
+	return strconv.FormatInt(time.Now().UnixMilli()+s.off.Load()+valid.Milliseconds(), 10)
+}
+
+// learn takes the server time (ms) a stale attempt's reply carried.
+func (s *serverClock) learn(serverMs int64) {
+	s.off.Store(serverMs - time.Now().UnixMilli())
+}
+
+// errStale reports an attempt that came back stale staleTries times in a
+// row: its outcome is known (nothing changed), but the call did not get
+// through.
+func errStale(what string) error {
+	return fmt.Errorf("dsync: %s: %d attempts in a row reached the server after their bound (is its clock stepping?)", what, staleTries)
+}

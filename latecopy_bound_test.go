@@ -1,0 +1,278 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
+	"github.com/redis/go-redis/v9"
+)
+
+// A copy of an acquiring attempt that reaches the server after the replay
+// window, when the call's id is forgotten, must not act as a new call: it
+// would take a hold that nobody renews or releases. Each attempt carries a
+// bound after which it takes nothing (clock.go).
+
+// boundKind is one acquiring call: its script, its call through a handle
+// of c, the release, and the call ids zset of the name.
+type boundKind struct {
+	name, script string
+	calls        func(c *dsync.Client, name string) (take, release func(context.Context) error)
+	idKey        func(name string) string
+	// free takes and releases the name through another Client at once,
+	// and reports whether it could.
+	free func(ctx context.Context, c *dsync.Client, name string) (bool, error)
+}
+
+func boundKinds() []boundKind {
+	// tryFree tries once and releases what it took.
+	tryFree := func(ctx context.Context, try func(context.Context) (bool, error), release func(context.Context) error) (bool, error) {
+		ok, err := try(ctx)
+		if ok {
+			err = release(ctx)
+		}
+		return ok, err
+	}
+	mutexFree := func(ctx context.Context, c *dsync.Client, n string) (bool, error) {
+		m := c.Mutex(n)
+		return tryFree(ctx, m.TryLock, m.Unlock)
+	}
+	rwFree := func(ctx context.Context, c *dsync.Client, n string) (bool, error) {
+		rw := c.RWMutex(n)
+		return tryFree(ctx, rw.TryLock, rw.Unlock)
+	}
+	sem := func(c *dsync.Client, n string) (take, release func(context.Context) error) {
+		s := c.Semaphore(n, 1)
+		return func(ctx context.Context) error { return s.Acquire(ctx, 1) },
+			func(ctx context.Context) error { return s.Release(ctx, 1) }
+	}
+	return []boundKind{
+		{"Mutex", "mutex_lock", func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
+			m := c.Mutex(n)
+			return m.Lock, m.Unlock
+		}, func(n string) string { return mutexKeys(n).Calls }, mutexFree},
+		{"RWMutex write", "rwmutex_lock", func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
+			rw := c.RWMutex(n)
+			return rw.Lock, rw.Unlock
+		}, func(n string) string { return rwk(n).Calls }, rwFree},
+		{"RWMutex read", "rwmutex_lock", func(c *dsync.Client, n string) (func(context.Context) error, func(context.Context) error) {
+			rw := c.RWMutex(n)
+			return rw.RLock, rw.RUnlock
+		}, func(n string) string { return rwk(n).Calls }, rwFree},
+		{"Semaphore", "semaphore_acquire", sem, func(n string) string { return semKeys(n).Calls },
+			func(ctx context.Context, c *dsync.Client, n string) (bool, error) {
+				s := c.Semaphore(n, 1)
+				return tryFree(ctx, func(ctx context.Context) (bool, error) { return s.TryAcquire(ctx, 1) },
+					func(ctx context.Context) error { return s.Release(ctx, 1) })
+			}},
+	}
+}
+
+// recordAttempt runs take with a recorder on c's connection and returns the
+// arguments of the last attempt of script it sent.
+func recordAttempt(t *testing.T, rec *redistest.Recorder, script string, take func() error) []any {
+	t.Helper()
+	rec.Reset()
+	must(t, take())
+	sha := lua.Script(script).Hash()
+	all := rec.All()
+	for i := len(all) - 1; i >= 0; i-- {
+		if a := all[i]; len(a) > 1 && a[0] == "evalsha" && a[1] == sha {
+			return a
+		}
+	}
+	t.Fatalf("no attempt of %s recorded among %d commands", script, len(all))
+	return nil
+}
+
+// A copy of an attempt that took a hold, delivered after its bound and
+// after the call's id was forgotten (the ids zset deleted, as the replay
+// window does), takes nothing: the reply says stale and the name stays
+// free. The same copy with a bound that has not passed would take a hold
+// (the control: what the bound prevents).
+func TestLateAttemptCopyAfterItsBoundTakesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, k := range boundKinds() {
+			rec := &redistest.Recorder{}
+			c, rdb := hookedClient(t, b, rec)
+			dsync.SetAttemptValid(c, 300*time.Millisecond)
+			other := newClient(t, b)
+			name := redistest.Key(t) + "-" + k.script
+			ctx := ctxT(t)
+			take, release := k.calls(c, name)
+			args := recordAttempt(t, rec, k.script, func() error { return take(ctx) })
+			must(t, release(ctx))
+			// Past the bound (0.3 s) and the ids forgotten.
+			time.Sleep(time.Second)
+			must(t, rdb.Del(ctx, k.idKey(name)).Err())
+			k.staleCopyTakesNothing(t, ctx, rdb, other, name, args)
+			// Control: the same copy with a bound not yet passed is a new
+			// call once its id is forgotten, and takes the name.
+			must(t, rdb.Del(ctx, k.idKey(name)).Err())
+			fresh := append([]any(nil), args...)
+			fresh[len(fresh)-1] = boundNow(t, ctx, rdb, 5*time.Second)
+			v, err := rdb.Do(ctx, fresh...).Result()
+			must(t, err)
+			if got := code(v); got != 1 {
+				t.Fatalf("%s: control copy with a live bound replied %v, want {1, token}", k.name, v)
+			}
+		}
+	})
+}
+
+// staleCopyTakesNothing sends args, a copy of an attempt of k on name past
+// its bound, and checks that it is answered stale and that other can
+// then take the name at once.
+func (k boundKind) staleCopyTakesNothing(t *testing.T, ctx context.Context, rdb redis.UniversalClient, other *dsync.Client, name string, args []any) {
+	t.Helper()
+	v, err := rdb.Do(ctx, args...).Result()
+	must(t, err)
+	if got := code(v); got != 6 {
+		t.Fatalf("%s: copy after its bound replied %v, want {6, server time}", k.name, v)
+	}
+	if ok, err := k.free(ctx, other, name); err != nil || !ok {
+		t.Fatalf("%s: another Client's try after the late copy = %v, %v: the copy took a hold nobody releases", k.name, ok, err)
+	}
+}
+
+// boundNow returns a bound d after the server's time now.
+func boundNow(t *testing.T, ctx context.Context, rdb redis.UniversalClient, d time.Duration) string {
+	t.Helper()
+	now, err := rdb.Time(ctx).Result()
+	must(t, err)
+	return strconv.FormatInt(now.Add(d).UnixMilli(), 10)
+}
+
+// On miniredis, whose clock a test moves: a copy delivered a minute and a
+// second after its call (the replay window passed, the ids expired with
+// their key), with the default bound, takes nothing.
+func TestLateAttemptCopyAMinuteLater(t *testing.T) {
+	b := redistest.Miniredis(t)
+	for _, k := range boundKinds() {
+		rec := &redistest.Recorder{}
+		c, rdb := hookedClient(t, b, rec, dsync.TTL(10*time.Minute))
+		other := newClient(t, b)
+		name := redistest.Key(t) + "-" + k.script
+		ctx := ctxT(t)
+		take, release := k.calls(c, name)
+		args := recordAttempt(t, rec, k.script, func() error { return take(ctx) })
+		must(t, release(ctx))
+		b.Advance(61 * time.Second)
+		if n, err := rdb.Exists(ctx, k.idKey(name)).Result(); err != nil || n != 0 {
+			t.Fatalf("%s: the call ids outlived the replay window: %v, %v", k.name, n, err)
+		}
+		k.staleCopyTakesNothing(t, ctx, rdb, other, name, args)
+	}
+}
+
+// A Client whose clock is off the server's by ten minutes, either way,
+// still takes and releases: its first attempt comes back stale, it learns
+// the server's time from the reply and sends the attempt again (same call,
+// one more round trip), and later attempts go through at once.
+func TestAttemptsOfAClientWithItsClockOff(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, off := range []time.Duration{10 * time.Minute, -10 * time.Minute} {
+			for _, k := range boundKinds() {
+				rec := &redistest.Recorder{}
+				c, rdb := hookedClient(t, b, rec)
+				dsync.SetClockOffset(c, off)
+				name := redistest.Key(t) + "-" + k.script
+				ctx := ctxT(t)
+				// Loaded first: a NOSCRIPT reply would count as an attempt.
+				must(t, lua.Script(k.script).Load(ctx, rdb).Err())
+				take, release := k.calls(c, name)
+				for i, want := range []int{2, 1} {
+					rec.Reset()
+					must(t, take(ctx))
+					if n := countScript(rec, k.script); n != want {
+						t.Fatalf("%s, clock off %v, call %d: %d attempts, want %d", k.name, off, i+1, n, want)
+					}
+					must(t, release(ctx))
+				}
+				if ok, err := k.free(ctx, newClient(t, b), name); err != nil || !ok {
+					t.Fatalf("%s, clock off %v: name not free after the releases: %v, %v", k.name, off, ok, err)
+				}
+			}
+			// Once.Do: its first attempt comes back stale and is sent
+			// again; a Do that then finds the Once done reads no clock.
+			rec := &redistest.Recorder{}
+			c, rdb := hookedClient(t, b, rec)
+			dsync.SetClockOffset(c, off)
+			ctx := ctxT(t)
+			must(t, lua.Script("once_do").Load(ctx, rdb).Err())
+			o := c.Once(redistest.Key(t))
+			for i, want := range []int{2, 1} {
+				rec.Reset()
+				runs := 0
+				must(t, o.Do(ctx, func(context.Context) error { runs++; return nil }))
+				if n := countScript(rec, "once_do"); n != want || runs != 1-i {
+					t.Fatalf("Once, clock off %v, Do %d: %d attempts and %d runs of f, want %d and %d", off, i+1, n, runs, want, 1-i)
+				}
+			}
+		}
+	})
+}
+
+// countScript counts the runs of script rec saw.
+func countScript(rec *redistest.Recorder, script string) int {
+	sha := lua.Script(script).Hash()
+	n := 0
+	for _, a := range rec.All() {
+		if len(a) > 1 && a[0] == "evalsha" && a[1] == sha {
+			n++
+		}
+	}
+	return n
+}
+
+// The same for Once.Do: a copy of the attempt that took the run (whose f
+// failed, so the Once is not done), delivered after its bound once the
+// call's id is forgotten, takes no run that nobody renews or ends.
+func TestLateDoCopyAfterItsBoundTakesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		rec := &redistest.Recorder{}
+		c, rdb := hookedClient(t, b, rec)
+		dsync.SetAttemptValid(c, 300*time.Millisecond)
+		name := redistest.Key(t)
+		ctx := ctxT(t)
+		failed := errors.New("f failed")
+		args := recordAttempt(t, rec, "once_do", func() error {
+			if err := c.Once(name).Do(ctx, func(context.Context) error { return failed }); !errors.Is(err, failed) {
+				return fmt.Errorf("Do = %v, want f's error", err)
+			}
+			return nil
+		})
+		k := onceKeys(name)
+		time.Sleep(time.Second)
+		must(t, rdb.Del(ctx, k.Calls).Err())
+		v, err := rdb.Do(ctx, args...).Result()
+		must(t, err)
+		if got := code(v); got != 6 {
+			t.Fatalf("copy after its bound replied %v, want {6, server time}", v)
+		}
+		if n, err := rdb.Exists(ctx, k.Run).Result(); err != nil || n != 0 {
+			t.Fatalf("run hash after the late copy: %v, %v; want none", n, err)
+		}
+		ran := false
+		must(t, newClient(t, b).Once(name).Do(ctx, func(context.Context) error { ran = true; return nil }))
+		if !ran {
+			t.Fatal("another Client's Do did not run f")
+		}
+		// Control: with a live bound the copy (of a call now forgotten)
+		// would take the run, were the Once not done; here it finds it done.
+		must(t, rdb.Del(ctx, k.Done, k.Calls).Err())
+		fresh := append([]any(nil), args...)
+		fresh[len(fresh)-1] = boundNow(t, ctx, rdb, 5*time.Second)
+		v, err = rdb.Do(ctx, fresh...).Result()
+		must(t, err)
+		if got := code(v); got != 1 {
+			t.Fatalf("control copy with a live bound replied %v, want {1, 0}", v)
+		}
+	})
+}
