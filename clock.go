@@ -63,3 +63,15 @@ func (s *serverClock) learn(serverMs int64) {
 func errStale(what string) error {
 	return fmt.Errorf("dsync: %s: %d attempts in a row reached the server after their bound (is its clock stepping?)", what, staleTries)
 }
+
+// staleReply reads the reply of a script that is not read as a pair (see
+// pair): {codeStale, server ms} for an attempt past its bound.
+func staleReply(v any) (ms int64, ok bool) {
+	r, _ := v.([]any)
+	if len(r) != 2 {
+		return 0, false
+	}
+	code, _ := r[0].(int64)
+	ms, ok = r[1].(int64)
+	return ms, ok && code == codeStale
+}

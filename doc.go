@@ -44,10 +44,11 @@
 //     reaches the server within the replay window of 60 s after the call
 //     changes nothing, however many calls came in between, and an unlock
 //     or release never ends a later hold than the one it names. A copy of
-//     a lock, acquire or Do attempt that arrives more than 20 s after it
-//     was sent (in server time, as the Client estimates it) takes nothing,
-//     however late it arrives (for the first attempt of a Client whose
-//     clock is more than 40 s ahead of the server's, see README).
+//     a lock, acquire, Do or Reset attempt that arrives more than 20 s
+//     after it was sent (in server time, as the Client estimates it)
+//     changes nothing, however late it arrives (for the first attempt of a
+//     Client whose clock is more than 40 s ahead of the server's, see
+//     README).
 //   - Bad input is an error wrapping [ErrInvalid], returned before anything
 //     is sent; remote state never causes a panic.
 package dsync

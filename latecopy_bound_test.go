@@ -276,3 +276,38 @@ func TestLateDoCopyAfterItsBoundTakesNothing(t *testing.T) {
 		}
 	})
 }
+
+// A copy of a Reset delivered after its bound, when its id is forgotten,
+// removes nothing: not the done mark of a run that succeeded after the
+// Reset took effect.
+func TestLateResetCopyAfterItsBoundRemovesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		rec := &redistest.Recorder{}
+		c, rdb := hookedClient(t, b, rec)
+		dsync.SetAttemptValid(c, 300*time.Millisecond)
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		o := c.Once(name)
+		ok := func(context.Context) error { return nil }
+		must(t, o.Do(ctx, ok))
+		args := recordAttempt(t, rec, "once_reset", func() error { return o.Reset(ctx) })
+		must(t, o.Do(ctx, ok)) // the run after the Reset
+		time.Sleep(time.Second)
+		k := onceKeys(name)
+		must(t, rdb.Del(ctx, k.Calls).Err())
+		v, err := rdb.Do(ctx, args...).Result()
+		must(t, err)
+		if got := code(v); got != 6 {
+			t.Fatalf("Reset copy after its bound replied %v, want {6, server time}", v)
+		}
+		if done, err := o.Done(ctx); err != nil || !done {
+			t.Fatalf("Done after the late Reset copy = %v, %v; want true", done, err)
+		}
+		// Control: with a live bound the forgotten copy removes the mark.
+		fresh := append([]any(nil), args...)
+		fresh[len(fresh)-1] = boundNow(t, ctx, rdb, 5*time.Second)
+		if v, err := rdb.Do(ctx, fresh...).Result(); err != nil || code(v) != 1 {
+			t.Fatalf("control Reset copy with a live bound = %v, %v; want 1", v, err)
+		}
+	})
+}

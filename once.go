@@ -229,7 +229,9 @@ func (o *Once) Done(ctx context.Context) (bool, error) {
 // not a Redis reply means its outcome is unknown. A copy of the Reset,
 // sent again by go-redis after a read timeout or by Reset itself, arriving
 // late, removes nothing (within the replay window; see README): not the
-// done mark of a run that succeeded after the Reset took effect.
+// done mark of a run that succeeded after the Reset took effect, also
+// when it arrives after that window (each attempt carries a bound, as Do's
+// do).
 func (o *Once) Reset(ctx context.Context) error {
 	if err := o.check(); err != nil {
 		return err
@@ -238,9 +240,17 @@ func (o *Once) Reset(ctx context.Context) error {
 	// is made again under the same id, after a pause that doubles, while
 	// ctx lasts. A Reset of a new id could remove the done mark of a run
 	// that succeeded after the first attempt took effect.
-	id := newCallID()
+	id, stale := newCallID(), 0
 	for wait := minRetry; ; wait = min(2*wait, time.Second/2) {
-		err := o.c.eval(ctx, onceReset, o.kargs, id).Err()
+		v, err := o.c.eval(ctx, onceReset, o.kargs, id, o.c.clock.bound()).Result()
+		if ms, ok := staleReply(v); err == nil && ok {
+			// Past its bound (see clock.go): nothing changed.
+			if stale++; stale == staleTries {
+				return errStale("once reset")
+			}
+			o.c.clock.learn(ms)
+			continue
+		}
 		if err == nil || !unknownOutcome(err) || ctx.Err() != nil {
 			return scriptError(err)
 		}
@@ -280,14 +290,14 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 			return grant{}, nil, replyError("once do", r)
 		}
 		code, _ = r[0].(int64)
-		v, isInt := r[1].(int64)
-		if code != codeStale || !isInt {
+		ms, ok := staleReply(r)
+		if !ok {
 			break
 		}
 		if try == staleTries {
 			return grant{}, nil, errStale("once do")
 		}
-		o.c.clock.learn(v)
+		o.c.clock.learn(ms)
 	}
 	switch code {
 	case 4:

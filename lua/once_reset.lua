@@ -5,8 +5,16 @@
 -- KEYS[1], KEYS[2], KEYS[3] as in once_do.lua (run hash, done hash, call
 --         ids)
 -- ARGV[1] id of the Reset call
+-- ARGV[2] the attempt's bound (server ms; see lib.lua's stale)
 -- Reply: 1 the done mark was removed now; 0 there was none, or this is a
---        copy of a Reset already applied (nothing changed).
+--        copy of a Reset already applied (nothing changed); {6, server
+--        time ms} this copy arrived after its bound, or its bound is too
+--        far ahead: it removes nothing (see lib.lua's stale), also when it
+--        arrives after the replay window.
+
+if stale(ARGV[2]) then
+  return { 6, now_ms }
+end
 
 local id = ARGV[1]
 if recall(KEYS[3], id) then
