@@ -2,7 +2,6 @@ package dsync
 
 import (
 	"fmt"
-	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -43,13 +42,14 @@ type serverClock struct {
 	valid time.Duration
 }
 
-// bound returns the bound of an attempt sent now, as a script argument.
-func (s *serverClock) bound() string {
+// bound returns the bound of an attempt sent now, as a script argument
+// (an int64, which go-redis writes without making a string).
+func (s *serverClock) bound() any {
 	valid := s.valid
 	if valid == 0 {
 		valid = attemptValid
 	}
-	return strconv.FormatInt(time.Now().UnixMilli()+s.off.Load()+valid.Milliseconds(), 10)
+	return time.Now().UnixMilli() + s.off.Load() + valid.Milliseconds()
 }
 
 // learn takes the server time (ms) a stale attempt's reply carried.
