@@ -2203,15 +2203,49 @@ func (w *nemWorld) deletedDuring(name string, from, to time.Time) time.Time {
 	return w.delIdx[name].first(from, to, func(nemWindow) bool { return true })
 }
 
+// deletionsOf describes the deletions of name's keys that meet [from, to],
+// for a report (the trace may not show them: on a cluster it watches one
+// node).
+func (w *nemWorld) deletionsOf(name string, from, to time.Time) string {
+	var ds []string
+	for _, d := range w.dels {
+		if d.name == name && !d.end.Before(from) && !d.start.After(to) {
+			ds = append(ds, d.what+" at "+w.at(d.start))
+		}
+	}
+	if len(ds) == 0 {
+		return "no deletion of the name's keys from " + w.at(from)
+	}
+	return "deletions of the name's keys: " + strings.Join(ds, ", ")
+}
+
 // liveEnds returns, for each hold, the end of the time in which it must be
 // exclusive: its release, or the loss its lease (or a deletion of its keys)
 // reported, or the end of its lease by another release of its owner; for
 // overlapping holds of one holder (owner or handle's permits), the first
 // such end any of them reported.
 // dels are the deletions of the name's keys.
+//
+// A re-entry under client reentrancy sends nothing: it joins the grant its
+// holder already has (the same fencing token), and a deletion of that
+// grant's keys before the re-entry was called is one it could not see.
+// So deletions count from the first call of the holder's overlapping holds
+// of the same token. (A re-entry that reached Redis after the deletion
+// took a new token: its deletions count from its own call.)
 func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time, dels *nemIndex) map[*nemHold]time.Time {
 	live := map[*nemHold]time.Time{}
 	loss := map[*nemHold]time.Time{}
+	since := map[*nemHold]time.Time{}
+	for _, g := range overlapping(hs, end) {
+		for _, h := range g {
+			since[h] = h.call
+			for _, o := range g {
+				if o.token == h.token && o.call.Before(since[h]) {
+					since[h] = o.call
+				}
+			}
+		}
+	}
 	for _, h := range hs {
 		var l time.Time
 		if !h.lostAt.IsZero() {
@@ -2224,7 +2258,7 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time, dels *nemIndex) map[*n
 			l = h.ret
 		}
 		if endedLost(h) || releaseFailed(h) {
-			if d := dels.first(h.call, relOr(h, end), func(nemWindow) bool { return true }); !d.IsZero() && (l.IsZero() || d.Before(l)) {
+			if d := dels.first(since[h], relOr(h, end), func(nemWindow) bool { return true }); !d.IsZero() && (l.IsZero() || d.Before(l)) {
 				l = d
 			}
 		}
@@ -2339,8 +2373,9 @@ func (w *nemWorld) checkExclusion(hs []*nemHold, live map[*nemHold]time.Time) {
 				if live[h].Before(until) {
 					until = live[h]
 				}
-				w.reportOn("exclusion", h.name, a.call, until, "%s %s: two holders while both leases were live, for %v from %s: %s and %s",
-					h.kind, h.name, until.Sub(h.ret).Round(time.Millisecond), w.at(h.ret), w.desc(a, live), w.desc(h, live))
+				w.reportOn("exclusion", h.name, a.call, until, "%s %s: two holders while both leases were live, for %v from %s: %s and %s; %s",
+					h.kind, h.name, until.Sub(h.ret).Round(time.Millisecond), w.at(h.ret), w.desc(a, live), w.desc(h, live),
+					w.deletionsOf(h.name, a.call.Add(-a.ttl), until))
 			}
 		}
 		active = append(active, h)
@@ -2969,6 +3004,44 @@ func TestNemesisExcusesAHoldEndedByItsOwner(t *testing.T) {
 		w.checkExclusion(hs, live)
 		w.checkErrors(hs, live)
 	}, "the fresh hold's Lease ended released at 1100 ms", "the fresh hold's Lease live", "two holders and a false ErrNotHeld")
+}
+
+// TestNemesisExcusesAReentryAfterADeletionOfItsGrant: under client
+// reentrancy a re-entry sends nothing and joins the grant its owner holds
+// (the same token). The grant's keys were deleted at 100 ms, before the
+// re-entry was called at 200 ms; another owner took the name at 300 ms;
+// the re-entry's release learned of the loss. The deletion counts from
+// the grant's first call, so neither hold is live past it. Without the
+// deletion, two holders are reported. A re-entry with a token of its own
+// (Redis granted it afresh after the deletion) is not excused.
+func TestNemesisExcusesAReentryAfterADeletionOfItsGrant(t *testing.T) {
+	// run judges the holds, the deletion at 100 ms if deleted, and the
+	// re-entry's token.
+	run := func(w *nemWorld, at func(int) time.Time, deleted bool, token uint64) {
+		mk := func(ident string, token uint64, call, ret, rel int, err error) *nemHold {
+			return &nemHold{kind: kMutex, name: "x", write: true, ident: ident, owned: true, ttl: 4 * time.Second, token: token,
+				call: at(call), ret: at(ret), rel: at(rel), relDone: at(rel + 5), unlockE: err, lease: &dsync.Lease{}}
+		}
+		if deleted {
+			w.dels = []nemWindow{{what: "del", name: "x", start: at(100), end: at(101)}}
+		}
+		w.delIdx = map[string]*nemIndex{"x": newIndex(w.dels)}
+		first := mk("owner o@p0", 5, 0, 5, 1000, nil)
+		reentry := mk("owner o@p0", token, 200, 200, 800, dsync.ErrLeaseLost)
+		other := mk("owner q@p1", 6, 250, 300, 500, nil)
+		hs := []*nemHold{first, reentry, other}
+		w.checkExclusion(hs, w.liveEnds(hs, at(3000), w.delIdx["x"]))
+	}
+	checkExcused(t, &nemClass{}, 3000, func(w *nemWorld, at func(int) time.Time, excused bool) {
+		run(w, at, excused, 5)
+	}, "the grant deleted at 100 ms, before the re-entry", "no deletion", "two holders")
+	checkExcused(t, &nemClass{}, 3000, func(w *nemWorld, at func(int) time.Time, excused bool) {
+		token := uint64(5)
+		if !excused {
+			token = 7
+		}
+		run(w, at, true, token)
+	}, "a re-entry of the deleted grant", "a re-entry granted afresh (token 7) after the deletion", "two holders")
 }
 
 // TestNemesisTokenJoinOfAnUnknownOutcome: a holding whose token is below

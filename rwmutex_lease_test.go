@@ -165,3 +165,39 @@ func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
 		}
 	})
 }
+
+// Under client reentrancy a re-entry trusts the Client's record (the
+// ClientReentrancy godoc): with the renewals held back, a hold whose keys
+// were deleted is re-entered with no round trip; once a renewal goes out,
+// the Lease reports the loss, the first unlock says so, and another owner
+// takes the name.
+func TestClientReentrancyReentersALossNotYetKnown(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		rec := &redistest.Recorder{}
+		c, rdb := hookedClient(t, b, rec, dsync.TTL(3*time.Second), dsync.ClientReentrancy())
+		held := make(chan struct{})
+		dsync.SetRenewStall(c, func() { <-held })
+		ctx := dsync.WithOwner(ctxT(t))
+		name := redistest.Key(t)
+		m := c.Mutex(name)
+		must(t, m.Lock(ctx))
+		l, err := m.Lease(ctx)
+		must(t, err)
+		must(t, rdb.Del(ctx, mutexKeys(name).Lock).Err())
+		rec.Reset()
+		must(t, m.Lock(ctx)) // the re-entry
+		if n := len(rec.All()); n != 0 {
+			t.Fatalf("the re-entry sent %d commands, want none", n)
+		}
+		if l.Err() != nil {
+			t.Fatalf("Lease Err before a renewal = %v, want nil (the Client does not know yet)", l.Err())
+		}
+		close(held)
+		waitDone(t, l, 10*time.Second, "after a renewal found the keys deleted")
+		assertLeaseLost(t, l)
+		checkIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "first unlock after the loss = %v, want ErrLeaseLost")
+		if ok, err := newClient(t, b).Mutex(name).TryLock(dsync.WithOwner(ctxT(t))); err != nil || !ok {
+			t.Fatalf("another owner's TryLock after the loss = %v, %v; want true", ok, err)
+		}
+	})
+}
