@@ -9,18 +9,22 @@ import (
 // Late copies of an acquiring attempt. go-redis may send an attempt again
 // after a read timeout while its first copy is still on its way, and a
 // network may hold a copy back for longer still. The scripts remember a
-// call's id for the replay window (60 s, lib.lua's REPLAY_MS); a copy that
-// arrived after it would act as a new call and take a hold that nobody
-// renews or releases. So every attempt of a lock or acquire script carries
-// a bound, in server time, after which it takes nothing: the server time
-// at which it was sent, as the Client estimates it, plus attemptValid. The
-// script answers an attempt that arrives after its bound, or whose bound
-// lies further ahead than lib.lua's VALID_MS (40 s) allows (the estimate
-// is off), with codeStale and its own time, and changes nothing; the
-// Client then corrects its estimate and sends the attempt again, under the
-// same call id. A copy that takes effect thus reaches the server within
-// 40 s of the call's first arrival, and the call's id is remembered for
-// 60 s from its effect: a later copy of it changes nothing, however late.
+// call's id for the replay window (60 s, lib.lua's REPLAY_MS) from the
+// call's effect or abandon; a copy that arrived after that would act as a
+// new call and take a hold that nobody renews or releases. So every
+// attempt of a lock, acquire, Do or Reset script carries a bound, in
+// server time, after which it takes nothing: the server time at which it
+// was sent, as the Client estimates it, plus attemptValid. The script
+// answers an attempt that arrives after its bound, or whose bound lies
+// further ahead than lib.lua's VALID_MS (40 s) allows (the estimate is
+// off), with codeStale and its own time, and changes nothing; the Client
+// then corrects its estimate and sends the attempt again, under the same
+// call id. Every attempt of a call is sent before the call's effect or
+// abandon, and with an estimate less than 20 s off its bound is less than
+// 40 s after its sending: a copy that arrives after the window is past
+// its bound and changes nothing, however late. (Not covered: the first
+// attempts of a Client whose clock is more than 40 s ahead of the
+// server's, made before it learned so; see README.)
 
 // attemptValid is how long after it was sent an attempt may take effect.
 // A Client whose clock is off the server's by up to VALID_MS −

@@ -110,10 +110,11 @@ end
 -- copy arrived after its bound, or that the bound lies more than VALID_MS
 -- ahead (the Client's estimate is off, or the argument is no number): the
 -- script then answers {6, server time ms} and changes nothing, and the
--- Client corrects its estimate and sends the attempt again. So a copy that
--- takes effect arrived within VALID_MS of its sending, well within the
--- REPLAY_MS for which the call's id is remembered from its effect (or its
--- abandon): a later copy of any attempt of the call changes nothing.
+-- Client corrects its estimate and sends the attempt again. Every attempt
+-- of a call is sent before the call takes effect or is abandoned, and
+-- the call's id is remembered REPLAY_MS from then; an attempt's bound is
+-- less than VALID_MS after its sending once the Client's estimate is
+-- right: a copy that arrives after the id is forgotten takes nothing.
 local VALID_MS = 40000
 local function stale(bound)
   clock()
