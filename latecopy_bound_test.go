@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,7 +104,7 @@ func TestLateAttemptCopyAfterItsBoundTakesNothing(t *testing.T) {
 			c, rdb := hookedClient(t, b, rec)
 			dsync.SetAttemptValid(c, 300*time.Millisecond)
 			other := newClient(t, b)
-			name := redistest.Key(t) + "-" + k.script
+			name := redistest.Key(t) + "-" + strings.ReplaceAll(k.name, " ", "-")
 			ctx := ctxT(t)
 			take, release := k.calls(c, name)
 			args := recordAttempt(t, rec, k.script, func() error { return take(ctx) })
@@ -158,7 +159,7 @@ func TestLateAttemptCopyAMinuteLater(t *testing.T) {
 		rec := &redistest.Recorder{}
 		c, rdb := hookedClient(t, b, rec, dsync.TTL(10*time.Minute))
 		other := newClient(t, b)
-		name := redistest.Key(t) + "-" + k.script
+		name := redistest.Key(t) + "-" + strings.ReplaceAll(k.name, " ", "-")
 		ctx := ctxT(t)
 		take, release := k.calls(c, name)
 		args := recordAttempt(t, rec, k.script, func() error { return take(ctx) })
@@ -182,7 +183,7 @@ func TestAttemptsOfAClientWithItsClockOff(t *testing.T) {
 				rec := &redistest.Recorder{}
 				c, rdb := hookedClient(t, b, rec)
 				dsync.SetClockOffset(c, off)
-				name := redistest.Key(t) + "-" + k.script
+				name := redistest.Key(t) + "-" + strings.ReplaceAll(k.name, " ", "-")
 				ctx := ctxT(t)
 				// Loaded first: a NOSCRIPT reply would count as an attempt.
 				must(t, lua.Script(k.script).Load(ctx, rdb).Err())
