@@ -104,7 +104,8 @@ local function clock()
 end
 
 -- Late copies of an acquiring attempt (see clock.go). Each attempt of a
--- lock or acquire script carries, as its last argument, the server time
+-- lock, acquire, Do or Reset script carries, as its last argument (the
+-- bound's ARGV is named in each script), the server time
 -- (ms) after which it takes nothing: when it was sent, as its Client
 -- estimates the server's clock, plus 20 s. stale(bound) says that this
 -- copy arrived after its bound, or that the bound lies more than VALID_MS
