@@ -269,7 +269,7 @@ func MaxHold(d time.Duration) Option {
 // A re-entry trusts the Client's record of the hold: a hold lost in Redis
 // before the Client knows it (its keys deleted, say) is re-entered until a
 // renewal finds the loss (within TTL/3); its [Lease] then reports
-// [ErrLeaseLost] for every level, as for any loss.
+// [ErrLeaseLost], as for any loss.
 //
 // The two modes hold under different tokens in Redis and count in
 // different places, so an owner does not mix them on one name in one

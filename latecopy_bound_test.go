@@ -75,6 +75,23 @@ func boundKinds() []boundKind {
 	}
 }
 
+// lateValid is the bound the tests that deliver a copy past it give their
+// Client's attempts: long enough that an attempt of the call itself, on a
+// loaded machine, is not past it.
+const lateValid = time.Second
+
+// waitPastBound waits until the server's time is past the bound of the
+// recorded attempt args.
+func waitPastBound(t *testing.T, ctx context.Context, rdb redis.UniversalClient, args []any) {
+	t.Helper()
+	bound, err := strconv.ParseInt(fmt.Sprint(args[len(args)-1]), 10, 64)
+	must(t, err)
+	waitFor(t, 10*time.Second, "the server's time past the attempt's bound", func() bool {
+		now, err := rdb.Time(ctx).Result()
+		return err == nil && now.UnixMilli() > bound
+	})
+}
+
 // recordAttempt runs take with a recorder on c's connection and returns the
 // arguments of the last attempt of script it sent.
 func recordAttempt(t *testing.T, rec *redistest.Recorder, script string, take func() error) []any {
@@ -102,15 +119,15 @@ func TestLateAttemptCopyAfterItsBoundTakesNothing(t *testing.T) {
 		for _, k := range boundKinds() {
 			rec := &redistest.Recorder{}
 			c, rdb := hookedClient(t, b, rec)
-			dsync.SetAttemptValid(c, 300*time.Millisecond)
+			dsync.SetAttemptValid(c, lateValid)
 			other := newClient(t, b)
 			name := redistest.Key(t) + "-" + strings.ReplaceAll(k.name, " ", "-")
 			ctx := ctxT(t)
 			take, release := k.calls(c, name)
 			args := recordAttempt(t, rec, k.script, func() error { return take(ctx) })
 			must(t, release(ctx))
-			// Past the bound (0.3 s) and the ids forgotten.
-			time.Sleep(time.Second)
+			// Past the bound and the ids forgotten.
+			waitPastBound(t, ctx, rdb, args)
 			must(t, rdb.Del(ctx, k.idKey(name)).Err())
 			k.staleCopyTakesNothing(t, ctx, rdb, other, name, args)
 			// Control: the same copy with a bound not yet passed is a new
@@ -239,7 +256,7 @@ func TestLateDoCopyAfterItsBoundTakesNothing(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		rec := &redistest.Recorder{}
 		c, rdb := hookedClient(t, b, rec)
-		dsync.SetAttemptValid(c, 300*time.Millisecond)
+		dsync.SetAttemptValid(c, lateValid)
 		name := redistest.Key(t)
 		ctx := ctxT(t)
 		failed := errors.New("f failed")
@@ -250,7 +267,7 @@ func TestLateDoCopyAfterItsBoundTakesNothing(t *testing.T) {
 			return nil
 		})
 		k := onceKeys(name)
-		time.Sleep(time.Second)
+		waitPastBound(t, ctx, rdb, args)
 		must(t, rdb.Del(ctx, k.Calls).Err())
 		v, err := rdb.Do(ctx, args...).Result()
 		must(t, err)
@@ -285,7 +302,7 @@ func TestLateResetCopyAfterItsBoundRemovesNothing(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		rec := &redistest.Recorder{}
 		c, rdb := hookedClient(t, b, rec)
-		dsync.SetAttemptValid(c, 300*time.Millisecond)
+		dsync.SetAttemptValid(c, lateValid)
 		ctx := ctxT(t)
 		name := redistest.Key(t)
 		o := c.Once(name)
@@ -293,7 +310,7 @@ func TestLateResetCopyAfterItsBoundRemovesNothing(t *testing.T) {
 		must(t, o.Do(ctx, ok))
 		args := recordAttempt(t, rec, "once_reset", func() error { return o.Reset(ctx) })
 		must(t, o.Do(ctx, ok)) // the run after the Reset
-		time.Sleep(time.Second)
+		waitPastBound(t, ctx, rdb, args)
 		k := onceKeys(name)
 		must(t, rdb.Del(ctx, k.Calls).Err())
 		v, err := rdb.Do(ctx, args...).Result()

@@ -174,7 +174,9 @@ func TestRWMutexClientReentrancyLeaseLoss(t *testing.T) {
 func TestClientReentrancyReentersALossNotYetKnown(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		rec := &redistest.Recorder{}
-		c, rdb := hookedClient(t, b, rec, dsync.TTL(3*time.Second), dsync.ClientReentrancy())
+		// A long lease, renewed every second: held-back renewals cannot
+		// let its local deadline pass before the check.
+		c, rdb := hookedClient(t, b, rec, dsync.TTL(time.Minute), dsync.RenewEvery(time.Second), dsync.ClientReentrancy())
 		held := make(chan struct{})
 		dsync.SetRenewStall(c, func() { <-held })
 		ctx := dsync.WithOwner(ctxT(t))
