@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // The base of the Client and the Quorum, and the handle every primitive
@@ -21,6 +22,10 @@ type base struct {
 	mu     sync.Mutex
 	holds  map[holdKey]*hold // holds of owners carried in ctx
 	calls  map[holdKey]*callWatch
+	// Levels (permits) of owners' holds that ended on record here while
+	// their goroutines still had releases to make (see owe).
+	owed      map[holdKey]*owedLevels
+	owedSwept time.Time
 	// Tests: called when a lock call starts waiting for a release (enter).
 	onWait atomic.Pointer[func()]
 	// Releases whose caller's ctx ended first (see settle).
@@ -39,6 +44,7 @@ func (b *base) init(opts []Option) {
 	b.closed = make(chan struct{})
 	b.holds = make(map[holdKey]*hold)
 	b.calls = make(map[holdKey]*callWatch)
+	b.owed = make(map[holdKey]*owedLevels)
 	b.id = newCallID()
 }
 

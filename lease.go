@@ -114,6 +114,12 @@ type hold struct {
 	// (see base.unlocking).
 	unlocking int
 	replaced  bool
+	// Owner holds only, guarded by base.mu: levels (permits) of earlier
+	// holds of the owner whose releases are still to come in this
+	// process, which this hold took over (see owe); and whether it is a
+	// Semaphore holding, whose levels are its permits.
+	owes    int64
+	holding bool
 	// cohort: the hold was taken by a member of its Client's cohort of the
 	// name (see cohort.go), whose membership its first release or its loss
 	// ends (and clears cohort); co and coKey name that cohort.

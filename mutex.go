@@ -160,7 +160,10 @@ func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, err
 // reply never affects a later hold of the same owner or handle. The
 // goroutines acting for one owner share its levels: once the owner holds
 // again after a loss, an Unlock by any of them ends a level of the new
-// hold, also one meant for a level of the lost hold.
+// hold, also one meant for a level of the lost hold. An owner's Unlock
+// made while it holds nothing in the Client, for a level of a hold that
+// ended there, names that hold and never ends a later one, however late
+// it arrives.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.check(); err != nil {
 		return err

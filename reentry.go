@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Owners' holds as this process records them: re-entries, the lock
@@ -56,7 +57,8 @@ func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, w *callW
 	if w != nil && w.rel != rel {
 		return nil, errRegrant
 	}
-	if h := b.holds[k]; h != nil && h.fence == fence && !h.lost() {
+	h := b.holds[k]
+	if h != nil && h.fence == fence && !h.lost() {
 		h.count++
 		return h, nil
 	} else if h != nil {
@@ -71,9 +73,18 @@ func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, w *callW
 			h.lease.MarkLost()
 		}
 	}
-	h := newHold()
-	b.holds[k] = h
-	return h, nil
+	nh := newHold()
+	if h != nil {
+		// The owner's releases of the levels of the hold it replaces end
+		// levels of this one, and once it ends, name it.
+		nh.owes = h.owes + h.levels()
+	}
+	if e := b.owed[k]; e != nil {
+		nh.owes += e.n
+		delete(b.owed, k)
+	}
+	b.holds[k] = nh
+	return nh, nil
 }
 
 // lockThrough runs a lock call made through a handle with configuration
@@ -286,11 +297,86 @@ func (b *base) lockedHold(k holdKey) *hold {
 	}
 }
 
-// dropHold forgets h if it is still the hold recorded under k.
-func (b *base) dropHold(k holdKey, h *hold) {
+// dropHold forgets h if it is still the hold recorded under k, ended by
+// a release of n of its levels (permits; 0 if that release counted its
+// level already), or lost. Its other levels the owner's goroutines still
+// have to release, which name h when they come (see owe).
+func (b *base) dropHold(k holdKey, h *hold, n int64) {
 	b.mu.Lock()
-	if b.holds[k] == h {
-		delete(b.holds, k)
+	defer b.mu.Unlock()
+	if b.holds[k] != h {
+		return
 	}
-	b.mu.Unlock()
+	delete(b.holds, k)
+	if left := h.owes + max(h.levels()-n, 0); left > 0 {
+		b.owe(k, h, left)
+	}
+}
+
+// levels is what the owner's releases of h in this process may still
+// end: the permits of a Semaphore holding, the levels of a lock's hold.
+// b.mu must be held.
+func (h *hold) levels() int64 {
+	if h.holding {
+		return h.permits.Load()
+	}
+	return int64(h.count)
+}
+
+// owedMemory is how long a Client names an ended hold of an owner in the
+// releases the owner still owes for it (see owe).
+const owedMemory = 10 * time.Minute
+
+// An owedLevels is an ended hold of an owner (its id, and a quorum hold's
+// lease, whose member holds the releases name) with the levels (permits)
+// of it that the owner's goroutines have still to release in this process.
+type owedLevels struct {
+	id    holdID
+	lease leaser
+	n     int64
+	at    time.Time
+}
+
+// owe notes n levels (permits) of h, the owner's hold recorded under k,
+// that its goroutines have still to release though h ended on record
+// here: lost (the levels of a lost hold go with it), released by other
+// goroutines of the owner, or replaced by a later hold that ended too.
+// Those releases find no hold on record; sent naming no hold, one delayed
+// in the network would end a level of a hold the owner takes after it
+// was sent, and the owner would hold what Redis has freed. They name h
+// instead (see owedHold), which ends nothing later. The note is kept
+// until they came, the owner holds again here (its releases then end
+// levels of the new hold), or owedMemory passed. b.mu must be held.
+func (b *base) owe(k holdKey, h *hold, n int64) {
+	now := time.Now()
+	if now.Sub(b.owedSwept) > owedMemory/2 {
+		for k, e := range b.owed {
+			if now.Sub(e.at) > owedMemory {
+				delete(b.owed, k)
+			}
+		}
+		b.owedSwept = now
+	}
+	var l leaser
+	if _, ok := h.lease.(*quorumLease); ok {
+		l = h.lease
+	}
+	b.owed[k] = &owedLevels{id: h.holdID, lease: l, n: n, at: now}
+}
+
+// owedHold returns the hold a release of n levels (permits) by the owner
+// whose holds are recorded under k names when none is recorded: the
+// ended hold whose levels it still owes (see owe), as a hold that only
+// names it; nil if it owes none.
+func (b *base) owedHold(k holdKey, n int64) *hold {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.owed[k]
+	if e == nil {
+		return nil
+	}
+	if e.n -= n; e.n <= 0 {
+		delete(b.owed, k)
+	}
+	return &hold{holdID: e.id, lease: e.lease}
 }

@@ -58,8 +58,8 @@ func (h *hold) tokArg(tok string) any {
 }
 
 // A releaser runs a primitive's release script for holder tok with call
-// id, ending hold h (nil if the hold is not recorded in this process; see
-// fenceArg). Its reply: 1 released, 2 still held (a count went down), 0 not
+// id, ending hold h (nil if no hold is recorded in this process or owed
+// by it: see fenceArg and owedHold). Its reply: 1 released, 2 still held (a count went down), 0 not
 // held.
 type releaser func(ctx context.Context, tok, id string, h *hold) (int64, error)
 
@@ -79,11 +79,16 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	// renewer finds gone during the release, which may have ended it
 	// itself, is as the release's reply says.)
 	id, lostBefore := newCallID(), false
+	named := h
 	if h != nil {
 		id, lostBefore = h.unlockCall()
+	} else {
+		// None on record: a level of an ended hold that the owner still
+		// owes, if any, names that hold.
+		named = b.owedHold(k, 1)
 	}
 	b.beginUnlock(h)
-	r, err := b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, h) })
+	r, err := b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, named) })
 	b.endUnlock(h, err == nil && r == 1)
 	if err != nil {
 		if h != nil && unknownOutcome(err) {
@@ -98,7 +103,8 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 		return err
 	}
 	if h == nil {
-		// Taken by another process of this owner, which renews it.
+		// Taken by another process of this owner, which renews it (or
+		// the ended hold named, still there in another process).
 		switch r {
 		case 1, 2:
 			return nil
@@ -110,7 +116,7 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	h.unlocked()
 	switch r {
 	case 1:
-		b.dropHold(k, h)
+		b.dropHold(k, h, 1)
 		h.release()
 		if lostBefore {
 			return ErrLeaseLost
@@ -120,12 +126,12 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 		if b.lowerLevel(h) {
 			// Another process re-entered with this owner and renews the
 			// rest of the hold.
-			b.dropHold(k, h)
+			b.dropHold(k, h, 0)
 			h.release()
 		}
 		return nil
 	case 0:
-		b.dropHold(k, h)
+		b.dropHold(k, h, 1)
 		h.lease.MarkLost()
 		return ErrLeaseLost
 	}
@@ -355,7 +361,7 @@ func (b *base) retryRelease(ctx context.Context, run func(ctx context.Context) (
 // asks Redis instead of re-entering it. If the release never arrived, the
 // hold expires at its TTL, no longer renewed.
 func (b *base) unsettled(k holdKey, h *hold) {
-	b.dropHold(k, h)
+	b.dropHold(k, h, 1)
 	h.lease.MarkLost()
 }
 

@@ -208,7 +208,7 @@ func (sc *semCall) abandon(ctx context.Context) error {
 	s := sc.s
 	r, err := s.c.eval(ctx, semAbandon, s.kargs, sc.tok, sc.n, sc.to.id, fenceIdleArg, s.chanArg).Int64Slice()
 	if err == nil && len(r) == 2 && r[0] == 0 && r[1] > 0 {
-		s.ended(sc.owned, sc.to.tok, uint64(r[1]))
+		s.ended(sc.owned, sc.to.tok, uint64(r[1]), sc.n)
 	}
 	return err
 }
@@ -328,14 +328,20 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	// A Release of every permit of the holding whose outcome is unknown
 	// is remembered on it (see resolve).
 	id, whole := newCallID(), s.whole(owned, h, n)
+	named := h
+	if h == nil && owned {
+		// None on record: permits of an ended holding that the owner
+		// still owes, if any, name that holding (see base.owe).
+		named = s.c.owedHold(holdKey{s.keys[0], tok}, n)
+	}
 	s.c.beginUnlock(rec)
-	r, err := s.sendRelease(ctx, tok, h, id, n)
+	r, err := s.sendRelease(ctx, tok, named, id, n)
 	left := err != nil && unknownOutcome(err) && callerLeft(ctx)
 	if left {
 		// Its caller left: the release settles its outcome alone.
 		_, err = s.c.retryRelease(ctx, func(ctx context.Context) (int64, error) {
 			var err error
-			r, err = s.sendRelease(ctx, tok, h, id, n)
+			r, err = s.sendRelease(ctx, tok, named, id, n)
 			return r[0], err
 		}, 0, err)
 	}
@@ -357,7 +363,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 			}
 		}()
 		if r[1] == 0 {
-			s.ended(owned, tok, uint64(r[2]))
+			s.ended(owned, tok, uint64(r[2]), n)
 		} else if owned {
 			if h != nil && h.fence == uint64(r[2]) {
 				h.permits.Store(r[1])
@@ -386,7 +392,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 				// An earlier Release of this caller ended the holding;
 				// this one is its repeat. (A loss the renewer reported
 				// since may be that Release's own doing.)
-				s.ended(owned, tok, f)
+				s.ended(owned, tok, f, n)
 				if lostAtSend {
 					return ErrLeaseLost
 				}

@@ -41,7 +41,12 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
 		}, id, start)
 	}
 	if owned {
-		h, _ := s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHold, nil, 0)
+		newHolding := func() *hold {
+			h := newHold()
+			h.holding = true
+			return h
+		}
+		h, _ := s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHolding, nil, 0)
 		h.permits.Add(n)
 		return
 	}
@@ -68,12 +73,12 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
 }
 
 // ended forgets tok's holding with fencing token fence, which the server
-// ended.
-func (s *Semaphore) ended(owned bool, tok string, fence uint64) {
+// ended with a release of n permits.
+func (s *Semaphore) ended(owned bool, tok string, fence uint64, n int64) {
 	if owned {
 		k := holdKey{s.keys[0], tok}
 		if h := s.c.lookupHold(k); h != nil && h.fence == fence {
-			s.c.dropHold(k, h)
+			s.c.dropHold(k, h, n)
 			h.release()
 		}
 		return
@@ -158,7 +163,7 @@ func (h *hold) takeUnsure() (string, int64, bool) {
 func (s *Semaphore) lost(owned bool, tok string, h *hold, n int64) {
 	h.lease.MarkLost()
 	if owned {
-		s.c.dropHold(holdKey{s.keys[0], tok}, h)
+		s.c.dropHold(holdKey{s.keys[0], tok}, h, n)
 		return
 	}
 	s.mu.Lock()
@@ -188,7 +193,7 @@ func (s *Semaphore) unsettled(owned bool, tok string, h *hold, n int64) {
 	}
 	if owned {
 		if h.permits.Add(-n) <= 0 {
-			s.c.dropHold(holdKey{s.keys[0], tok}, h)
+			s.c.dropHold(holdKey{s.keys[0], tok}, h, 0)
 			h.lease.MarkLost()
 		}
 		return
