@@ -63,36 +63,80 @@ func ownerReleaseKinds() []ownerReleaseKind {
 	}
 }
 
-// recordRelease runs release with a recorder on its Client's connection,
-// and returns the arguments of the last run of script it sent and the
-// release's error.
-func recordRelease(t *testing.T, rec *redistest.Recorder, script string, release func() error) ([]any, error) {
-	t.Helper()
+// A releaseCase is one kind of owner hold on a name, taken and released
+// by the goroutines of one owner (ctx) through a Client whose commands rec
+// records.
+type releaseCase struct {
+	t             *testing.T
+	k             ownerReleaseKind
+	rec           *redistest.Recorder
+	c, other      *dsync.Client
+	rdb           redis.UniversalClient
+	name          string
+	ctx           context.Context
+	take, release func(context.Context) error
+}
+
+// eachReleaseCase runs f for every kind of owner hold (those that have
+// client reentrancy, if opts asks for it) on every backend, its handle
+// made with opts.
+func eachReleaseCase(t *testing.T, f func(rc *releaseCase), opts ...dsync.Option) {
+	local := len(opts) > 0
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, k := range ownerReleaseKinds() {
+			if local && k.name == "Semaphore" {
+				continue // no client reentrancy
+			}
+			t.Run(strings.ReplaceAll(k.name, " ", "-"), func(t *testing.T) {
+				rc := &releaseCase{t: t, k: k, rec: &redistest.Recorder{}, other: newClient(t, b), name: redistest.Key(t), ctx: dsync.WithOwner(ctxT(t))}
+				rc.c, rc.rdb = hookedClient(t, b, rc.rec)
+				rc.take, rc.release = k.handle(rc.c, rc.name, opts...)
+				f(rc)
+			})
+		}
+	})
+}
+
+// lose deletes the keys that hold the name.
+func (rc *releaseCase) lose() {
+	rc.t.Helper()
+	must(rc.t, rc.rdb.Del(rc.ctx, rc.k.state(rc.name)...).Err())
+}
+
+// fill takes the name afresh, all of it (both permits of the Semaphore).
+func (rc *releaseCase) fill() {
+	rc.t.Helper()
+	must(rc.t, rc.take(rc.ctx))
+	if rc.k.name == "Semaphore" {
+		must(rc.t, rc.take(rc.ctx))
+	}
+}
+
+// recordRelease runs a release with a recorder on the Client's
+// connection, and returns the arguments of the last run of the release
+// script it sent and the release's error.
+func (rc *releaseCase) recordRelease() ([]any, error) {
+	rc.t.Helper()
 	var err error
-	args := recordAttempt(t, rec, script, func() error { err = release(); return nil })
+	args := recordAttempt(rc.t, rc.rec, rc.k.script, func() error { err = rc.release(rc.ctx); return nil })
 	return args, err
 }
 
-// deliverLate runs a copy of a recorded release as a first delivery: the
+// deliverLate runs a copy of a recorded release as a first delivery (the
 // name's call ids are forgotten first, as happens when the copy is the
-// first to arrive.
-func deliverLate(t *testing.T, ctx context.Context, rdb redis.UniversalClient, idKey string, args []any) {
+// first to arrive), and checks that the owner's hold is still there in
+// Redis: another Client finds no room, and the owner's release ends it.
+func (rc *releaseCase) deliverLate(args []any) {
+	t := rc.t
 	t.Helper()
-	must(t, rdb.Del(ctx, idKey).Err())
-	if err := rdb.Do(ctx, args...).Err(); err != nil {
+	must(t, rc.rdb.Del(rc.ctx, rc.k.idKey(rc.name)).Err())
+	if err := rc.rdb.Do(rc.ctx, args...).Err(); err != nil {
 		t.Fatalf("the late copy of the release: %v", err)
 	}
-}
-
-// stillHeld checks that the owner's hold is still there in Redis: another
-// Client finds no room, and the owner's last release ends it.
-func (k ownerReleaseKind) stillHeld(t *testing.T, ctx context.Context, other *dsync.Client, name string, release func(context.Context) error) {
-	t.Helper()
-	octx := dsync.WithOwner(ctxT(t))
-	if ok, err := k.other(octx, other, name); err != nil || ok {
+	if ok, err := rc.k.other(dsync.WithOwner(ctxT(t)), rc.other, rc.name); err != nil || ok {
 		t.Fatalf("another Client's try while the owner holds again = %v, %v; want false (two holders)", ok, err)
 	}
-	must(t, release(ctx))
+	must(t, rc.release(rc.ctx))
 }
 
 // The levels of a lost hold: goroutine A's release learns the loss,
@@ -100,31 +144,17 @@ func (k ownerReleaseKind) stillHeld(t *testing.T, ctx context.Context, other *ds
 // hold's second level) is delivered after the owner took the name afresh,
 // and ends nothing of the new hold.
 func TestLateReleaseOfALostLevelEndsNoLaterHold(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, k := range ownerReleaseKinds() {
-			t.Run(strings.ReplaceAll(k.name, " ", "-"), func(t *testing.T) {
-				rec := &redistest.Recorder{}
-				c, rdb := hookedClient(t, b, rec)
-				other := newClient(t, b)
-				name := redistest.Key(t)
-				ctx := dsync.WithOwner(ctxT(t))
-				take, release := k.handle(c, name)
-				must(t, take(ctx)) // goroutine A
-				must(t, take(ctx)) // goroutine B
-				must(t, rdb.Del(ctx, k.state(name)...).Err())
-				mustIs(t, release(ctx), dsync.ErrLeaseLost, "A's release after the loss = %v, want ErrLeaseLost")
-				args, err := recordRelease(t, rec, k.script, func() error { return release(ctx) })
-				must(t, take(ctx)) // goroutine C, afresh
-				if k.name == "Semaphore" {
-					must(t, take(ctx)) // and its second permit
-				}
-				deliverLate(t, ctx, rdb, k.idKey(name), args)
-				k.stillHeld(t, ctx, other, name, release)
-				// B's level went with the lost hold: its release found
-				// nothing to end.
-				mustIs(t, err, dsync.ErrNotHeld, "B's release after the loss = %v, want ErrNotHeld")
-			})
-		}
+	eachReleaseCase(t, func(rc *releaseCase) {
+		must(rc.t, rc.take(rc.ctx)) // goroutine A
+		must(rc.t, rc.take(rc.ctx)) // goroutine B
+		rc.lose()
+		mustIs(rc.t, rc.release(rc.ctx), dsync.ErrLeaseLost, "A's release after the loss = %v, want ErrLeaseLost")
+		args, err := rc.recordRelease()
+		rc.fill() // goroutine C, afresh
+		rc.deliverLate(args)
+		// B's level went with the lost hold: its release found nothing to
+		// end.
+		mustIs(rc.t, err, dsync.ErrNotHeld, "B's release after the loss = %v, want ErrNotHeld")
 	})
 }
 
@@ -134,30 +164,16 @@ func TestLateReleaseOfALostLevelEndsNoLaterHold(t *testing.T) {
 // records no hold of the owner, is delivered after D took the name again:
 // it ends nothing of D's hold.
 func TestLateReleaseOfALevelOfAnEndedHoldEndsNoLaterHold(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, k := range ownerReleaseKinds() {
-			t.Run(strings.ReplaceAll(k.name, " ", "-"), func(t *testing.T) {
-				rec := &redistest.Recorder{}
-				c, rdb := hookedClient(t, b, rec)
-				other := newClient(t, b)
-				name := redistest.Key(t)
-				ctx := dsync.WithOwner(ctxT(t))
-				take, release := k.handle(c, name)
-				must(t, take(ctx)) // goroutine A
-				must(t, take(ctx)) // goroutine B
-				must(t, rdb.Del(ctx, k.state(name)...).Err())
-				must(t, take(ctx)) // goroutine C, afresh
-				must(t, release(ctx))
-				args, err := recordRelease(t, rec, k.script, func() error { return release(ctx) })
-				mustIs(t, err, dsync.ErrNotHeld, "A's release after C's hold ended = %v, want ErrNotHeld")
-				must(t, take(ctx)) // goroutine D
-				if k.name == "Semaphore" {
-					must(t, take(ctx))
-				}
-				deliverLate(t, ctx, rdb, k.idKey(name), args)
-				k.stillHeld(t, ctx, other, name, release)
-			})
-		}
+	eachReleaseCase(t, func(rc *releaseCase) {
+		must(rc.t, rc.take(rc.ctx)) // goroutine A
+		must(rc.t, rc.take(rc.ctx)) // goroutine B
+		rc.lose()
+		must(rc.t, rc.take(rc.ctx))    // goroutine C, afresh
+		must(rc.t, rc.release(rc.ctx)) // goroutine B
+		args, err := rc.recordRelease()
+		mustIs(rc.t, err, dsync.ErrNotHeld, "A's release after C's hold ended = %v, want ErrNotHeld")
+		rc.fill() // goroutine D
+		rc.deliverLate(args)
 	})
 }
 
@@ -165,40 +181,27 @@ func TestLateReleaseOfALevelOfAnEndedHoldEndsNoLaterHold(t *testing.T) {
 // once the Client knows the loss (a renewal found it), A's release ends
 // the lost hold's record, and B's, delivered late, ends nothing of C's.
 func TestLateReleaseOfALostLevelUnderClientReentrancy(t *testing.T) {
-	eachBackend(t, func(t *testing.T, b redistest.Backend) {
-		for _, k := range ownerReleaseKinds() {
-			if k.name == "Semaphore" {
-				continue // no client reentrancy
-			}
-			t.Run(strings.ReplaceAll(k.name, " ", "-"), func(t *testing.T) {
-				rec := &redistest.Recorder{}
-				c, rdb := hookedClient(t, b, rec)
-				other := newClient(t, b)
-				name := redistest.Key(t)
-				ctx := dsync.WithOwner(ctxT(t))
-				take, release := k.handle(c, name, dsync.ClientReentrancy(), dsync.RenewEvery(20*time.Millisecond))
-				must(t, take(ctx)) // goroutine A
-				must(t, take(ctx)) // goroutine B, a re-entry in the Client
-				var l *dsync.Lease
-				var err error
-				switch rw := c.RWMutex(name, dsync.ClientReentrancy()); k.name {
-				case "Mutex":
-					l, err = c.Mutex(name, dsync.ClientReentrancy()).Lease(ctx)
-				case "RWMutex write":
-					l, err = rw.Lease(ctx)
-				default:
-					l, err = rw.RLease(ctx)
-				}
-				must(t, err)
-				must(t, rdb.Del(ctx, k.state(name)...).Err())
-				waitDone(t, l, 10*time.Second, "the keys' deletion")
-				mustIs(t, release(ctx), dsync.ErrLeaseLost, "A's release after the loss = %v, want ErrLeaseLost")
-				args, err := recordRelease(t, rec, k.script, func() error { return release(ctx) })
-				must(t, take(ctx)) // goroutine C, afresh
-				deliverLate(t, ctx, rdb, k.idKey(name), args)
-				k.stillHeld(t, ctx, other, name, release)
-				mustIs(t, err, dsync.ErrNotHeld, "B's release after the loss = %v, want ErrNotHeld")
-			})
+	eachReleaseCase(t, func(rc *releaseCase) {
+		t := rc.t
+		must(t, rc.take(rc.ctx)) // goroutine A
+		must(t, rc.take(rc.ctx)) // goroutine B, a re-entry in the Client
+		var l *dsync.Lease
+		var err error
+		switch rw := rc.c.RWMutex(rc.name, dsync.ClientReentrancy()); rc.k.name {
+		case "Mutex":
+			l, err = rc.c.Mutex(rc.name, dsync.ClientReentrancy()).Lease(rc.ctx)
+		case "RWMutex write":
+			l, err = rw.Lease(rc.ctx)
+		default:
+			l, err = rw.RLease(rc.ctx)
 		}
-	})
+		must(t, err)
+		rc.lose()
+		waitDone(t, l, 10*time.Second, "the keys' deletion")
+		mustIs(t, rc.release(rc.ctx), dsync.ErrLeaseLost, "A's release after the loss = %v, want ErrLeaseLost")
+		args, err := rc.recordRelease()
+		rc.fill() // goroutine C, afresh
+		rc.deliverLate(args)
+		mustIs(t, err, dsync.ErrNotHeld, "B's release after the loss = %v, want ErrNotHeld")
+	}, dsync.ClientReentrancy(), dsync.RenewEvery(20*time.Millisecond))
 }
