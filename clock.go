@@ -65,7 +65,30 @@ func (s *serverClock) learn(serverMs int64) {
 // row: its outcome is known (nothing changed), but the call did not get
 // through.
 func errStale(what string) error {
-	return fmt.Errorf("dsync: %s: %d attempts in a row reached the server after their bound (is its clock stepping?)", what, staleTries)
+	return fmt.Errorf("dsync: %s: %w", what, errStaleAttempts)
+}
+
+var errStaleAttempts = fmt.Errorf("%d attempts in a row reached the server after their bound (is its clock stepping?)", staleTries)
+
+// bounded makes an attempt of a call that carries a bound (see above),
+// and makes it again while its reply says it arrived after its bound,
+// staleTries times at most: attempt sends one with bound as its last
+// argument and returns its outcome and, for a stale reply, stale and the
+// server's time (ms) the reply carried, from which c learns the offset
+// for the next. (The one loop of every script that carries a bound:
+// acquirePair's, Once.attempt's and Once.Reset's.)
+func bounded[R any](c *serverClock, what string, attempt func(bound any) (r R, serverMs int64, stale bool, err error)) (R, error) {
+	for try := 1; ; try++ {
+		r, ms, stale, err := attempt(c.bound())
+		if err != nil || !stale {
+			return r, err
+		}
+		if try == staleTries {
+			var none R
+			return none, errStale(what)
+		}
+		c.learn(ms)
+	}
 }
 
 // staleReply reads the reply of a script that is not read as a pair (see

@@ -240,18 +240,15 @@ func (o *Once) Reset(ctx context.Context) error {
 	// is made again under the same id, after a pause that doubles, while
 	// ctx lasts. A Reset of a new id could remove the done mark of a run
 	// that succeeded after the first attempt took effect.
-	id, stale := newCallID(), 0
+	id := newCallID()
 	for wait := minRetry; ; wait = min(2*wait, time.Second/2) {
-		v, err := o.c.eval(ctx, onceReset, o.kargs, id, o.c.clock.bound()).Result()
-		if ms, ok := staleReply(v); err == nil && ok {
-			// Past its bound (see clock.go): nothing changed.
-			if stale++; stale == staleTries {
-				return errStale("once reset")
-			}
-			o.c.clock.learn(ms)
-			continue
-		}
-		if err == nil || !unknownOutcome(err) || ctx.Err() != nil {
+		// An attempt past its bound changed nothing (see clock.go).
+		_, err := bounded(&o.c.clock, "once reset", func(bound any) (struct{}, int64, bool, error) {
+			v, err := o.c.eval(ctx, onceReset, o.kargs, id, bound).Result()
+			ms, stale := staleReply(v)
+			return struct{}{}, ms, err == nil && stale, err
+		})
+		if err == nil || !unknownOutcome(err) || errors.Is(err, errStaleAttempts) || ctx.Err() != nil {
 			return scriptError(err)
 		}
 		t := getTimer(wait)
@@ -275,30 +272,24 @@ func (o *Once) attempt(ctx context.Context, tok string, waited bool) (grant, []b
 		w = argYes
 	}
 	sent := time.Now()
-	var r []any
-	var code int64
 	// Each attempt carries its bound (see clock.go); one that arrived
 	// after it is sent again, once the estimate of the server's clock is
 	// corrected.
-	for try := 1; ; try++ {
-		var err error
-		r, err = o.c.eval(ctx, onceDo, o.kargs, tok, o.ttlArg, w, o.c.clock.bound()).Slice()
+	r, err := bounded(&o.c.clock, "once do", func(bound any) ([]any, int64, bool, error) {
+		r, err := o.c.eval(ctx, onceDo, o.kargs, tok, o.ttlArg, w, bound).Slice()
 		if err != nil {
-			return grant{}, nil, scriptError(err)
+			return nil, 0, false, scriptError(err)
 		}
 		if len(r) != 2 {
-			return grant{}, nil, replyError("once do", r)
+			return nil, 0, false, replyError("once do", r)
 		}
-		code, _ = r[0].(int64)
-		ms, ok := staleReply(r)
-		if !ok {
-			break
-		}
-		if try == staleTries {
-			return grant{}, nil, errStale("once do")
-		}
-		o.c.clock.learn(ms)
+		ms, stale := staleReply(r)
+		return r, ms, stale, nil
+	})
+	if err != nil {
+		return grant{}, nil, err
 	}
+	code, _ := r[0].(int64)
 	switch code {
 	case 4:
 		s, ok := r[1].(string)

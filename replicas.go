@@ -51,17 +51,11 @@ func WaitReplicas(n int, timeout time.Duration) Option {
 // for every attempt; an attempt that arrives after it is sent again, after
 // the Client's estimate of the server's clock is corrected.
 func (c *Client) acquirePair(ctx context.Context, cfg *config, sc *script, what string, a []any) (pairReply, error) {
-	for try := 1; ; try++ {
-		a[len(a)-1] = c.clock.bound()
+	return bounded(&c.clock, what, func(bound any) (pairReply, int64, bool, error) {
+		a[len(a)-1] = bound
 		r, err := c.acquirePairOnce(ctx, cfg, sc, what, a)
-		if err != nil || r.code != codeStale {
-			return r, err
-		}
-		if try == staleTries {
-			return pairReply{}, errStale(what)
-		}
-		c.clock.learn(r.v)
-	}
+		return r, r.v, err == nil && r.code == codeStale, err
+	})
 }
 
 // acquirePairOnce is one attempt of acquirePair.
