@@ -98,15 +98,7 @@ func recordAttempt(t *testing.T, rec *redistest.Recorder, script string, take fu
 	t.Helper()
 	rec.Reset()
 	must(t, take())
-	sha := lua.Script(script).Hash()
-	all := rec.All()
-	for i := len(all) - 1; i >= 0; i-- {
-		if a := all[i]; len(a) > 1 && a[0] == "evalsha" && a[1] == sha {
-			return a
-		}
-	}
-	t.Fatalf("no attempt of %s recorded among %d commands", script, len(all))
-	return nil
+	return lastRun(t, rec, script, "")
 }
 
 // A copy of an attempt that took a hold, delivered after its bound and

@@ -2,12 +2,14 @@ package dsync_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -204,4 +206,61 @@ func TestLateReleaseOfALostLevelUnderClientReentrancy(t *testing.T) {
 		rc.deliverLate(args)
 		mustIs(t, err, dsync.ErrNotHeld, "B's release after the loss = %v, want ErrNotHeld")
 	}, dsync.ClientReentrancy(), dsync.RenewEvery(20*time.Millisecond))
+}
+
+// The same over a quorum of three masters: B's release names the member
+// holds of the lost hold on each master, and its copies, delivered after
+// the owner locked afresh, end nothing there.
+func TestLateReleaseOfALostLevelOverAQuorum(t *testing.T) {
+	_, rdbs := masters(t, 3)
+	recs := make([]*redistest.Recorder, len(rdbs))
+	for i, rdb := range rdbs {
+		recs[i] = &redistest.Recorder{}
+		rdb.AddHook(recs[i])
+	}
+	q, other := newQuorum(t, rdbs), newQuorum(t, rdbs)
+	name := redistest.Key(t)
+	ctx := dsync.WithOwner(ctxT(t))
+	m := q.Mutex(name)
+	must(t, m.Lock(ctx)) // goroutine A
+	must(t, m.Lock(ctx)) // goroutine B
+	for _, rdb := range rdbs {
+		must(t, rdb.Del(ctx, mutexKeys(name).Lock).Err())
+	}
+	mustIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "A's Unlock after the loss = %v, want ErrLeaseLost")
+	var copies [][]any
+	for _, rec := range recs {
+		rec.Reset()
+	}
+	err := m.Unlock(ctx) // goroutine B
+	for i, rec := range recs {
+		copies = append(copies, lastRun(t, rec, "mutex_unlock", fmt.Sprintf(" on master %d", i)))
+	}
+	must(t, m.Lock(ctx)) // goroutine C, afresh
+	for i, rdb := range rdbs {
+		must(t, rdb.Del(ctx, mutexKeys(name).Calls).Err())
+		if err := rdb.Do(ctx, copies[i]...).Err(); err != nil {
+			t.Fatalf("the late copy of B's Unlock on master %d: %v", i, err)
+		}
+	}
+	if ok, err := other.Mutex(name).TryLock(dsync.WithOwner(ctxT(t))); err != nil || ok {
+		t.Fatalf("another Quorum's TryLock while the owner holds again = %v, %v; want false (two holders)", ok, err)
+	}
+	must(t, m.Unlock(ctx))
+	mustIs(t, err, dsync.ErrNotHeld, "B's Unlock after the loss = %v, want ErrNotHeld")
+}
+
+// lastRun returns the arguments of the last run of script among the
+// commands all that rec saw (where names it in an error).
+func lastRun(t *testing.T, rec *redistest.Recorder, script, where string) []any {
+	t.Helper()
+	sha := lua.Script(script).Hash()
+	all := rec.All()
+	for j := len(all) - 1; j >= 0; j-- {
+		if a := all[j]; len(a) > 1 && a[0] == "evalsha" && a[1] == sha {
+			return a
+		}
+	}
+	t.Fatalf("no run of %s recorded%s among %d commands", script, where, len(all))
+	return nil
 }
