@@ -59,8 +59,8 @@ func (h *hold) tokArg(tok string) any {
 
 // A releaser runs a primitive's release script for holder tok with call
 // id, ending hold h (nil if no hold is recorded in this process or owed
-// by it: see fenceArg and owedHold). Its reply: 1 released, 2 still held (a count went down), 0 not
-// held.
+// by it: see fenceArg and owedHold). Its reply: 1 released, 2 still held
+// (a count went down), 0 not held.
 type releaser func(ctx context.Context, tok, id string, h *hold) (int64, error)
 
 // unlockOwner releases one level of the hold of the owner recorded under k
