@@ -667,7 +667,10 @@ func runNemesis(t *testing.T, b redistest.Backend, cl *nemClass, d time.Duration
 		summary:  map[string]int{},
 		stop:     make(chan struct{}),
 
-		trace:     newTrace(50000),
+		// About a minute of a busy run's commands and notifications per
+		// 50000 entries: a long run keeps its whole trace, so that a report
+		// of an early overlap still shows what led to it.
+		trace:     newTrace(50000 * int(min(d/time.Minute+1, 15))),
 		heardOnce: map[string]bool{},
 	}
 	t.Logf("seed %d: %s on %s for %v (replay: DSYNC_NEMESIS_SEED=%d go test -run 'TestNemesis/%s/^%s$')",
