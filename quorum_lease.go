@@ -138,6 +138,27 @@ func memberHold(h *hold, i int) *hold {
 	return nil
 }
 
+// noMemberArg names, in an unlock, a hold that no master has (fencing
+// tokens start at 1, and a read hold's id is a call id).
+const noMemberArg = "0"
+
+// memberFence is what an unlock of h (nil: no hold recorded here) names
+// on master i: h's member hold there, or, where h has none (the master
+// did not count in its grant, whose attempts there were undone), a hold
+// no master has, so that the unlock ends no later hold of the holder on
+// that master however late it arrives. Without h, nothing.
+func memberFence(h *hold, i int) any {
+	if m := memberHold(h, i); m != nil {
+		return m.fenceArg()
+	}
+	if h != nil {
+		if _, ok := h.lease.(*quorumLease); ok {
+			return noMemberArg
+		}
+	}
+	return argNone
+}
+
 // hold makes the hold of a quorum grant a to holder tok: one member hold
 // per granting master, started by sub(i), and the hold's own lease.
 func (q *Quorum) hold(tok string, fence uint64, a answers, sub func(i int) *hold) *hold {

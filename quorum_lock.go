@@ -92,8 +92,8 @@ func reentered(h *hold, a answers) bool {
 // unlock runs unlock on every master and sums up their replies as one
 // master's reply (see answers.unlocked). Each master is told the hold's
 // token as a floor for its fencing counter (see floorArg) and the member
-// hold it granted, where known (see memberHold): a late copy of the unlock
-// can never end a later hold of the holder there.
+// hold it granted (see memberFence): a late copy of the unlock can never
+// end a later hold of the holder there.
 //
 // An owner's re-entries may have been granted by different majorities, so
 // the masters may count different levels of its hold (see
@@ -117,7 +117,7 @@ func (ql *quorumLock[S]) unlock(ctx context.Context, h *hold, unlock func(ctx co
 		if send != nil && !send[i] {
 			return 2, nil // keeps the levels left here
 		}
-		return unlock(ctx, ql.subs[i], floor, memberHold(h, i).fenceArg())
+		return unlock(ctx, ql.subs[i], floor, memberFence(h, i))
 	}, late)
 	if send != nil {
 		for i := range send {
