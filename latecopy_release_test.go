@@ -180,6 +180,29 @@ func TestLateReleaseOfALevelOfAnEndedHoldEndsNoLaterHold(t *testing.T) {
 	})
 }
 
+// The same when B's release gets no reply: B repeats it (a release whose
+// outcome is unknown may be repeated), and a late copy of the repeat,
+// delivered after the owner took the name afresh, ends nothing either.
+func TestLateRepeatOfAReleaseOfALostLevelEndsNoLaterHold(t *testing.T) {
+	eachReleaseCase(t, func(rc *releaseCase) {
+		t := rc.t
+		f := scriptFaults(rc.k.script)
+		rc.rdb.AddHook(f)
+		must(t, rc.take(rc.ctx)) // goroutine A
+		must(t, rc.take(rc.ctx)) // goroutine B
+		rc.lose()
+		mustIs(t, rc.release(rc.ctx), dsync.ErrLeaseLost, "A's release after the loss = %v, want ErrLeaseLost")
+		f.DropReplyNext(1, errors.New("i/o timeout"))
+		if err := rc.release(rc.ctx); err == nil {
+			t.Fatal("B's release whose reply was lost returned nil")
+		}
+		args, err := rc.recordRelease() // B's repeat
+		rc.fill()                       // goroutine C, afresh
+		rc.deliverLate(args)
+		mustIs(t, err, dsync.ErrNotHeld, "B's repeated release = %v, want ErrNotHeld")
+	})
+}
+
 // The same under client reentrancy, where the Client counts the levels:
 // once the Client knows the loss (a renewal found it), A's release ends
 // the lost hold's record, and B's, delivered late, ends nothing of C's.

@@ -380,3 +380,21 @@ func (b *base) owedHold(k holdKey, n int64) *hold {
 	}
 	return &hold{holdID: e.id, lease: e.lease}
 }
+
+// reowe gives back n levels (permits) that owedHold gave a release which
+// named hold named, when the release's outcome is unknown (no reply
+// came): its caller may repeat it, and the repeat must name a hold too.
+// If the owner holds again meanwhile, they go to that hold, as the levels
+// of a hold it replaces do.
+func (b *base) reowe(k holdKey, named *hold, n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch h, e := b.holds[k], b.owed[k]; {
+	case h != nil:
+		h.owes += n
+	case e != nil:
+		e.n += n
+	default:
+		b.owed[k] = &owedLevels{id: named.holdID, lease: named.lease, n: n, at: time.Now()}
+	}
+}

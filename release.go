@@ -91,8 +91,14 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	r, err := b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, named) })
 	b.endUnlock(h, err == nil && r == 1)
 	if err != nil {
-		if h != nil && unknownOutcome(err) {
+		if unknownOutcome(err) {
 			switch {
+			case h == nil:
+				if named != nil && !callerLeft(ctx) {
+					// The caller may repeat it: the repeat names the
+					// same hold.
+					b.reowe(k, named, 1)
+				}
 			case local:
 				b.unsettled(k, h)
 			case callerLeft(ctx):

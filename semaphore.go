@@ -352,6 +352,10 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 			s.unsettled(owned, tok, h, n)
 		case whole && unknownOutcome(err):
 			h.setUnsure(id, n, lostBefore)
+		case h == nil && named != nil && unknownOutcome(err):
+			// The caller may repeat it: the repeat names the same
+			// holding (see base.reowe).
+			s.c.reowe(holdKey{s.keys[0], tok}, named, n)
 		}
 		return err
 	}
