@@ -375,6 +375,10 @@ func (b *base) owedHold(k holdKey, n int64) *hold {
 	if e == nil {
 		return nil
 	}
+	if time.Since(e.at) > owedMemory {
+		delete(b.owed, k)
+		return nil
+	}
 	if e.n -= n; e.n <= 0 {
 		delete(b.owed, k)
 	}
