@@ -38,7 +38,10 @@
 //     behind long waiters; RWMutex gives writers preference over new
 //     readers.
 //   - A call whose ctx ends returns an error matching ctx.Err() and leaves
-//     nothing held; releases run even with a done ctx.
+//     nothing held; releases run even with a done ctx. (What a failed call
+//     may have taken on the server is undone in the background, retried
+//     for up to 5 s; a server unreachable for longer keeps it until its
+//     lease runs out.)
 //   - Every state change is one Lua script, and scripts are idempotent
 //     under go-redis's automatic retries: a copy of a call's script that
 //     reaches the server within the replay window of 60 s after the call
