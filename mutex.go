@@ -114,7 +114,8 @@ func (m *Mutex) check() error {
 // already holds m, Lock re-enters at once. On failure it returns an error
 // for which errors.Is(err, ctx.Err()) holds (or a Redis or [ErrClosed]
 // error) and leaves no hold behind, also when the server took the lock but
-// the reply was lost.
+// the reply was lost (unless Redis stays unreachable for more than 5 s:
+// see the package documentation).
 func (m *Mutex) Lock(ctx context.Context) error {
 	_, err := m.lock(ctx, true)
 	return err

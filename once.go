@@ -102,9 +102,10 @@ func (o *Once) check() error {
 //
 // If ctx ends while waiting, Do returns an error for which errors.Is(err,
 // ctx.Err()) holds and leaves nothing behind, also when the server gave
-// this call the run lease but the reply was lost. If ctx ends while f
-// runs or after f returned, while the run is being ended (a server slow
-// to answer), Do returns then, with f's error or, if f succeeded, ctx's
+// this call the run lease but the reply was lost (unless Redis stays
+// unreachable for more than 5 s: see the package documentation). If ctx
+// ends while f runs or after f returned, while the run is being ended (a
+// server slow to answer), Do returns then, with f's error or, if f succeeded, ctx's
 // error: the run ends in the background (a success marks the Once done),
 // and a later call learns the outcome.
 //

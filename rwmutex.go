@@ -120,7 +120,8 @@ func (rw *RWMutex) check() error {
 // rw, RLock takes (another level of) a read hold at once. On failure it
 // returns an error for which errors.Is(err, ctx.Err()) holds (or a Redis or
 // [ErrClosed] error) and leaves no hold behind, also when the server granted
-// the hold but the reply was lost.
+// the hold but the reply was lost (unless Redis stays unreachable for more
+// than 5 s: see the package documentation).
 func (rw *RWMutex) RLock(ctx context.Context) error {
 	_, err := rw.lock(ctx, modeRead, true)
 	return err
@@ -143,7 +144,8 @@ func (rw *RWMutex) TryRLock(ctx context.Context) (bool, error) {
 // [ErrUpgrade] at once. On failure it returns an error for which
 // errors.Is(err, ctx.Err()) holds (or a Redis or [ErrClosed] error) and
 // leaves no hold behind, also when the server took the lock but the reply
-// was lost; readers that waited behind it go on at once.
+// was lost (unless Redis stays unreachable for more than 5 s: see the
+// package documentation); readers that waited behind it go on at once.
 func (rw *RWMutex) Lock(ctx context.Context) error {
 	_, err := rw.lock(ctx, modeWrite, true)
 	return err

@@ -114,8 +114,9 @@ func (s *Semaphore) mismatch(inForce int64) error {
 // their lease renewed by the Client. On failure, returns an error for which
 // errors.Is(err, ctx.Err()) holds (or a Redis, [ErrClosed] or
 // [ErrSizeMismatch] error) and leaves the semaphore unchanged, also when the
-// server granted the permits but the reply was lost. If ctx is already done,
-// Acquire returns its error without trying.
+// server granted the permits but the reply was lost (unless Redis stays
+// unreachable for more than 5 s: see the package documentation). If ctx is
+// already done, Acquire returns its error without trying.
 //
 // Unlike Weighted.Acquire, n > size is an error at once ([ErrInvalid]), as
 // is n ≤ 0.
