@@ -105,9 +105,9 @@ func (o *Once) check() error {
 // this call the run lease but the reply was lost (unless Redis stays
 // unreachable for more than 5 s: see the package documentation). If ctx
 // ends while f runs or after f returned, while the run is being ended (a
-// server slow to answer), Do returns then, with f's error or, if f succeeded, ctx's
-// error: the run ends in the background (a success marks the Once done),
-// and a later call learns the outcome.
+// server slow to answer), Do returns then, with f's error or, if f
+// succeeded, ctx's error: the run ends in the background (a success marks
+// the Once done), and a later call learns the outcome.
 //
 // The ctx passed to f is cancelled when ctx is done, when the run lease is
 // lost (its cause, [context.Cause], is then [ErrLeaseLost]) and when the
