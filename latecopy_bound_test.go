@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/internal/redistest"
 	"github.com/dsync-go/dsync/lua"
 	"github.com/redis/go-redis/v9"
@@ -318,6 +319,47 @@ func TestLateResetCopyAfterItsBoundRemovesNothing(t *testing.T) {
 		fresh[len(fresh)-1] = boundNow(t, ctx, rdb, 5*time.Second)
 		if v, err := rdb.Do(ctx, fresh...).Result(); err != nil || code(v) != 1 {
 			t.Fatalf("control Reset copy with a live bound = %v, %v; want 1", v, err)
+		}
+	})
+}
+
+// A Reset whose attempts got no reply before its ctx ended returns an
+// error of unknown outcome; a copy of one of its attempts still on its
+// way, delivered within its bound after a later Reset and a run that
+// succeeded, must not remove that run's done mark. The given-up Reset's
+// id is noted in the background (its abandon), so the copy changes
+// nothing.
+func TestLateCopyOfAGivenUpResetRemovesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		rec, faults := &redistest.Recorder{}, scriptFaults("once_reset")
+		c, rdb := hookedClient(t, b, rec)
+		rdb.AddHook(faults)
+		ctx := ctxT(t)
+		name := redistest.Key(t)
+		other := newClient(t, b).Once(name)
+		ok := func(context.Context) error { return nil }
+		must(t, other.Do(ctx, ok))
+		faults.FailNext(1000, context.DeadlineExceeded) // no attempt gets a reply
+		rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err := c.Once(name).Reset(rctx)
+		cancel()
+		if err == nil {
+			t.Fatal("a Reset none of whose attempts got a reply returned nil")
+		}
+		args := lastRun(t, rec, "once_reset", "")
+		faults.FailNext(0, nil)
+		id := fmt.Sprint(args[6]) // evalsha, sha, 3, three keys, then the id
+		calls := keys.ForOnce(dsync.DefaultPrefix, name).Calls
+		waitFor(t, 10*time.Second, "the given-up Reset's id noted", func() bool {
+			return rdb.ZScore(ctx, calls, id).Err() == nil
+		})
+		must(t, other.Reset(ctx))
+		must(t, other.Do(ctx, ok))
+		if err := rdb.Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("the late copy: %v", err)
+		}
+		if done, err := other.Done(ctx); err != nil || !done {
+			t.Fatalf("Done after the late copy of the given-up Reset = %v, %v; want true (the later run's mark kept)", done, err)
 		}
 	})
 }

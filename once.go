@@ -227,7 +227,9 @@ func (o *Once) Done(ctx context.Context) (bool, error) {
 // progress is not stopped: when it succeeds it marks the Once done again.
 // Reset of a Once that is not done does nothing. A Reset whose reply was
 // lost is sent again, as the same call, while ctx lasts; an error that is
-// not a Redis reply means its outcome is unknown. A copy of the Reset,
+// not a Redis reply means its outcome is unknown (the call is then noted
+// as given up in the background, unless it was applied, so that a copy of
+// it still on its way removes nothing). A copy of the Reset,
 // sent again by go-redis after a read timeout or by Reset itself, arriving
 // late, removes nothing (within the replay window; see README): not the
 // done mark of a run that succeeded after the Reset took effect, also
@@ -250,6 +252,9 @@ func (o *Once) Reset(ctx context.Context) error {
 			return struct{}{}, ms, err == nil && stale, err
 		})
 		if err == nil || !unknownOutcome(err) || errors.Is(err, errStaleAttempts) || ctx.Err() != nil {
+			if err != nil && unknownOutcome(err) {
+				o.c.cleanup(ctx, resetAbandon{o, id})
+			}
 			return scriptError(err)
 		}
 		t := getTimer(wait)
@@ -258,10 +263,27 @@ func (o *Once) Reset(ctx context.Context) error {
 		case <-ctx.Done():
 		case <-o.c.closed:
 			putTimer(t)
+			o.c.cleanup(ctx, resetAbandon{o, id})
 			return err
 		}
 		putTimer(t)
 	}
+}
+
+// A resetAbandon is the undo of a Reset, call id, whose caller was not
+// told its outcome (no attempt got a reply, or each reached the server
+// after its bound): it notes the id as given up unless an attempt of it
+// was applied, so that a copy of an attempt still on its way removes no
+// done mark set after the caller was told. (One already applied cannot be
+// undone: that outcome stays unknown to the caller.)
+type resetAbandon struct {
+	o  *Once
+	id string
+}
+
+func (r resetAbandon) abandon(ctx context.Context) error {
+	o := r.o
+	return o.c.eval(ctx, onceReset, o.kargs, r.id, argNone, argYes).Err()
 }
 
 // attempt runs the do script once; waited says that an earlier attempt of
