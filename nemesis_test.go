@@ -2443,8 +2443,9 @@ func (w *nemWorld) checkPermits(hs []*nemHold, live map[*nemHold]time.Time) {
 				}
 			}
 			sort.Strings(ds)
-			w.reportOn("permits", e.h.name, e.at.Add(-3*time.Second), e.at, "Semaphore %s (size %d): %d permits held by live holders at %s: %s",
-				e.h.name, size, cur, w.at(e.at), strings.Join(ds, ", "))
+			from := e.at.Add(-3 * time.Second)
+			w.reportOn("permits", e.h.name, from, e.at, "Semaphore %s (size %d): %d permits held by live holders at %s: %s; %s",
+				e.h.name, size, cur, w.at(e.at), strings.Join(ds, ", "), w.deletionsOf(e.h.name, from, e.at))
 		}
 	}
 }
