@@ -110,15 +110,7 @@ func recordAttempt(t *testing.T, rec *redistest.Recorder, script string, take fu
 func TestLateAttemptCopyAfterItsBoundTakesNothing(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		for _, k := range boundKinds() {
-			rec := &redistest.Recorder{}
-			c, rdb := hookedClient(t, b, rec)
-			dsync.SetAttemptValid(c, lateValid)
-			other := newClient(t, b)
-			name := redistest.Key(t) + "-" + strings.ReplaceAll(k.name, " ", "-")
-			ctx := ctxT(t)
-			take, release := k.calls(c, name)
-			args := recordAttempt(t, rec, k.script, func() error { return take(ctx) })
-			must(t, release(ctx))
+			ctx, rdb, other, name, args := k.recordedTake(t, b, func(c *dsync.Client) { dsync.SetAttemptValid(c, lateValid) })
 			// Past the bound and the ids forgotten.
 			waitPastBound(t, ctx, rdb, args)
 			must(t, rdb.Del(ctx, k.idKey(name)).Err())
@@ -135,6 +127,25 @@ func TestLateAttemptCopyAfterItsBoundTakesNothing(t *testing.T) {
 			}
 		}
 	})
+}
+
+// recordedTake takes a name of k's through a Client made on b with opts
+// (and set up by setup, if not nil) whose commands a recorder sees, and
+// releases it. It returns the test's ctx, the Client's connection,
+// another Client, the name and the arguments of the take's last attempt.
+func (k boundKind) recordedTake(t *testing.T, b redistest.Backend, setup func(*dsync.Client), opts ...dsync.Option) (context.Context, redis.UniversalClient, *dsync.Client, string, []any) {
+	t.Helper()
+	rec := &redistest.Recorder{}
+	c, rdb := hookedClient(t, b, rec, opts...)
+	if setup != nil {
+		setup(c)
+	}
+	name := redistest.Key(t) + "-" + strings.ReplaceAll(k.name, " ", "-")
+	ctx := ctxT(t)
+	take, release := k.calls(c, name)
+	args := recordAttempt(t, rec, k.script, func() error { return take(ctx) })
+	must(t, release(ctx))
+	return ctx, rdb, newClient(t, b), name, args
 }
 
 // staleCopyTakesNothing sends args, a copy of an attempt of k on name past
@@ -166,14 +177,7 @@ func boundNow(t *testing.T, ctx context.Context, rdb redis.UniversalClient, d ti
 func TestLateAttemptCopyAMinuteLater(t *testing.T) {
 	b := redistest.Miniredis(t)
 	for _, k := range boundKinds() {
-		rec := &redistest.Recorder{}
-		c, rdb := hookedClient(t, b, rec, dsync.TTL(10*time.Minute))
-		other := newClient(t, b)
-		name := redistest.Key(t) + "-" + strings.ReplaceAll(k.name, " ", "-")
-		ctx := ctxT(t)
-		take, release := k.calls(c, name)
-		args := recordAttempt(t, rec, k.script, func() error { return take(ctx) })
-		must(t, release(ctx))
+		ctx, rdb, other, name, args := k.recordedTake(t, b, nil, dsync.TTL(10*time.Minute))
 		b.Advance(61 * time.Second)
 		if n, err := rdb.Exists(ctx, k.idKey(name)).Result(); err != nil || n != 0 {
 			t.Fatalf("%s: the call ids outlived the replay window: %v, %v", k.name, n, err)
