@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/redistest"
 )
 
 // freeWithin reports how long it takes a fresh client's try to get name
@@ -280,4 +281,48 @@ func TestCloseRenewalInFlightLongReadTimeout(t *testing.T) {
 	}
 	<-done
 	time.Sleep(time.Until(start.Add(12 * time.Second)))
+}
+
+// Close waits for the clean-up of the calls it ends: a waiting call that
+// Close ends drops its queue place (its undo) before Close returns, also
+// when the undo fails on the way and is tried again, so that nothing of
+// the Client runs, and nothing of the call is left in Redis, once Close
+// has returned.
+func TestCloseWaitsForTheCleanUpOfTheCallsItEnds(t *testing.T) {
+	kinds := []struct {
+		kn, undo string
+		kind     holdKind
+	}{
+		{"mutex", "mutex_unlock", mutexHold},
+		{"write", "rwmutex_unlock", writeHold},
+		{"sem", "semaphore_abandon", semHold(1, 1)},
+	}
+	for _, k := range kinds {
+		t.Run(k.kn, func(t *testing.T) {
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+				undo := scriptFaults(k.undo)
+				ha := k.kind(newClient(t, b), name)
+				cb, _ := hookedClient(t, b, undo)
+				hb := k.kind(cb, name)
+				must(t, ha.lock(ctx))
+				undo.FailNext(3, errors.New("connection reset"))
+				ch := async(func() error { return hb.lock(ctx) })
+				rdb := b.NewClient(t)
+				waitPlaced(t, rdb, k.kn, name)
+				cb.Close()
+				// What Redis holds when Close returns.
+				n, err := rdb.Exists(ctx, waitingKey(k.kn, name)).Result()
+				must(t, err)
+				if tries := undo.Injected(); n != 0 || tries != 3 {
+					t.Errorf("when Close returned: the closed waiter's place there: %v; its undo failed %d times, want 3 and then done", n == 1, tries)
+				}
+				select {
+				case err := <-ch:
+					mustIs(t, err, dsync.ErrClosed, "the waiting call Close ended")
+				case <-time.After(5 * time.Second):
+					t.Fatal("the waiting call did not return after Close")
+				}
+			})
+		})
+	}
 }

@@ -288,6 +288,11 @@ func (w *cohortWaiter) leaseStart(start time.Time) time.Time {
 // is undone through undo(w). It returns run's reply, and whether it
 // passed the lock.
 func (c *Client) cohortRelease(ctx context.Context, key string, run func(w *cohortWaiter) (any, error), undo func(w *cohortWaiter) abandoner) (rep any, passed bool, err error) {
+	// Counted as a call in progress (see inflight) when it can be: an
+	// undo of a pass then runs before Close returns.
+	if c.begin() {
+		defer c.end()
+	}
 	cs := &c.cohorts
 	w := cs.claim(key)
 	if w == nil {

@@ -53,7 +53,8 @@ type Client struct {
 	// commands whose caller's ctx ended first (see within).
 	bg       tasks
 	calls    tasks
-	batch    batcher // script calls waiting for those in flight (see maxFlight)
+	active   *inflight // calls in progress that may start clean-up
+	batch    batcher   // script calls waiting for those in flight (see maxFlight)
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
 
@@ -113,7 +114,7 @@ func lateCopiesAfter(rdb redis.UniversalClient) time.Duration {
 // together, as one pipeline, when it returns (or after 1 ms): rdb's hooks
 // see them as a pipeline, on a ctx of none of their callers.
 func New(rdb redis.UniversalClient, opts ...Option) *Client {
-	c := &Client{rdb: rdb}
+	c := &Client{rdb: rdb, active: newInflight()}
 	c.batch.max, c.batch.wait = maxFlight, maxQueueWait
 	c.init(opts)
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
@@ -139,11 +140,12 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // expire at their TTL. Close does not close the Redis client. It is safe
 // to call more than once.
 //
-// Close waits for the clean-ups that failed calls left to the background
-// (undoing a cancelled attempt, say), for releases left there, and for
-// commands whose callers gave up on them, 5 s at most in all for those
-// sent to a server that does not answer; then it cancels the clean-ups
-// left. A command still in flight ends when go-redis gives up on it (its
+// Close waits for the calls in progress that it ends to return, with the
+// undo of what they had taken or queued for, for the clean-ups that failed
+// calls left to the background (undoing a cancelled attempt, say), for
+// releases left there, and for commands whose callers gave up on them, 5 s
+// at most in all for those sent to a server that does not answer; then it
+// cancels the clean-ups left. A command still in flight ends when go-redis gives up on it (its
 // ReadTimeout, 3 s by default, or the ctx deadline with
 // ContextTimeoutEnabled).
 func (c *Client) Close() error {
@@ -151,6 +153,9 @@ func (c *Client) Close() error {
 		close(c.closed)
 		end := time.Now().Add(releaseTimeout)
 		left := func() time.Duration { return max(time.Until(end), time.Nanosecond) }
+		// Calls in progress see c closed and return; the clean-up they
+		// start on the way runs in the background, which is closed after.
+		c.active.close(left())
 		c.bg.close(left())
 		c.bgCancel()
 		c.calls.close(left())

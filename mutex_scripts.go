@@ -46,6 +46,10 @@ func newMutexScripts(c *Client, cfg *config, k keys.Mutex, name string) *mutexSc
 // cohort.go): it may wait in the process for a release to pass it the
 // lock.
 func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool) (bool, error) {
+	if !s.c.begin() {
+		return false, ErrClosed
+	}
+	defer s.c.end()
 	mc := &mutexCall{s: s, tok: c.tok}
 	mc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl}
 	// member: the call is a member of its cohort (see cohort.go); cw: its

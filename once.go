@@ -159,7 +159,7 @@ func (o *Once) DoValue(ctx context.Context, f func(ctx context.Context) ([]byte,
 	oc.acquisition = acquisition{ch: o.ch}
 	// The lease is measured from the attempt that was granted the run, so
 	// that a call that waited longer than the TTL gets a whole lease.
-	g, start, err := o.c.take(ctx, &oc.acquisition, oc, true)
+	g, start, err := o.take(ctx, oc)
 	if err != nil {
 		return nil, err
 	}
@@ -169,13 +169,24 @@ func (o *Once) DoValue(ctx context.Context, f func(ctx context.Context) ([]byte,
 		}
 		return oc.value, nil
 	}
-	if err := ctx.Err(); err != nil {
-		// The lease came with the end of ctx: do not start f.
-		o.c.cleanup(ctx, oc)
-		return nil, err
-	}
 	tok := oc.tok
 	return o.run(ctx, tok, start, f)
+}
+
+// take runs the acquisition of oc, counted as a call in progress until
+// the run lease is taken (see inflight): Close waits for it, but not for f.
+func (o *Once) take(ctx context.Context, oc *onceCall) (grant, time.Time, error) {
+	if !o.c.begin() {
+		return grant{}, time.Time{}, ErrClosed
+	}
+	defer o.c.end()
+	g, start, err := o.c.take(ctx, &oc.acquisition, oc, true)
+	if err == nil && g.kind != final && ctx.Err() != nil {
+		// The lease came with the end of ctx: do not start f.
+		o.c.cleanup(ctx, oc)
+		return grant{}, start, ctx.Err()
+	}
+	return g, start, err
 }
 
 // A onceCall is one Do or DoValue call, as the engine drives it (see
@@ -239,6 +250,10 @@ func (o *Once) Reset(ctx context.Context) error {
 	if err := o.check(); err != nil {
 		return err
 	}
+	if !o.c.begin() {
+		return ErrClosed
+	}
+	defer o.c.end()
 	// The script is idempotent for one id: an attempt whose reply was lost
 	// is made again under the same id, after a pause that doubles, while
 	// ctx lasts. A Reset of a new id could remove the done mark of a run

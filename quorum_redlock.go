@@ -168,6 +168,21 @@ type quorumCall struct {
 // otherwise. On a grant it returns the replies and a time no later than the
 // start of every granting member's lease.
 func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, time.Time, error) {
+	// Counted as a call in progress on every member (see inflight), whose
+	// Close so waits for the undos this call starts there.
+	for i, m := range q.members {
+		if !m.begin() {
+			for _, e := range q.members[:i] {
+				e.end()
+			}
+			return answers{}, time.Time{}, ErrClosed
+		}
+	}
+	defer func() {
+		for _, m := range q.members {
+			m.end()
+		}
+	}()
 	n := len(q.members)
 	ids := make([]string, n)      // each member's call id; "" once undone
 	since := make([]time.Time, n) // no later than a grant under ids[i] began

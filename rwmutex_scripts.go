@@ -60,6 +60,10 @@ func modeArg(mode string) any {
 // without an owner goes through the Client's cohort of the name, as a
 // Mutex Lock does (see mutexScripts.lock).
 func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCall, wait bool) (bool, error) {
+	if !s.c.begin() {
+		return false, ErrClosed
+	}
+	defer s.c.end()
 	rc := &rwCall{s: s, mode: mode, tok: c.tok}
 	rc.acquisition = acquisition{ch: s.ch, to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl}
 	member, cw := false, (*cohortWaiter)(nil)

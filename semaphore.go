@@ -148,6 +148,10 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	if !owned {
 		tok, tokArg = s.handleToken()
 	}
+	if !s.c.begin() {
+		return false, ErrClosed
+	}
+	defer s.c.end()
 	// Hand-overs name the call, not the holder: one holder may have several
 	// calls waiting.
 	sc := &semCall{s: s, tok: tokArg, owned: owned, n: n}

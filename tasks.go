@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -87,6 +88,61 @@ func (t *tasks) close(d time.Duration) bool {
 		return false
 	}
 }
+
+// inflight counts the calls in progress on a Client that may start a
+// clean-up (acquisitions, Once runs and resets, releases that pass a hold
+// in the process), so that Close can wait for them to return before it
+// stops the background: a call that Close ended starts its clean-up in the
+// Client's background, where Close waits for it, rather than on its own
+// after Close returned. A call costs two atomic adds, a load and a defer.
+type inflight struct {
+	n      atomic.Int64
+	closed atomic.Bool
+	once   sync.Once
+	zero   chan struct{} // closed once closed and n is 0
+}
+
+func newInflight() *inflight { return &inflight{zero: make(chan struct{})} }
+
+// enter counts a call until its exit; false (and nothing counted) once
+// closed.
+func (f *inflight) enter() bool {
+	f.n.Add(1)
+	if f.closed.Load() {
+		f.exit()
+		return false
+	}
+	return true
+}
+
+func (f *inflight) exit() {
+	if f.n.Add(-1) == 0 && f.closed.Load() {
+		f.once.Do(func() { close(f.zero) })
+	}
+}
+
+// close stops f from counting more calls and waits for those in progress
+// to exit, at most d. It reports whether they did.
+func (f *inflight) close(d time.Duration) bool {
+	f.closed.Store(true)
+	if f.n.Load() == 0 {
+		f.once.Do(func() { close(f.zero) })
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-f.zero:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// begin counts a call of c in progress (see inflight) until c.end; false
+// (nothing counted) once c is closed.
+func (c *Client) begin() bool { return c.active.enter() }
+
+func (c *Client) end() { c.active.exit() }
 
 // within runs f, which sends commands on ctx, and returns when f returns
 // or ctx ends, whichever comes first: false if ctx ended first. f then
