@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Late copies of an acquiring attempt. go-redis may send an attempt again
@@ -89,6 +91,31 @@ func bounded[R any](c *serverClock, what string, attempt func(bound any) (r R, s
 		}
 		c.learn(ms)
 	}
+}
+
+// unnamedRelease runs a release that names no hold (a release of an owner
+// with nothing on record in the Client, or more releases than takes
+// there): such a release ends a level of whatever hold of the owner it
+// finds, so a copy of it delivered after the owner took the name afresh,
+// once the release's id is forgotten, would end a level of the new hold.
+// It carries a bound as acquiring attempts do (its last argument, from
+// send): past it a copy changes nothing and replies {codeStale, server
+// ms}. The reply otherwise is the release script's code.
+func unnamedRelease(c *serverClock, what string, send func(bound any) *redis.Cmd) (int64, error) {
+	return bounded(c, what, func(bound any) (int64, int64, bool, error) {
+		v, err := send(bound).Result()
+		if err != nil {
+			return 0, 0, false, err
+		}
+		if ms, stale := staleReply(v); stale {
+			return 0, ms, true, nil
+		}
+		r, ok := v.(int64)
+		if !ok {
+			return 0, 0, false, replyError(what, v)
+		}
+		return r, 0, false, nil
+	})
 }
 
 // staleReply reads the reply of a script that is not read as a pair (see

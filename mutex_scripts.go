@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
@@ -182,9 +184,16 @@ func (s *mutexScripts) unlock(ctx context.Context, tok, id string, h *hold) (int
 
 // unlockFloor runs the unlock script for holder tok with call id; floor,
 // if set, raises the fencing counter to it, and fence, if set, names the
-// hold the unlock ends.
+// hold the unlock ends. An unlock that names none carries a bound (see
+// unnamedRelease).
 func (s *mutexScripts) unlockFloor(ctx context.Context, tok any, id string, floor, fence any) (int64, error) {
-	return s.c.eval(ctx, mutexUnlock, s.kargs, tok, id, s.chanArg, fenceIdleArg, argNone, floor, fence).Int64()
+	if fence != argNone {
+		return s.c.eval(ctx, mutexUnlock, s.kargs, tok, id, s.chanArg, fenceIdleArg, argNone, floor, fence).Int64()
+	}
+	return unnamedRelease(&s.c.clock, "mutex unlock", func(bound any) *redis.Cmd {
+		return s.c.eval(ctx, mutexUnlock, s.kargs, tok, id, s.chanArg, fenceIdleArg, argNone, floor, fence,
+			argNone, argNone, argNone, argNone, argNone, bound)
+	})
 }
 
 // renewSpec describes the renewal of tok's hold with fencing token fence.

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dsync-go/dsync/internal/keys"
 	"github.com/dsync-go/dsync/renew"
 )
@@ -206,9 +208,15 @@ func (s *rwScripts) unlock(ctx context.Context, mode, tok, id string, h *hold) (
 
 // unlockFloor runs the unlock script for a release; floor, if set, raises
 // the fencing counter to it, and name, if set, names the hold the unlock
-// ends.
+// ends. An unlock that names none carries a bound (see unnamedRelease).
 func (s *rwScripts) unlockFloor(ctx context.Context, mode string, tok any, id string, floor, name any) (int64, error) {
-	return s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, id, s.chArg, name, argNone, floor, fenceIdleArg).Int64()
+	if name != argNone {
+		return s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, id, s.chArg, name, argNone, floor, fenceIdleArg).Int64()
+	}
+	return unnamedRelease(&s.c.clock, "rwmutex unlock", func(bound any) *redis.Cmd {
+		return s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, id, s.chArg, name, argNone, floor, fenceIdleArg,
+			argNone, argNone, argNone, argNone, argNone, bound)
+	})
 }
 
 // renewSpec describes the renewal of tok's hold in mode, named by fence

@@ -424,8 +424,20 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 // code, permits left, fencing token.
 func (s *Semaphore) sendRelease(ctx context.Context, tok string, h *hold, id string, n int64) ([3]int64, error) {
 	var r [3]int64
-	cmd := s.c.eval(ctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, id, fenceIdleArg, s.chanArg, h.fenceArg())
-	_, err := replyInts("semaphore release", cmd, r[:])
+	if h != nil {
+		cmd := s.c.eval(ctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, id, fenceIdleArg, s.chanArg, h.fenceArg())
+		_, err := replyInts("semaphore release", cmd, r[:])
+		return r, err
+	}
+	// Naming no holding, it carries a bound (see unnamedRelease).
+	_, err := bounded(&s.c.clock, "semaphore release", func(bound any) (struct{}, int64, bool, error) {
+		cmd := s.c.eval(ctx, semRelease, s.kargs, tok, n, s.sizeArg, id, fenceIdleArg, s.chanArg, argNone, bound)
+		if ms, stale := staleReply(cmd.Val()); stale && cmd.Err() == nil {
+			return struct{}{}, ms, true, nil
+		}
+		_, err := replyInts("semaphore release", cmd, r[:])
+		return struct{}{}, 0, false, err
+	})
 	return r, err
 }
 

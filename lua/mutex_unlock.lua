@@ -30,9 +30,15 @@
 --         unless its id is remembered (abandoned), or others are queued
 --         (':w') and the hold is the end of that many passes in a row
 --         (':k'). Then the release goes on as without a pass.
+-- ARGV[13] (an unlock that names no hold: ARGV[5] and ARGV[7] '') the
+--         unlock's bound (server ms; see lib.lua's stale): such an unlock
+--         ends a level of whatever hold of the holder it finds, so a copy
+--         of it that arrives past its bound, when its id may be forgotten
+--         and the holder may hold afresh, changes nothing
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it, {4, fencing token}
---        released and passed (ARGV[9..12]) with that token.
+--        released and passed (ARGV[9..12]) with that token; {6, server
+--        time ms} past its bound (ARGV[13]), nothing changed.
 
 local tok, id, ch, idle, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
@@ -45,6 +51,9 @@ if ARGV[6] and ARGV[6] ~= '' then
 end
 
 local named = ARGV[7] and ARGV[7] ~= ''
+if guard == '' and not named and ARGV[13] and stale(ARGV[13]) then
+  return { 6, now_ms }
+end
 local function read_hold()
   return redis.call('HMGET', KEYS[1], tok, ':c', ':w', ':f', ':d', ':p', ':k')
 end

@@ -44,9 +44,15 @@
 --         goes on as without a pass; when readers wait or hold, that
 --         writer also gets a waiting place (as its refused attempt would),
 --         so that readers who come after it wait for it.
+-- ARGV[14] (an unlock that names no hold: ARGV[5] and ARGV[6] '') the
+--         unlock's bound (server ms; see lib.lua's stale): such an unlock
+--         ends a level of whatever hold of the owner it finds, so a copy of
+--         it that arrives past its bound, when its id may be forgotten and
+--         the owner may hold afresh, changes nothing
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it, {4, fencing token}
---        released and passed (ARGV[10..13]) with that token. A repeat
+--        released and passed (ARGV[10..13]) with that token; {6, server
+--        time ms} past its bound (ARGV[14]), nothing changed. A repeat
 --        within the replay window answers as the first run did (1 for a
 --        pass) and changes nothing.
 --
@@ -58,6 +64,9 @@
 local mode, tok, id, ch, name, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local idle = ARGV[8]
 local named = name ~= nil and name ~= ''
+if guard == '' and not named and ARGV[14] and stale(ARGV[14]) then
+  return { 6, now_ms }
+end
 
 if ARGV[7] and ARGV[7] ~= '' then
   local floor = tonumber(ARGV[7])

@@ -10,16 +10,25 @@
 -- ARGV[6] notification channel
 -- ARGV[7] the fencing token of the holding the caller releases, or '':
 --         a holding with another token is not the caller's
+-- ARGV[8] (a release that names no holding: ARGV[7] '') the release's
+--         bound (server ms; see lib.lua's stale): such a release ends
+--         permits of whatever holding of the holder it finds, so a copy of
+--         it that arrives past its bound, when its id may be forgotten and
+--         the holder may hold afresh, changes nothing
 -- Reply: {1, permits still held, fencing token} released (0 held: the
 --        holding ended); {0, 0, 0} the holder holds nothing (or not the
 --        holding named); {2, permits held, fencing token} n is more than it
 --        holds, nothing changed; {3, size in force, 0} the size differs,
 --        nothing changed. A repeat within the replay window changes nothing
 --        and answers with the same code (the counts as they are now; the
---        token of an ended holding as ARGV[7] names it).
+--        token of an ended holding as ARGV[7] names it). {6, server time
+--        ms}: past its bound (ARGV[8]), nothing changed.
 
 local tok, n, size, id, idle, ch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local name = ARGV[7] or ''
+if name == '' and ARGV[8] and stale(ARGV[8]) then
+  return { 6, now_ms }
+end
 
 -- A repeat of this release changes nothing and answers as the first run
 -- did: with its code, and with the counts as they are now.
