@@ -172,3 +172,57 @@ func TestMutexWaiterNotStalledByHandOvers(t *testing.T) {
 		}
 	})
 }
+
+// Waiters are served in the order they queued also when the server's
+// clock steps back between their arrivals: the one that queued first gets
+// the lock when the holder releases it, the later one after it. (On
+// miniredis, whose clock the test moves.)
+func TestQueueOrderHoldsWhenTheServerClockStepsBack(t *testing.T) {
+	kinds := []struct {
+		name  string
+		queue func(name string) string
+		kind  holdKind
+	}{
+		{"Mutex", func(n string) string { return mutexKeys(n).Queue }, mutexHold},
+		{"RWMutex", func(n string) string { return rwk(n).WriterQueue }, writeHold},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			b := redistest.Miniredis(t)
+			b.Advance(0) // the server's clock stands still from here
+			ctx, name := ctxT(t), redistest.Key(t)
+			rdb := b.NewClient(t)
+			queued := func(n int64) func() bool {
+				return func() bool {
+					got, err := rdb.ZCard(ctx, k.queue(name)).Result()
+					return err == nil && got == n
+				}
+			}
+			holder := k.kind(newClient(t, b), name)
+			first, second := k.kind(newClient(t, b), name), k.kind(newClient(t, b), name)
+			must(t, holder.lock(ctx))
+			firstIn := async(func() error { return first.lock(ctx) })
+			waitFor(t, 10*time.Second, "the first waiter queued", queued(1))
+			b.Advance(-5 * time.Second)
+			secondIn := async(func() error { return second.lock(ctx) })
+			waitFor(t, 10*time.Second, "the second waiter queued", queued(2))
+			must(t, holder.unlock(ctx))
+			select {
+			case err := <-firstIn:
+				must(t, err)
+			case err := <-secondIn:
+				t.Fatalf("the waiter that queued second got the lock first (%v)", err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("no waiter got the lock after the release")
+			}
+			select {
+			case err := <-secondIn:
+				t.Fatalf("the second waiter got the lock while the first holds it (%v)", err)
+			default:
+			}
+			must(t, first.unlock(ctx))
+			recvNil(t, secondIn, 10*time.Second, "the second waiter after the first's release")
+			must(t, second.unlock(ctx))
+		})
+	}
+}

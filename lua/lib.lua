@@ -103,6 +103,24 @@ local function clock()
   end
 end
 
+-- Queues member at the tail of the queue zset key (score: arrival time,
+-- µs), unless it is queued already (its place kept): one past the tail's
+-- score when that is not below the server's time, so that arrival order
+-- holds also when the server's clock steps back between two arrivals
+-- (scored by the clock alone, the later one would be served first).
+local function arrive(key, member)
+  if redis.call('ZSCORE', key, member) then
+    return
+  end
+  clock()
+  local a = now_us
+  local tail = tonumber(redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
+  if tail and tail >= a then
+    a = tail + 1
+  end
+  redis.call('ZADD', key, digits(a), member)
+end
+
 -- Late copies of an acquiring attempt (see clock.go). Each attempt of a
 -- lock, acquire, Do or Reset script carries, as its last argument (the
 -- bound's ARGV is named in each script), the server time

@@ -9,7 +9,8 @@
 --         mutex_unlock.lua)
 -- KEYS[2] fence hash (outlives holds, idle expiry): 'n' last fencing token,
 --         'e' when the hash expires (see lib.lua's set_fence)
--- KEYS[3] queue zset: waiter token -> arrival time (µs)
+-- KEYS[3] queue zset: waiter token -> arrival time (µs; see lib.lua's
+--         arrive)
 -- KEYS[4] queue data hash: waiter token -> "<place deadline ms> <ttl ms>
 --         <call id> <secret>"
 -- KEYS[5] call ids zset (see lib.lua): 1 took or re-entered, 2 abandoned
@@ -122,7 +123,7 @@ local function enqueue()
   local place = place_ms(ttl)
   redis.call('HSET', KEYS[4], tok, string.format('%s %s %s %s', digits(now_ms + tonumber(place)), ttl, id, ARGV[7]))
   extend_key(KEYS[4], place)
-  redis.call('ZADD', KEYS[3], 'NX', digits(now_us), tok)
+  arrive(KEYS[3], tok)
   extend_key(KEYS[3], place)
 end
 

@@ -21,9 +21,10 @@
 --         or was granted the hold, 2 abandoned or refused for good (a try
 --         refused, an upgrade): a repeat within the replay window changes
 --         nothing
--- KEYS[8] writers' queue zset: queued writer token -> arrival (server µs);
---         a writer queues once it has waited past the starvation threshold,
---         or when others are queued, and the queue's head gets the lock first
+-- KEYS[8] writers' queue zset: queued writer token -> arrival (server µs;
+--         see lib.lua's arrive); a writer queues once it has waited past
+--         the starvation threshold, or when others are queued, and the
+--         queue's head gets the lock first
 -- KEYS[9] queued writers hash: queued writer token -> "<ttl ms> <call id>
 --         <secret>";
 --         a queue place lives as long as the writer's place in KEYS[5]
@@ -224,7 +225,7 @@ local function enqueue()
     -- holds foreign data, the error leaves no key without one.
     redis.call('HSET', WD, tok, string.format('%d %s %s', ttl, id, ARGV[9]))
     extend_key(WD, place)
-    redis.call('ZADD', WQ, 'NX', num(now_us), tok)
+    arrive(WQ, tok)
     extend_key(WQ, place)
   end
 end
