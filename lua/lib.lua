@@ -323,6 +323,20 @@ local function tagged(id, hold)
   return id .. '>' .. hold
 end
 
+-- Whether the call id took effect on the hold named hold (its fencing
+-- token, or a read hold's id; false or nil for none) whose list of applied
+-- calls is list: the id is in the list, or was pushed out of it by later
+-- calls of the holder and kept in the call ids zset key, tagged with the
+-- hold. A repeat of a call that took effect answers with the holder's hold
+-- only if the call took effect on that hold: the hold it took may have
+-- ended, and the holder may hold afresh, with nothing of the call in it.
+local function applied(key, list, id, hold)
+  if seen(list, id) then
+    return true
+  end
+  return hold ~= nil and hold ~= false and redis.call('ZSCORE', key, tagged(id, hold)) ~= false
+end
+
 -- list without id.
 local function forget(list, id)
   if not list then

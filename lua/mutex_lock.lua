@@ -46,10 +46,12 @@ local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f', ':w')
 -- A repeat of a call that took effect, or of one its caller abandoned,
 -- changes nothing. A call that took effect and whose hold has ended is
 -- over: a late copy, or a live call that learns only now of a hold handed
--- to it, which has ended meanwhile (it starts again as a new call).
+-- to it, which has ended meanwhile (it starts again as a new call). The
+-- holder may hold the name afresh by then: that hold is the call's only
+-- if the call took effect on it.
 local done = recall(KEYS[5], id)
 if done then
-  if done == 1 and cur[1] and cur[3] then
+  if done == 1 and cur[1] and cur[3] and applied(KEYS[5], cur[2], id, cur[3]) then
     return { 2, tonumber(cur[3]) }
   elseif done == 1 then
     return { 5, 0 }

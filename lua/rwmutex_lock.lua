@@ -94,21 +94,22 @@ if done then
   if done == 1 then
     if mode == 'r' then
       local rec = redis.call('HGET', RC, tok)
-      local cnt, rid = nil, nil
+      local cnt, rid, ids = nil, nil, nil
       if rec then
-        cnt, rid = read_rec(rec)
+        cnt, rid, ids = read_rec(rec)
       end
-      if cnt then
+      if cnt and applied(X, ids, id, rid) then
         return { 2, tonumber(rid) }
       end
     else
-      local cur = redis.call('HMGET', W, tok, ':f')
-      if cur[1] and tonumber(cur[2]) then
+      local cur = redis.call('HMGET', W, tok, ':f', ':c')
+      if cur[1] and tonumber(cur[2]) and applied(X, cur[3], id, cur[2]) then
         return { 2, tonumber(cur[2]) }
       end
     end
-    -- The hold ended: the call is over (a late copy, or a live call that
-    -- learns only now of a hold handed to it).
+    -- The hold it took effect on ended: the call is over (a late copy, or
+    -- a live call that learns only now of a hold handed to it). The owner
+    -- may hold afresh by then, with nothing of the call in that hold.
     return { 5, 0 }
   end
   return { 0, 1 }

@@ -119,7 +119,7 @@ else
   -- token, or a read hold's id) whose list of applied calls is list: its
   -- id is in the list, or was dropped from it by later calls of the
   -- holder (see rwmutex_lib.lua's dropped).
-  local function applied(list, hold)
+  local function undoable(list, hold)
     return seen(list, guard) or (was == 1 and hold and redis.call('ZSCORE', X, tagged(guard, hold)) ~= false)
   end
   if mode == 'w' then
@@ -143,7 +143,7 @@ else
       end
     end
     local w = redis.call('HMGET', W, ':c', ':f')
-    if not applied(w[1], w[2]) then
+    if not undoable(w[1], w[2]) then
       return out(0)
     end
   else
@@ -157,7 +157,7 @@ else
     if rec then
       rid, ids = select(2, read_rec(rec))
     end
-    if not applied(ids, rid) then
+    if not undoable(ids, rid) then
       return out(0)
     end
   end

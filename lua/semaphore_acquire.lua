@@ -40,11 +40,12 @@ if done then
   if done == 1 then
     prune()
     local h = hold(tok)
-    if h.n > 0 then
+    if h.n > 0 and applied(KEYS[6], h.c, id, h.f) then
       return { 2, tonumber(h.f) }
     end
-    -- The holding ended: the call is over (a late copy, or a live call
-    -- that learns only now of permits handed to it).
+    -- The holding it took effect on ended: the call is over (a late copy,
+    -- or a live call that learns only now of permits handed to it). The
+    -- holder may hold afresh by then, without the call's permits.
     return { 5, 0 }
   end
   return { 0, 1 }
