@@ -379,6 +379,26 @@ var nemClasses = []*nemClass{
 			"holds live until their release":   {n: 10, perSec: 10},
 			"Once.Do calls that returned done": {n: 1},
 		}},
+	// Semaphores alone, shared handles often, with every fault: a call
+	// handed permits it learns of late, after its holding ended and its
+	// holder took the name afresh (a repeat of its call id once answered
+	// with that new holding), and a handle's permits counted by several
+	// goroutines.
+	{name: "sem-mixed", on: map[string]time.Duration{"redis": 4 * time.Second, "cluster": 4 * time.Second},
+		clients: 4, workers: 12, modes: []bool{false, true}, kinds: []nemKind{kSem}, names: 2, owners: 2, shared: 1, ownerUse: ownerShared,
+		pOwner: 0.5, pShared: 0.3, pCarry: 0.3, pCarryLocal: 0.3, pTry: 0.15, pReenter: 0.3, pShortReentry: 0.3,
+		ttl: secs(1.5, 5), shortTTL: secs(0.05, 0.4), hold: secs(0.005, 0.2), longHold: secs(0.3, 1), pLongHold: 0.1,
+		deadline: secs(0.2, 3), semSize: [2]int64{2, 4},
+		del: 700 * time.Millisecond, forge: 150 * time.Millisecond, replay: 300 * time.Millisecond,
+		dup: 60 * time.Millisecond, dupAge: secs(0.3, 5), stall: 1500 * time.Millisecond, stallLen: secs(0.2, 1),
+		down: 2 * time.Second, downLen: secs(0.1, 0.5), pause: 3 * time.Second, pauseLen: secs(0.1, 0.4),
+		psDelay: secs(0.2, 1.2), stallAfter: 0.05,
+		need: map[string]nemNeed{
+			"holds live until their release":                       {n: 10},
+			"late duplicates":                                      {n: 1},
+			"calls that met a stall, outage or pause":              {n: 1},
+			"hand-overs to a process whose notifications are late": {n: 1},
+		}},
 	// Everything at once.
 	{name: "all-mixed", on: map[string]time.Duration{"redis": 4 * time.Second, "cluster": 4 * time.Second},
 		clients: 4, workers: 12, modes: []bool{false, true}, kinds: allKind, names: 2, owners: 2, shared: 1, ownerUse: ownerShared,
