@@ -185,6 +185,7 @@ func (n *netem) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 		if err := n.gate(ctx); err != nil {
 			for _, c := range cmds {
 				c.SetErr(err)
+				n.trace.add(n.idx, called, time.Time{}, c)
 			}
 			return err
 		}

@@ -946,7 +946,7 @@ func (w *nemWorld) reportProc(check, name string, proc int, from, to time.Time, 
 	if proc == -2 {
 		from, to = from.Add(-2*time.Second), to.Add(500*time.Millisecond)
 	}
-	lines := w.trace.about("{"+name+"}", from, to, 150,
+	lines := w.trace.about("{"+name+"}", from, to, 600,
 		func(e traceEntry) bool { return proc == -2 || e.proc == proc && e.cmd != nil },
 		func(e traceEntry, text string) string {
 			who := fmt.Sprintf("p%d", e.proc)
