@@ -2,10 +2,13 @@ package dsync_test
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
@@ -223,6 +226,58 @@ func TestQueueOrderHoldsWhenTheServerClockStepsBack(t *testing.T) {
 			must(t, first.unlock(ctx))
 			recvNil(t, secondIn, 10*time.Second, "the second waiter after the first's release")
 			must(t, second.unlock(ctx))
+		})
+	}
+}
+
+// A foreign member at the tail of a queue (a score of +inf, which no
+// arrival has) does not decide the order of later arrivals: were they
+// scored past it, they would all tie at +inf and be served by member
+// order. Here the waiter that queues first has the token that sorts last.
+func TestQueueOrderHoldsPastAForeignTail(t *testing.T) {
+	kinds := []struct {
+		name  string
+		queue func(name string) string
+		kind  holdKind
+	}{
+		{"Mutex", func(n string) string { return mutexKeys(n).Queue }, mutexHold},
+		{"RWMutex", func(n string) string { return rwk(n).WriterQueue }, writeHold},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+				rdb := b.NewClient(t)
+				q := k.queue(name)
+				holder := k.kind(newClient(t, b), name)
+				must(t, holder.lock(ctx))
+				must(t, rdb.ZAdd(ctx, q, redis.Z{Score: math.Inf(1), Member: "foreign"}).Err())
+				must(t, rdb.PExpire(ctx, q, time.Minute).Err())
+				first, second := k.kind(newClient(t, b), name), k.kind(newClient(t, b), name)
+				firstCtx := dsync.WithOwnerToken(ctx, "zzzz-first")
+				secondCtx := dsync.WithOwnerToken(ctx, "aaaa-second")
+				queued := func(tok string) func() bool {
+					return func() bool {
+						_, err := rdb.ZScore(ctx, q, tok).Result()
+						return err == nil
+					}
+				}
+				firstIn := async(func() error { return first.lock(firstCtx) })
+				waitFor(t, 10*time.Second, "the first waiter queued", queued("zzzz-first"))
+				secondIn := async(func() error { return second.lock(secondCtx) })
+				waitFor(t, 10*time.Second, "the second waiter queued", queued("aaaa-second"))
+				must(t, holder.unlock(ctx))
+				select {
+				case err := <-firstIn:
+					must(t, err)
+				case err := <-secondIn:
+					t.Fatalf("the waiter that queued second got the lock first (%v)", err)
+				case <-time.After(10 * time.Second):
+					t.Fatal("no waiter got the lock after the release")
+				}
+				must(t, first.unlock(firstCtx))
+				recvNil(t, secondIn, 10*time.Second, "the second waiter after the first's release")
+				must(t, second.unlock(secondCtx))
+			})
 		})
 	}
 }

@@ -107,7 +107,10 @@ end
 -- µs), unless it is queued already (its place kept): one past the tail's
 -- score when that is not below the server's time, so that arrival order
 -- holds also when the server's clock steps back between two arrivals
--- (scored by the clock alone, the later one would be served first).
+-- (scored by the clock alone, the later one would be served first). A
+-- tail no arrival could have (foreign data: inf, or 2^53 and more, where
+-- one past it is itself) is passed over: copied, it would tie every later
+-- arrival, served then by member order, not arrival.
 local function arrive(key, member)
   if redis.call('ZSCORE', key, member) then
     return
@@ -115,7 +118,7 @@ local function arrive(key, member)
   clock()
   local a = now_us
   local tail = tonumber(redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
-  if tail and tail >= a then
+  if tail and tail >= a and tail < 9007199254740992 then
     a = tail + 1
   end
   redis.call('ZADD', key, digits(a), member)

@@ -117,19 +117,12 @@ end
 
 -- Take (or refresh) a place: it lasts one TTL (200 ms at least, see
 -- place_ms) and every attempt renews it, so a dead waiter's place lapses
--- alone. Arrival scores strictly increase.
+-- alone. Arrival scores strictly increase (see lib.lua's arrive).
 if not in_force then
   redis.call('HSET', KEYS[1], ':size', ARGV[3])
   in_force = size
 end
-if not redis.call('ZSCORE', KEYS[4], id) then
-  local a = now_us
-  local tail = redis.call('ZRANGE', KEYS[4], '-1', '-1', 'WITHSCORES')[2]
-  if tail and tonumber(tail) >= a then
-    a = tonumber(tail) + 1
-  end
-  redis.call('ZADD', KEYS[4], fmt(a), id)
-end
+arrive(KEYS[4], id)
 local place = place_ms(ttl)
 redis.call('HSET', KEYS[5], id, string.format('%s %s %d %s %s', digits(now_ms + tonumber(place)), ttl, n, ARGV[9], tok))
 -- The holders zset must outlive the state hash: prune reads the deadlines
