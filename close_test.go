@@ -10,6 +10,7 @@ import (
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
 )
 
 // freeWithin reports how long it takes a fresh client's try to get name
@@ -324,5 +325,83 @@ func TestCloseWaitsForTheCleanUpOfTheCallsItEnds(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// slowScript holds each run of one script for d before sending it: a
+// slow network, on the way there only.
+type slowScript struct {
+	sha string
+	d   time.Duration
+}
+
+func (s slowScript) slow(cmd redis.Cmder) {
+	if a := cmd.Args(); cmd.Name() == "evalsha" && len(a) > 1 && a[1] == s.sha {
+		time.Sleep(s.d)
+	}
+}
+
+func (s slowScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s slowScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		s.slow(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (s slowScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			s.slow(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// The same for a Quorum: a waiting RWMutex Lock (a writer keeps a waiting
+// place on the masters that refused it) that Close ends drops its places
+// on every master before Close returns, also when the undo is slow to
+// get there. (A member's undo is made once: see memberUndo.)
+func TestQuorumCloseWaitsForTheCleanUpOfTheCallsItEnds(t *testing.T) {
+	if _, ok := redistest.Real(t); !ok {
+		t.Skip("needs redis-server on PATH")
+	}
+	ctx, name := ctxT(t), redistest.Key(t)
+	_, rdbs := masters(t, 3)
+	holder := newQuorum(t, rdbs)
+	var waiterRdbs []redis.UniversalClient
+	for _, r := range rdbs {
+		w := redis.NewClient(r.(*redis.Client).Options())
+		t.Cleanup(func() { _ = w.Close() })
+		w.AddHook(slowScript{sha: lua.Script("rwmutex_unlock").Hash(), d: 300 * time.Millisecond})
+		waiterRdbs = append(waiterRdbs, w)
+	}
+	waiter := dsync.NewQuorum(waiterRdbs)
+	t.Cleanup(func() { waiter.Close() })
+	must(t, holder.RWMutex(name).Lock(ctx))
+	ch := async(func() error { return waiter.RWMutex(name).Lock(ctx) })
+	places := waitingKey("write", name)
+	waitFor(t, 10*time.Second, "the waiter's place on every master", func() bool {
+		for _, r := range rdbs {
+			if n, err := r.Exists(ctx, places).Result(); err != nil || n != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	waiter.Close()
+	for i, r := range rdbs {
+		n, err := r.Exists(ctx, places).Result()
+		must(t, err)
+		if n != 0 {
+			t.Errorf("master %d when Close returned: the closed waiter's place is there", i)
+		}
+	}
+	select {
+	case err := <-ch:
+		mustIs(t, err, dsync.ErrClosed, "the waiting call Close ended")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting call did not return after Close")
 	}
 }
