@@ -364,9 +364,6 @@ func (s slowScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // on every master before Close returns, also when the undo is slow to
 // get there. (A member's undo is made once: see memberUndo.)
 func TestQuorumCloseWaitsForTheCleanUpOfTheCallsItEnds(t *testing.T) {
-	if _, ok := redistest.Real(t); !ok {
-		t.Skip("needs redis-server on PATH")
-	}
 	ctx, name := ctxT(t), redistest.Key(t)
 	_, rdbs := masters(t, 3)
 	holder := newQuorum(t, rdbs)
