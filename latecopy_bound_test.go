@@ -367,3 +367,38 @@ func TestLateCopyOfAGivenUpResetRemovesNothing(t *testing.T) {
 		}
 	})
 }
+
+// A copy of a Do's 'done' release delivered past its bound, after a Reset
+// and after the release's id was forgotten, does not mark the Once done
+// again: the next Do runs f (Reset: "the next call of Do runs f again").
+// The release may set the mark of a run whose lease expired with nobody
+// taking over, so a late copy of it finds the Once reset and no runner,
+// as that case does.
+func TestLateCopyOfADoneReleaseAfterAResetMarksNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		rec := &redistest.Recorder{}
+		c, rdb := hookedClient(t, b, rec)
+		dsync.SetAttemptValid(c, lateValid)
+		ctx, name := ctxT(t), redistest.Key(t)
+		o := c.Once(name)
+		rec.Reset()
+		must(t, o.Do(ctx, func(context.Context) error { return nil }))
+		done := lastRun(t, rec, "once_release", " by the Do")
+		sent, err := rdb.Time(ctx).Result()
+		must(t, err)
+		must(t, o.Reset(ctx))
+		waitFor(t, 10*time.Second, "the server's time past the release's bound", func() bool {
+			now, err := rdb.Time(ctx).Result()
+			return err == nil && now.After(sent.Add(lateValid+500*time.Millisecond))
+		})
+		must(t, rdb.Del(ctx, onceKeys(name).Calls).Err()) // the replay window passed
+		if err := rdb.Do(ctx, done...).Err(); err != nil {
+			t.Fatalf("the late copy of the 'done' release: %v", err)
+		}
+		ran := false
+		must(t, newClient(t, b).Once(name).Do(ctx, func(context.Context) error { ran = true; return nil }))
+		if !ran {
+			t.Fatal("after the Reset, Do returned done without running f: a late copy of the earlier run's 'done' marked the Once done again")
+		}
+	})
+}

@@ -391,7 +391,19 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 	// simply made again, after a pause that doubles (as base.retryRelease
 	// does), until a reply comes or dctx ends (releaseTimeout).
 	for wait := minRetry; ; wait = min(2*wait, time.Second/2) {
-		r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.ch).Result()
+		var r any
+		var err error
+		if mode == releaseDone {
+			// A 'done' carries a bound: a copy of it past the bound never
+			// marks the Once done (see once_release.lua).
+			r, err = bounded(&o.c.clock, "once release", func(bound any) (any, int64, bool, error) {
+				r, err := o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.ch, bound).Result()
+				ms, stale := staleReply(r)
+				return r, ms, err == nil && stale, err
+			})
+		} else {
+			r, err = o.c.eval(dctx, onceRelease, o.kargs, tok, mode, value, period, o.ch).Result()
+		}
 		switch {
 		case err == nil:
 			return releaseReply(r)
@@ -409,6 +421,10 @@ func (o *Once) release(ctx context.Context, tok, mode string, value []byte) (int
 		putTimer(t)
 	}
 }
+
+// releaseDone is the mode of a release whose f succeeded (see
+// once_release.lua).
+const releaseDone = "done"
 
 // releaseReply decodes the reply r of the release script (see release).
 func releaseReply(r any) (int64, []byte, error) {
@@ -558,7 +574,7 @@ func finishOnce(ctx context.Context, a onceFinish) error {
 		}
 		return err
 	}
-	r, won, rerr := o.release(ctx, tok, "done", val)
+	r, won, rerr := o.release(ctx, tok, releaseDone, val)
 	if rerr != nil {
 		// Still unknown after every try: the done mark may be set, or the
 		// lease runs out at its TTL and another call runs f.

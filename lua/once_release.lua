@@ -13,13 +13,19 @@
 -- ARGV[3] the value ('done' only)
 -- ARGV[4] ms after which the done mark expires; '0' never
 -- ARGV[5] notification channel
+-- ARGV[6] ('done' only) the release's bound (server ms; see lib.lua's
+--         stale): a 'done' may set the done mark for a run whose lease
+--         expired with nobody taking over, so a copy of it that arrives
+--         past its bound, when its id may be forgotten and the Once reset
+--         or its mark expired, must change nothing
 -- Reply: 1 released (for 'done': the done mark is set; for 'fail', also a
 --        copy of a 'fail' that released it), 0 the call did not hold the
 --        run lease, or this is a late copy of a 'done' already applied
 --        (nothing changed but the call ids); for 'done', {4,
 --        value} the call did not hold the run lease and another call has
 --        made the Once done since, with that value (nothing changed but
---        the call ids).
+--        the call ids); {6, server time ms} a 'done' past its bound
+--        (ARGV[6]), nothing changed.
 
 local tok, mode, ch = ARGV[1], ARGV[2], ARGV[5]
 
@@ -51,6 +57,12 @@ if mode ~= 'abandon' and recall(KEYS[3], tok) == ENDED then
     return 1
   end
   return 0
+end
+
+-- Reply {6, server time ms}: a 'done' past its bound changes nothing (its
+-- caller sends it again with a bound of its corrected estimate).
+if mode == 'done' and ARGV[6] and stale(ARGV[6]) then
+  return { 6, now_ms }
 end
 
 local t = redis.call('HGET', KEYS[1], 't')
