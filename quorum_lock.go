@@ -113,7 +113,17 @@ func (ql *quorumLock[S]) unlock(ctx context.Context, h *hold, unlock func(ctx co
 		// levels here lowered then.
 		late = func(i int, v int64, err error) { l.unlockedOn(send, i, v, err) }
 	}
-	a := ql.q.gather(ctx, func(ctx context.Context, i int) (int64, error) {
+	// A master that did not count in the hold's grant is sent the unlock
+	// too (it raises the fencing counter there), but its answer decides
+	// nothing: it holds no level of the hold, and waiting for it (or
+	// counting its "not held") would leave a master that did grant the
+	// hold, slower to answer, cut off as a straggler, and the unlock read
+	// as not held.
+	decides := make([]bool, len(ql.subs))
+	for i := range decides {
+		decides[i] = memberFence(h, i) != any(noMemberArg)
+	}
+	a := ql.q.gather(ctx, decides, func(ctx context.Context, i int) (int64, error) {
 		if send != nil && !send[i] {
 			return 2, nil // keeps the levels left here
 		}
@@ -141,8 +151,16 @@ const unlockStragglerWait = 50 * time.Millisecond
 // background under ctx, owned by the Quorum (Close waits for it a while),
 // so that a slow master still gets its unlock without holding the call
 // back, and its reply then goes to late (if not nil).
-func (q *Quorum) gather(ctx context.Context, f func(ctx context.Context, i int) (int64, error), late func(i int, v int64, err error)) answers {
+func (q *Quorum) gather(ctx context.Context, decides []bool, f func(ctx context.Context, i int) (int64, error), late func(i int, v int64, err error)) answers {
 	n := len(q.members)
+	// The members whose answers count: the others' f runs all the same,
+	// and they answer errNotCounted.
+	want := 0
+	for i := range n {
+		if decides[i] {
+			want++
+		}
+	}
 	type reply struct {
 		i   int
 		v   int64
@@ -170,8 +188,14 @@ func (q *Quorum) gather(ctx context.Context, f func(ctx context.Context, i int) 
 	a := answers{v: make([]int64, n), err: make([]error, n)}
 	for i := range a.err {
 		a.err[i] = errStraggler
+		if !decides[i] {
+			a.err[i] = errNotCounted
+		}
 	}
 	take := func(r reply) {
+		if !decides[r.i] {
+			return
+		}
 		if r.err != nil {
 			r.v = 0
 		}
@@ -180,7 +204,7 @@ func (q *Quorum) gather(ctx context.Context, f func(ctx context.Context, i int) 
 	start := time.Now()
 	var cut <-chan time.Time
 	answered, failed := 0, 0
-	for range n {
+	for answered+failed < want {
 		var r reply
 		select {
 		case r = <-replies:
@@ -199,13 +223,16 @@ func (q *Quorum) gather(ctx context.Context, f func(ctx context.Context, i int) 
 			a.tally()
 			return a
 		}
+		if !decides[r.i] {
+			continue
+		}
 		take(r)
 		if r.err != nil {
 			failed++
 		} else {
 			answered++
 		}
-		if cut == nil && (answered >= q.need || failed > n-q.need) {
+		if cut == nil && (answered >= q.need || failed > want-q.need) {
 			t := time.NewTimer(max(time.Since(start), unlockStragglerWait))
 			defer t.Stop()
 			cut = t.C
@@ -216,3 +243,7 @@ func (q *Quorum) gather(ctx context.Context, f func(ctx context.Context, i int) 
 }
 
 var errStraggler = errors.New("dsync: master did not answer in time")
+
+// errNotCounted is the answer, in gather, of a master whose answer does
+// not decide (see quorumLock.unlock).
+var errNotCounted = errors.New("dsync: master not counted in the hold")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
 )
 
 // miniMasters returns n miniredis masters, one client each.
@@ -292,5 +293,32 @@ func TestQuorumRWMutexClientReentrancy(t *testing.T) {
 	}
 	if ok, err := newQuorum(t, rdbs).RWMutex(name).TryLock(ctxT(t)); !ok || err != nil {
 		t.Fatalf("TryLock after the owner left = %v, %v; want true", ok, err)
+	}
+}
+
+// A reader's hold granted by masters 0 and 1 (master 2 refused it: a
+// writer holds it there) is released by RUnlock also when master 1 is
+// slower to answer than master 2: master 2's answer (it holds nothing of
+// the hold) decides nothing, so the unlock waits for master 1 rather than
+// cutting it off as a straggler and reading the hold as lost.
+func TestQuorumUnlockWaitsForTheMastersThatGranted(t *testing.T) {
+	ctx, name := ctxT(t), redistest.Key(t)
+	var rdbs, slow []redis.UniversalClient
+	for i := range 3 {
+		b := redistest.Miniredis(t)
+		rdbs = append(rdbs, b.NewClient(t))
+		s := b.NewClient(t)
+		if i == 1 {
+			s.AddHook(slowScript{sha: lua.Script("rwmutex_unlock").Hash(), d: 300 * time.Millisecond})
+		}
+		slow = append(slow, s)
+	}
+	writer := dsync.New(rdbs[2])
+	t.Cleanup(func() { writer.Close() })
+	must(t, writer.RWMutex(name).Lock(ctx))
+	rw := newQuorum(t, slow).RWMutex(name)
+	must(t, rw.RLock(ctx))
+	if err := rw.RUnlock(ctx); err != nil {
+		t.Fatalf("RUnlock of a read hold two masters granted, one of them slow to answer = %v, want nil", err)
 	}
 }
