@@ -176,20 +176,49 @@ func TestMutexWaiterNotStalledByHandOvers(t *testing.T) {
 	})
 }
 
+// A queueKind is a hold whose waiters queue in Redis in arrival order:
+// its queue zset and its calls.
+type queueKind struct {
+	name  string
+	queue func(name string) string
+	kind  holdKind
+}
+
+func queueKinds() []queueKind {
+	return []queueKind{
+		{"Mutex", func(n string) string { return mutexKeys(n).Queue }, mutexHold},
+		{"RWMutex", func(n string) string { return rwk(n).WriterQueue }, writeHold},
+	}
+}
+
+// servedInOrder checks, once the holder released, that the waiter that
+// queued first (its Lock's result on firstIn) gets the lock, and the second
+// (secondIn) only after the first releases it (releaseFirst).
+func servedInOrder(t *testing.T, firstIn, secondIn <-chan error, releaseFirst func() error) {
+	t.Helper()
+	select {
+	case err := <-firstIn:
+		must(t, err)
+	case err := <-secondIn:
+		t.Fatalf("the waiter that queued second got the lock first (%v)", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no waiter got the lock after the release")
+	}
+	select {
+	case err := <-secondIn:
+		t.Fatalf("the second waiter got the lock while the first holds it (%v)", err)
+	default:
+	}
+	must(t, releaseFirst())
+	recvNil(t, secondIn, 10*time.Second, "the second waiter after the first's release")
+}
+
 // Waiters are served in the order they queued also when the server's
 // clock steps back between their arrivals: the one that queued first gets
 // the lock when the holder releases it, the later one after it. (On
 // miniredis, whose clock the test moves.)
 func TestQueueOrderHoldsWhenTheServerClockStepsBack(t *testing.T) {
-	kinds := []struct {
-		name  string
-		queue func(name string) string
-		kind  holdKind
-	}{
-		{"Mutex", func(n string) string { return mutexKeys(n).Queue }, mutexHold},
-		{"RWMutex", func(n string) string { return rwk(n).WriterQueue }, writeHold},
-	}
-	for _, k := range kinds {
+	for _, k := range queueKinds() {
 		t.Run(k.name, func(t *testing.T) {
 			b := redistest.Miniredis(t)
 			b.Advance(0) // the server's clock stands still from here
@@ -210,21 +239,7 @@ func TestQueueOrderHoldsWhenTheServerClockStepsBack(t *testing.T) {
 			secondIn := async(func() error { return second.lock(ctx) })
 			waitFor(t, 10*time.Second, "the second waiter queued", queued(2))
 			must(t, holder.unlock(ctx))
-			select {
-			case err := <-firstIn:
-				must(t, err)
-			case err := <-secondIn:
-				t.Fatalf("the waiter that queued second got the lock first (%v)", err)
-			case <-time.After(10 * time.Second):
-				t.Fatal("no waiter got the lock after the release")
-			}
-			select {
-			case err := <-secondIn:
-				t.Fatalf("the second waiter got the lock while the first holds it (%v)", err)
-			default:
-			}
-			must(t, first.unlock(ctx))
-			recvNil(t, secondIn, 10*time.Second, "the second waiter after the first's release")
+			servedInOrder(t, firstIn, secondIn, func() error { return first.unlock(ctx) })
 			must(t, second.unlock(ctx))
 		})
 	}
@@ -235,15 +250,7 @@ func TestQueueOrderHoldsWhenTheServerClockStepsBack(t *testing.T) {
 // scored past it, they would all tie at +inf and be served by member
 // order. Here the waiter that queues first has the token that sorts last.
 func TestQueueOrderHoldsPastAForeignTail(t *testing.T) {
-	kinds := []struct {
-		name  string
-		queue func(name string) string
-		kind  holdKind
-	}{
-		{"Mutex", func(n string) string { return mutexKeys(n).Queue }, mutexHold},
-		{"RWMutex", func(n string) string { return rwk(n).WriterQueue }, writeHold},
-	}
-	for _, k := range kinds {
+	for _, k := range queueKinds() {
 		t.Run(k.name, func(t *testing.T) {
 			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 				rdb := b.NewClient(t)
@@ -266,16 +273,7 @@ func TestQueueOrderHoldsPastAForeignTail(t *testing.T) {
 				secondIn := async(func() error { return second.lock(secondCtx) })
 				waitFor(t, 10*time.Second, "the second waiter queued", queued("aaaa-second"))
 				must(t, holder.unlock(ctx))
-				select {
-				case err := <-firstIn:
-					must(t, err)
-				case err := <-secondIn:
-					t.Fatalf("the waiter that queued second got the lock first (%v)", err)
-				case <-time.After(10 * time.Second):
-					t.Fatal("no waiter got the lock after the release")
-				}
-				must(t, first.unlock(firstCtx))
-				recvNil(t, secondIn, 10*time.Second, "the second waiter after the first's release")
+				servedInOrder(t, firstIn, secondIn, func() error { return first.unlock(firstCtx) })
 				must(t, second.unlock(secondCtx))
 			})
 		})
