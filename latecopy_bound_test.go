@@ -384,13 +384,8 @@ func TestLateCopyOfADoneReleaseAfterAResetMarksNothing(t *testing.T) {
 		rec.Reset()
 		must(t, o.Do(ctx, func(context.Context) error { return nil }))
 		done := lastRun(t, rec, "once_release", " by the Do")
-		sent, err := rdb.Time(ctx).Result()
-		must(t, err)
 		must(t, o.Reset(ctx))
-		waitFor(t, 10*time.Second, "the server's time past the release's bound", func() bool {
-			now, err := rdb.Time(ctx).Result()
-			return err == nil && now.After(sent.Add(lateValid+500*time.Millisecond))
-		})
+		waitPastBound(t, ctx, rdb, done)
 		must(t, rdb.Del(ctx, onceKeys(name).Calls).Err()) // the replay window passed
 		if err := rdb.Do(ctx, done...).Err(); err != nil {
 			t.Fatalf("the late copy of the 'done' release: %v", err)

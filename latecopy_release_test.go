@@ -338,17 +338,10 @@ func TestLateCopyOfAReleaseNamingNoHoldPastItsBoundEndsNothing(t *testing.T) {
 		dsync.SetAttemptValid(rc.c, lateValid)
 		must(t, rc.take(rc.ctx))
 		must(t, rc.release(rc.ctx))
-		sent, err := rc.rdb.Time(rc.ctx).Result()
-		must(t, err)
 		args, err := rc.recordRelease()
 		mustIs(t, err, dsync.ErrNotHeld, "the release with nothing held = %v, want ErrNotHeld")
 		rc.fill()
-		// Past any bound the release could carry: sent + lateValid, as
-		// the Client estimates the server's clock (here, to a few ms).
-		waitFor(t, 10*time.Second, "the server's time past the release's bound", func() bool {
-			now, err := rc.rdb.Time(rc.ctx).Result()
-			return err == nil && now.After(sent.Add(lateValid+500*time.Millisecond))
-		})
+		waitPastBound(t, rc.ctx, rc.rdb, args)
 		rc.deliverLate(args)
 	})
 }
