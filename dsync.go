@@ -145,9 +145,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // calls left to the background (undoing a cancelled attempt, say), for
 // releases left there, and for commands whose callers gave up on them, 5 s
 // at most in all for those sent to a server that does not answer; then it
-// cancels the clean-ups left. A command still in flight ends when go-redis gives up on it (its
-// ReadTimeout, 3 s by default, or the ctx deadline with
-// ContextTimeoutEnabled).
+// cancels the clean-ups left. A command still in flight ends when go-redis
+// gives up on it (its ReadTimeout, 3 s by default, or the ctx deadline
+// with ContextTimeoutEnabled).
 func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)

@@ -119,9 +119,18 @@ func (ql *quorumLock[S]) unlock(ctx context.Context, h *hold, unlock func(ctx co
 	// counting its "not held") would leave a master that did grant the
 	// hold, slower to answer, cut off as a straggler, and the unlock read
 	// as not held.
-	decides := make([]bool, len(ql.subs))
+	// (Where fewer than a majority still have a member hold of it, every
+	// master decides, as before there was such a distinction.)
+	decides, granted := make([]bool, len(ql.subs)), 0
 	for i := range decides {
-		decides[i] = memberFence(h, i) != any(noMemberArg)
+		if decides[i] = memberFence(h, i) != any(noMemberArg); decides[i] {
+			granted++
+		}
+	}
+	if granted < ql.q.need {
+		for i := range decides {
+			decides[i] = true
+		}
 	}
 	a := ql.q.gather(ctx, decides, func(ctx context.Context, i int) (int64, error) {
 		if send != nil && !send[i] {
