@@ -397,3 +397,73 @@ func TestLateCopyOfADoneReleaseAfterAResetMarksNothing(t *testing.T) {
 		}
 	})
 }
+
+// The releases that carry a bound (one naming no hold, and the one that
+// marks a Once done) take effect also from a Client whose clock is off the
+// server's by ten minutes, either way, and that has not learned the
+// server's time yet: the first copy comes back stale, and the release is
+// sent again with a bound from the time the reply carried.
+func TestBoundedReleasesOfAClientWithItsClockOff(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, off := range []time.Duration{10 * time.Minute, -10 * time.Minute} {
+			ctx := ctxT(t)
+			// A release naming no hold: the owner's hold, taken through
+			// another Client, released through this one.
+			for _, k := range []struct {
+				name, script string
+				take         func(ctx context.Context, c *dsync.Client, name string) error
+				release      func(ctx context.Context, c *dsync.Client, name string) error
+				try          func(ctx context.Context, c *dsync.Client, name string) (bool, error)
+			}{
+				{"Mutex", "mutex_unlock",
+					func(ctx context.Context, c *dsync.Client, n string) error { return c.Mutex(n).Lock(ctx) },
+					func(ctx context.Context, c *dsync.Client, n string) error { return c.Mutex(n).Unlock(ctx) },
+					func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.Mutex(n).TryLock(ctx) }},
+				{"RWMutex", "rwmutex_unlock",
+					func(ctx context.Context, c *dsync.Client, n string) error { return c.RWMutex(n).Lock(ctx) },
+					func(ctx context.Context, c *dsync.Client, n string) error { return c.RWMutex(n).Unlock(ctx) },
+					func(ctx context.Context, c *dsync.Client, n string) (bool, error) { return c.RWMutex(n).TryLock(ctx) }},
+				{"Semaphore", "semaphore_release",
+					func(ctx context.Context, c *dsync.Client, n string) error { return c.Semaphore(n, 1).Acquire(ctx, 1) },
+					func(ctx context.Context, c *dsync.Client, n string) error { return c.Semaphore(n, 1).Release(ctx, 1) },
+					func(ctx context.Context, c *dsync.Client, n string) (bool, error) {
+						return c.Semaphore(n, 1).TryAcquire(ctx, 1)
+					}},
+			} {
+				name := redistest.Key(t) + "-" + k.name
+				octx := dsync.WithOwner(ctx)
+				must(t, k.take(octx, newClient(t, b), name))
+				rec := &redistest.Recorder{}
+				c, rdb := hookedClient(t, b, rec)
+				dsync.SetClockOffset(c, off)
+				must(t, lua.Script(k.script).Load(ctx, rdb).Err()) // a NOSCRIPT reply would count as a copy
+				must(t, k.release(octx, c, name))
+				if n := countScript(rec, k.script); n != 2 {
+					t.Fatalf("%s, clock off %v: the release was sent %d times, want 2 (stale, then again)", k.name, off, n)
+				}
+				if ok, err := k.try(ctx, newClient(t, b), name); err != nil || !ok {
+					t.Fatalf("%s, clock off %v: name not free after the release: %v, %v", k.name, off, ok, err)
+				}
+			}
+			// The 'done' of a Once, when the Client's estimate goes off
+			// while f runs.
+			rec := &redistest.Recorder{}
+			c, rdb := hookedClient(t, b, rec)
+			must(t, lua.Script("once_release").Load(ctx, rdb).Err())
+			name := redistest.Key(t) + "-Once"
+			must(t, c.Once(name).Do(ctx, func(context.Context) error {
+				dsync.SetClockOffset(c, off)
+				rec.Reset()
+				return nil
+			}))
+			if n := countScript(rec, "once_release"); n != 2 {
+				t.Fatalf("Once, clock off %v: the 'done' was sent %d times, want 2 (stale, then again)", off, n)
+			}
+			ran := false
+			must(t, newClient(t, b).Once(name).Do(ctx, func(context.Context) error { ran = true; return nil }))
+			if ran {
+				t.Fatalf("Once, clock off %v: f ran again: the 'done' did not mark the Once done", off)
+			}
+		}
+	})
+}
