@@ -52,6 +52,10 @@ type leaser interface {
 	Err() error // ErrLeaseLost once lost
 	Release()   // the holder released it: renewal stops, Err stays nil
 	MarkLost()  // the holder learned it is gone
+	// Releasing notes a release of the hold sent (on) or over (off):
+	// meanwhile a renewal that finds the hold gone leaves it to the
+	// release's outcome (see renew.Hold.Releasing).
+	Releasing(on bool)
 }
 
 var _ leaser = (*renew.Hold)(nil)
@@ -139,6 +143,22 @@ func (h *hold) lost() bool {
 		return h.lease.Err() != nil
 	default:
 		return false
+	}
+}
+
+// beginRelease and endRelease enclose a release of h (nil: none): a
+// renewal that finds h gone meanwhile may have run after the release
+// ended it, so the release's outcome, not the renewal, tells whether h
+// was released or lost.
+func (h *hold) beginRelease() {
+	if h != nil {
+		h.lease.Releasing(true)
+	}
+}
+
+func (h *hold) endRelease() {
+	if h != nil {
+		h.lease.Releasing(false)
 	}
 }
 

@@ -554,6 +554,8 @@ var onceSettler = &settler[onceFinish]{f: finishOnce}
 // background: a done mark not yet confirmed is no success to report.
 func finishOnce(ctx context.Context, a onceFinish) error {
 	o, tok, h, val, err := a.o, a.tok, a.h, a.val, a.ferr
+	h.beginRelease()
+	defer h.endRelease()
 	if err != nil {
 		r, _, rerr := o.release(ctx, tok, "fail", nil)
 		// The lease is lost if the renewer found so, or if the release

@@ -105,6 +105,20 @@ func (l *quorumLease) Err() error {
 func (l *quorumLease) Release()  { l.end(false) }
 func (l *quorumLease) MarkLost() { l.end(true) }
 
+// Releasing marks the release as under way on each member hold, so that a
+// member renewal that runs after the member's release does not count the
+// member hold as lost before the release's outcome is known.
+func (l *quorumLease) Releasing(on bool) {
+	l.mu.Lock()
+	subs := slices.Clone(l.subs)
+	l.mu.Unlock()
+	for _, s := range subs {
+		if s != nil {
+			s.lease.Releasing(on)
+		}
+	}
+}
+
 // end ends a live lease, lost or not, and stops renewing its member holds.
 // Ending it not lost and not released is how Close ends it.
 func (l *quorumLease) end(lost bool) {

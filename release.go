@@ -88,6 +88,8 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 		named = b.owedHold(k, 1)
 	}
 	b.beginUnlock(h)
+	h.beginRelease()
+	defer h.endRelease()
 	r, err := b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, named) })
 	b.endUnlock(h, err == nil && r == 1)
 	if err != nil {
@@ -154,6 +156,8 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 	// As in unlockOwner: a lease reported lost before the release stays
 	// lost.
 	id, lostBefore := h.unlockCall()
+	h.beginRelease()
+	defer h.endRelease()
 	r, err := run(ctx, h.tok, id, h)
 	if err != nil && unknownOutcome(err) && callerLeft(ctx) {
 		// Its caller left: the release settles its outcome alone.

@@ -338,6 +338,8 @@ func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) 
 		return ErrNotHeld
 	}
 	id, _ := h.unlockCall()
+	h.beginRelease()
+	defer h.endRelease()
 	r, err := run(ctx, h.tok, id, h)
 	if err != nil && unknownOutcome(err) && callerLeft(ctx) {
 		// Its caller left: the release settles its outcome alone (see

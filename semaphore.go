@@ -340,6 +340,8 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		named = s.c.owedHold(holdKey{s.keys[0], tok}, n)
 	}
 	s.c.beginUnlock(rec)
+	h.beginRelease()
+	defer h.endRelease()
 	r, err := s.sendRelease(ctx, tok, named, id, n)
 	left := err != nil && unknownOutcome(err) && callerLeft(ctx)
 	if left {

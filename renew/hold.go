@@ -46,6 +46,10 @@ type Hold struct {
 	state    uint8
 	fixed    bool // renewed no more: runs out at its deadline
 	inflight bool // queued or sent; keyed in the heap by its deadline
+	// Releases of the hold under way (see Releasing), and whether a
+	// renewal found the hold gone meanwhile.
+	releasing int32
+	gone      bool
 }
 
 // Done returns a channel that is closed when the hold ends: released, lost,
@@ -87,6 +91,30 @@ func (h *Hold) Release() { h.end(released) }
 // (for example the unlock script said so): renewal stops, Done is closed and
 // Err returns the lost error. It does nothing to a hold that already ended.
 func (h *Hold) MarkLost() { h.end(lost) }
+
+// Releasing notes that a release of the hold was sent (on) or is over
+// (off); each on is matched by one off. While a release is under way, a
+// renewal that finds the hold gone does not end it, since the release may
+// have ended it itself: the release's outcome, Release or MarkLost, tells
+// which. The hold is renewed no more meanwhile, and is lost at its
+// conservative deadline if no outcome comes first. When the last release
+// under way is over and the hold still lives (its release ended only part
+// of it, or its outcome is unknown), such a finding stands: the hold is
+// lost.
+func (h *Hold) Releasing(on bool) {
+	h.r.mu.Lock()
+	defer h.r.mu.Unlock()
+	if on {
+		h.releasing++
+		return
+	}
+	if h.releasing > 0 {
+		h.releasing--
+	}
+	if h.releasing == 0 && h.gone {
+		h.endLocked(lost)
+	}
+}
 
 // Deadline returns the conservative local time before which the server
 // certainly still holds the lease: the local send time of the last successful

@@ -205,6 +205,10 @@ func (r *Renewer) send(hs []*Hold) {
 		}
 		rs := res[i]
 		switch {
+		case rs.err == nil && rs.val == 0 && h.releasing > 0:
+			// Gone, perhaps by the release under way: its outcome
+			// tells (see Releasing).
+			h.gone, h.fixed = true, true
 		case rs.err == nil && rs.val == 0:
 			h.endLocked(lost)
 			continue
