@@ -619,3 +619,67 @@ func stacks() string {
 		buf = make([]byte, 2*len(buf))
 	}
 }
+
+// A renewal that finds the hold gone while a release of it is under way
+// (Releasing) leaves the end to the release: Release keeps Err nil, and
+// with no outcome (the last release over, the hold live) the finding
+// stands. Two releases under way: the finding waits for both.
+func TestReleasingLeavesAGoneHoldToTheRelease(t *testing.T) {
+	gone := func(t *testing.T, b *backend, r *renew.Renewer, s renew.Spec) {
+		t.Helper()
+		if err := b.probe.Del(context.Background(), s.Keys[0]).Err(); err != nil {
+			t.Fatal(err)
+		}
+		renew.RenewAllNow(r) // returns once the renewal's reply is taken in
+	}
+	t.Run("released", func(t *testing.T) {
+		eachHeld(t, 10*time.Second, func(t *testing.T, b *backend, r *renew.Renewer, s renew.Spec, h *renew.Hold) {
+			h.Releasing(true)
+			gone(t, b, r, s)
+			assertLive(t, h)
+			h.Release()
+			h.Releasing(false)
+			waitDone(t, h, time.Second)
+			if err := h.Err(); err != nil {
+				t.Fatalf("Err() = %v after Release, want nil", err)
+			}
+		})
+	})
+	t.Run("no outcome", func(t *testing.T) {
+		eachHeld(t, 10*time.Second, func(t *testing.T, b *backend, r *renew.Renewer, s renew.Spec, h *renew.Hold) {
+			h.Releasing(true)
+			h.Releasing(true)
+			gone(t, b, r, s)
+			h.Releasing(false)
+			assertLive(t, h)
+			h.Releasing(false)
+			waitDone(t, h, time.Second)
+			assertLost(t, h, "")
+		})
+	})
+	t.Run("still held", func(t *testing.T) {
+		// A release under way, and no renewal finds the hold gone: when
+		// it is over, the hold lives on and is renewed.
+		eachHeld(t, 10*time.Second, func(t *testing.T, b *backend, r *renew.Renewer, s renew.Spec, h *renew.Hold) {
+			h.Releasing(true)
+			renew.RenewAllNow(r)
+			h.Releasing(false)
+			renew.RenewAllNow(r)
+			assertLive(t, h)
+		})
+	})
+	t.Run("deadline", func(t *testing.T) {
+		// No outcome ever comes: the hold, renewed no more, is lost at
+		// its deadline.
+		eachHeld(t, time.Second, func(t *testing.T, b *backend, r *renew.Renewer, s renew.Spec, h *renew.Hold) {
+			h.Releasing(true)
+			gone(t, b, r, s)
+			assertLive(t, h)
+			at := waitDone(t, h, 10*time.Second)
+			assertLost(t, h, "")
+			if at.Before(s.Start.Add(time.Second - drift(time.Second))) {
+				t.Fatalf("lost %v after Start, before its deadline", at.Sub(s.Start))
+			}
+		})
+	})
+}
