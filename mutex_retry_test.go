@@ -13,7 +13,10 @@ import (
 
 // Each test below replays a script exactly as go-redis re-sends it after a
 // read timeout, but late: after other calls of the same owner ran. A repeat
-// must change nothing and answer as the first run did.
+// must change nothing and answer as the first run did. (The plain release
+// of a hold, which names it and is not noted by its id, answers as before
+// until another plain release of the name: see
+// TestMutexReleaseRetriedLateAnswersAsBefore.)
 
 // recorded returns a Client whose scripts are recorded, the raw client to
 // replay them on, and the recorder.
@@ -112,14 +115,24 @@ func TestMutexReleaseRetriedLateAnswersAsBefore(t *testing.T) {
 		must(t, m.Lock(ctx))
 		must(t, m.Unlock(ctx))
 		unlock := rec.Last()
-		// Other holders come and go before the retry arrives.
+		// At once, as go-redis re-sends it: as before.
+		replayAsBefore(t, ctx, rdb, unlock, 1, "releasing Unlock")
+		// Other holders come and go before the next copy arrives.
 		other := newClient(t, b).Mutex(name)
 		for i := 0; i < 3; i++ {
 			must(t, other.Lock(ctx))
 			must(t, other.Unlock(ctx))
 		}
 		must(t, other.Lock(ctx))
-		replayAsBefore(t, ctx, rdb, unlock, 1, "releasing Unlock")
+		// The plain release is not noted by its id (mutex_unlock.lua): past
+		// other plain releases its copy finds no hold of its fencing token
+		// and answers released (1) or not held (0), which the Client reads
+		// as released for a call that may be a repeat (see
+		// TestUnlockRetriedAfterOthersCameAndWent); either way it ends
+		// nothing.
+		if v, err := rdb.Do(ctx, unlock...).Int64(); err != nil || v != 1 && v != 0 {
+			t.Fatalf("late copy of a releasing Unlock = %v, %v; want 1 or 0", v, err)
+		}
 		if ok, _ := newClient(t, b).Mutex(name).TryLock(context.Background()); ok {
 			t.Fatal("the late retry released another holder's lock")
 		}
@@ -178,5 +191,67 @@ func TestScriptLoadFailureIsReported(t *testing.T) {
 		if !errors.Is(err, context.Canceled) || redis.HasErrorPrefix(err, "NOSCRIPT") {
 			t.Fatalf("Lock = %v, want the loading's context.Canceled", err)
 		}
+	})
+}
+
+// An Unlock whose reply was lost, called again after other holders took
+// and released the name, reports the hold released: the plain release is
+// not noted by its id, and the Client reads its repeat's "not held" as
+// released, the lease not having been lost when it was first sent. By
+// handle and by owner.
+func TestUnlockRetriedAfterOthersCameAndWent(t *testing.T) {
+	for _, owned := range []bool{false, true} {
+		t.Run(map[bool]string{false: "handle", true: "owner"}[owned], func(t *testing.T) {
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+				if owned {
+					ctx = dsync.WithOwner(ctx)
+				}
+				f := scriptFaults("mutex_unlock")
+				c, _ := hookedClient(t, b, f)
+				m := c.Mutex(name)
+				// Loaded first: the lost reply is of a run of the script,
+				// not of a NOSCRIPT.
+				must(t, m.Lock(ctx))
+				must(t, m.Unlock(ctx))
+				l := lockLease(t, ctx, m)
+				f.DropReplyNext(1, errors.New("i/o timeout"))
+				if err := m.Unlock(ctx); err == nil {
+					t.Fatal("Unlock with its reply lost returned nil")
+				}
+				other := newClient(t, b).Mutex(name)
+				for range 3 {
+					must(t, other.Lock(ctx))
+					must(t, other.Unlock(ctx))
+				}
+				if err := m.Unlock(ctx); err != nil {
+					t.Fatalf("Unlock again: %v, want nil (the first copy released the hold)", err)
+				}
+				if err := l.Err(); err != nil {
+					t.Fatalf("Lease.Err = %v, want nil", err)
+				}
+				mustIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "a third Unlock = %v, want ErrNotHeld")
+			})
+		})
+	}
+}
+
+// A release that finds its hold gone at its first sending is a loss,
+// repeat or not of nothing: the hold's keys deleted under a live lease,
+// Unlock returns ErrLeaseLost. And a copy run twice at once (go-redis
+// sent it again) answers released both times.
+func TestPlainReleaseFindsItsHoldGoneOrRepeated(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		c := newClient(t, b)
+		m := c.Mutex(name)
+		l := lockLease(t, ctx, m)
+		must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err())
+		mustIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock of a deleted hold = %v, want ErrLeaseLost")
+		mustIs(t, l.Err(), dsync.ErrLeaseLost, "Lease.Err = %v, want ErrLeaseLost")
+	})
+	eachRecordedMutex(t, false, func(t *testing.T, b redistest.Backend, ctx context.Context, name string, m *dsync.Mutex, rdb redis.UniversalClient, rec *redistest.Recorder) {
+		must(t, m.Lock(ctx))
+		must(t, m.Unlock(ctx))
+		replayAsBefore(t, ctx, rdb, rec.Last(), 1, "releasing Unlock")
+		replayAsBefore(t, ctx, rdb, rec.Last(), 1, "releasing Unlock")
 	})
 }
