@@ -197,41 +197,50 @@ func TestScriptLoadFailureIsReported(t *testing.T) {
 // An Unlock whose reply was lost, called again after other holders took
 // and released the name, reports the hold released: the plain release is
 // not noted by its id, and the Client reads its repeat's "not held" as
-// released, the lease not having been lost when it was first sent. By
-// handle and by owner.
+// released, the lease not having been lost when it was first sent. Mutex
+// and RWMutex write holds, by handle and by owner.
 func TestUnlockRetriedAfterOthersCameAndWent(t *testing.T) {
-	for _, owned := range []bool{false, true} {
-		t.Run(map[bool]string{false: "handle", true: "owner"}[owned], func(t *testing.T) {
-			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-				if owned {
-					ctx = dsync.WithOwner(ctx)
-				}
-				f := scriptFaults("mutex_unlock")
-				c, _ := hookedClient(t, b, f)
-				m := c.Mutex(name)
-				// Loaded first: the lost reply is of a run of the script,
-				// not of a NOSCRIPT.
-				must(t, m.Lock(ctx))
-				must(t, m.Unlock(ctx))
-				l := lockLease(t, ctx, m)
-				f.DropReplyNext(1, errors.New("i/o timeout"))
-				if err := m.Unlock(ctx); err == nil {
-					t.Fatal("Unlock with its reply lost returned nil")
-				}
-				other := newClient(t, b).Mutex(name)
-				for range 3 {
-					must(t, other.Lock(ctx))
-					must(t, other.Unlock(ctx))
-				}
-				if err := m.Unlock(ctx); err != nil {
-					t.Fatalf("Unlock again: %v, want nil (the first copy released the hold)", err)
-				}
-				if err := l.Err(); err != nil {
-					t.Fatalf("Lease.Err = %v, want nil", err)
-				}
-				mustIs(t, m.Unlock(ctx), dsync.ErrNotHeld, "a third Unlock = %v, want ErrNotHeld")
+	kinds := []struct {
+		name, script string
+		kind         holdKind
+	}{
+		{"Mutex", "mutex_unlock", mutexHold},
+		{"RWMutex", "rwmutex_unlock", writeHold},
+	}
+	for _, k := range kinds {
+		for _, owned := range []bool{false, true} {
+			t.Run(k.name+"/"+map[bool]string{false: "handle", true: "owner"}[owned], func(t *testing.T) {
+				eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+					if owned {
+						ctx = dsync.WithOwner(ctx)
+					}
+					f := scriptFaults(k.script)
+					c, _ := hookedClient(t, b, f)
+					h := k.kind(c, name)
+					// Loaded first: the lost reply is of a run of the
+					// script, not of a NOSCRIPT.
+					must(t, h.lock(ctx))
+					must(t, h.unlock(ctx))
+					l := lockLeaseOf(t, ctx, h, "take")
+					f.DropReplyNext(1, errors.New("i/o timeout"))
+					if err := h.unlock(ctx); err == nil {
+						t.Fatal("Unlock with its reply lost returned nil")
+					}
+					other := k.kind(newClient(t, b), name)
+					for range 3 {
+						must(t, other.lock(ctx))
+						must(t, other.unlock(ctx))
+					}
+					if err := h.unlock(ctx); err != nil {
+						t.Fatalf("Unlock again: %v, want nil (the first copy released the hold)", err)
+					}
+					if err := l.Err(); err != nil {
+						t.Fatalf("Lease.Err = %v, want nil", err)
+					}
+					mustIs(t, h.unlock(ctx), dsync.ErrNotHeld, "a third Unlock = %v, want ErrNotHeld")
+				})
 			})
-		})
+		}
 	}
 }
 

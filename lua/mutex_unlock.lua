@@ -6,11 +6,8 @@
 --         count, 0 found nothing held (only for an unlock naming no hold).
 --         The plain release (an Unlock naming a hold of count 1 that no
 --         Unlock lowered, nobody waiting, no pass, not in quorum mode) is
---         not noted there: its repeat finds no hold with its fencing
---         token, and changes nothing; it answers 1 while the fence hash's
---         'r' (the last plain release of the name) is its id, else 0, which
---         the Client reads as released for an Unlock that may be a repeat
---         (see release.go's repeatable).
+--         not noted there but in the fence hash (see lib.lua's
+--         plain_release).
 -- ARGV[1] holder token
 -- ARGV[2] call id of this unlock
 -- ARGV[3] notification channel
@@ -77,8 +74,8 @@ if guard == '' and named then
   fresh = tonumber(cur[1]) and cur[4] == ARGV[7] and not cur[5]
 end
 if not fresh then
-  if named and guard == '' and not quorum and redis.call('HGET', KEYS[2], 'r') == id then
-    return 1 -- a repeat of the last plain release
+  if named and guard == '' and not quorum and plain_repeat(KEYS[2], id) then
+    return 1
   end
   local done = recall(KEYS[5], id)
   if done then
@@ -160,11 +157,7 @@ end
 if fresh and cnt == 1 and not cur[3] and not quorum and not (ARGV[9] and ARGV[9] ~= '') then
   -- The plain release: no id noted, no clock read.
   redis.call('DEL', KEYS[1])
-  if redis.call('HSET', KEYS[2], 'r', id) == 1 and redis.call('PTTL', KEYS[2]) < 0 then
-    -- The fence hash was gone (deleted, or expired during a long hold):
-    -- it does not stay without an expiry.
-    redis.call('PEXPIRE', KEYS[2], idle)
-  end
+  plain_release(KEYS[2], id, idle)
   return 1
 end
 clock()
