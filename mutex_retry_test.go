@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -263,4 +264,39 @@ func TestPlainReleaseFindsItsHoldGoneOrRepeated(t *testing.T) {
 		replayAsBefore(t, ctx, rdb, rec.Last(), 1, "releasing Unlock")
 		replayAsBefore(t, ctx, rdb, rec.Last(), 1, "releasing Unlock")
 	})
+}
+
+// The fence key replaced by a string while the holder holds (foreign
+// data): its plain release, which notes its id in the fence hash, still
+// releases, and says so; the name is free.
+func TestPlainReleaseWithAForeignFenceKey(t *testing.T) {
+	kinds := []struct {
+		name  string
+		kind  holdKind
+		fence func(string) string
+	}{
+		{"Mutex", mutexHold, func(n string) string { return mutexKeys(n).Fence }},
+		{"RWMutex", writeHold, func(n string) string { return rwk(n).Fence }},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+				h := k.kind(newClient(t, b), name)
+				must(t, h.lock(ctx))
+				rdb := b.NewClient(t)
+				must(t, rdb.Set(ctx, k.fence(name), "foreign", time.Minute).Err())
+				if err := h.unlock(ctx); err != nil {
+					t.Fatalf("Unlock with the fence key a string: %v, want nil", err)
+				}
+				n, err := rdb.Exists(ctx, mutexKeys(name).Lock, rwk(name).Writer).Result()
+				must(t, err)
+				if n != 0 {
+					t.Fatal("the hold is still there after its Unlock returned nil")
+				}
+				if v, err := rdb.Get(ctx, k.fence(name)).Result(); err != nil || v != "foreign" {
+					t.Fatalf("fence key after the Unlock: %q, %v; want the foreign string untouched", v, err)
+				}
+			})
+		})
+	}
 }

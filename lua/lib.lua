@@ -212,16 +212,17 @@ end
 -- later one answers 0, which the Client reads as released for a call
 -- that may be a repeat (release.go's sendNamed). A fence hash gone by
 -- then (deleted, or idle past its expiry during a long hold) gets one
--- again, not to stay without an expiry.
+-- again, not to stay without an expiry. A fence key of another type
+-- (foreign data) keeps no 'r', and the release goes on.
 local function plain_release(fkey, id, idle)
-  if redis.call('HSET', fkey, 'r', id) == 1 and redis.call('PTTL', fkey) < 0 then
+  if redis.pcall('HSET', fkey, 'r', id) == 1 and redis.call('PTTL', fkey) < 0 then
     redis.call('PEXPIRE', fkey, idle)
   end
 end
 
 -- Whether id is the name's last plain release (see plain_release).
 local function plain_repeat(fkey, id)
-  return redis.call('HGET', fkey, 'r') == id
+  return redis.pcall('HGET', fkey, 'r') == id
 end
 
 -- Takes mark, a copy of key's prune marker score that an earlier script
