@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
 )
 
 // Each test below replays a script exactly as go-redis re-sends it after a
@@ -295,6 +297,78 @@ func TestPlainReleaseWithAForeignFenceKey(t *testing.T) {
 				}
 				if v, err := rdb.Get(ctx, k.fence(name)).Result(); err != nil || v != "foreign" {
 					t.Fatalf("fence key after the Unlock: %q, %v; want the foreign string untouched", v, err)
+				}
+			})
+		})
+	}
+}
+
+// resentUnlock plays go-redis sending an unlock again after a read
+// timeout: the first copy runs, then other holders take and release the
+// name (their plain releases replace the record of the first), and the
+// second copy's reply is the caller's, after more than the Client's
+// resent-after time.
+type resentUnlock struct {
+	sha    string
+	armed  atomic.Bool
+	others func()
+}
+
+func (r *resentUnlock) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *resentUnlock) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !runsScript(cmd, r.sha) || !r.armed.Load() {
+			return next(ctx, cmd)
+		}
+		if err := next(ctx, cmd); err != nil || !r.armed.CompareAndSwap(true, false) {
+			return err // a NOSCRIPT: its EVAL comes next
+		}
+		r.others()
+		time.Sleep(20 * time.Millisecond)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *resentUnlock) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// An Unlock that go-redis sent twice, the second copy finding the hold
+// released by the first and other holders come and gone, returns nil: a
+// call that took go-redis's read timeout may be such a repeat. Mutex and
+// RWMutex write holds.
+func TestUnlockResentByGoRedisAfterOthersCameAndWent(t *testing.T) {
+	kinds := []struct {
+		name, script string
+		kind         holdKind
+	}{
+		{"Mutex", "mutex_unlock", mutexHold},
+		{"RWMutex", "rwmutex_unlock", writeHold},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+				other := k.kind(newClient(t, b), name)
+				hook := &resentUnlock{sha: lua.Script(k.script).Hash(), others: func() {
+					for range 2 {
+						must(t, other.lock(ctx))
+						must(t, other.unlock(ctx))
+					}
+				}}
+				c, _ := hookedClient(t, b, hook)
+				dsync.SetResentAfter(c, 10*time.Millisecond)
+				h := k.kind(c, name)
+				l := lockLeaseOf(t, ctx, h, "take")
+				hook.armed.Store(true)
+				if err := h.unlock(ctx); err != nil {
+					t.Fatalf("Unlock sent twice: %v, want nil", err)
+				}
+				if hook.armed.Load() {
+					t.Fatal("the Unlock was not sent twice")
+				}
+				if err := l.Err(); err != nil {
+					t.Fatalf("Lease.Err = %v, want nil", err)
 				}
 			})
 		})
