@@ -197,20 +197,23 @@ func TestScriptLoadFailureIsReported(t *testing.T) {
 	})
 }
 
+// plainReleaseKinds are the holds whose plain release keeps no call id
+// (see lib.lua's plain_release), with their unlock script.
+var plainReleaseKinds = []struct {
+	name, script string
+	kind         holdKind
+}{
+	{"Mutex", "mutex_unlock", mutexHold},
+	{"RWMutex", "rwmutex_unlock", writeHold},
+}
+
 // An Unlock whose reply was lost, called again after other holders took
 // and released the name, reports the hold released: the plain release is
 // not noted by its id, and the Client reads its repeat's "not held" as
 // released, the lease not having been lost when it was first sent. Mutex
 // and RWMutex write holds, by handle and by owner.
 func TestUnlockRetriedAfterOthersCameAndWent(t *testing.T) {
-	kinds := []struct {
-		name, script string
-		kind         holdKind
-	}{
-		{"Mutex", "mutex_unlock", mutexHold},
-		{"RWMutex", "rwmutex_unlock", writeHold},
-	}
-	for _, k := range kinds {
+	for _, k := range plainReleaseKinds {
 		for _, owned := range []bool{false, true} {
 			t.Run(k.name+"/"+map[bool]string{false: "handle", true: "owner"}[owned], func(t *testing.T) {
 				eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
@@ -339,14 +342,7 @@ func (r *resentUnlock) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 // call that took go-redis's read timeout may be such a repeat. Mutex and
 // RWMutex write holds.
 func TestUnlockResentByGoRedisAfterOthersCameAndWent(t *testing.T) {
-	kinds := []struct {
-		name, script string
-		kind         holdKind
-	}{
-		{"Mutex", "mutex_unlock", mutexHold},
-		{"RWMutex", "rwmutex_unlock", writeHold},
-	}
-	for _, k := range kinds {
+	for _, k := range plainReleaseKinds {
 		t.Run(k.name, func(t *testing.T) {
 			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
 				other := k.kind(newClient(t, b), name)
