@@ -34,9 +34,6 @@ type base struct {
 	// id tells this Client's holds apart from other processes' with the
 	// same owner token, under client reentrancy (see holderToken).
 	id string
-	// repeatAfter: a release that took this long may be a repeat sent by
-	// go-redis (see sendNamed); 0 for never.
-	repeatAfter time.Duration
 }
 
 // init sets b up with opts over the default options.

@@ -127,9 +127,6 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		return c
 	}
 	c.resentAfter = lateCopiesAfter(rdb)
-	if c.resentAfter < time.Duration(math.MaxInt64) {
-		c.repeatAfter = c.resentAfter
-	}
 	c.renew = renew.New(rdb, renew.LostError(ErrLeaseLost))
 	c.notify = newNotifier(rdb)
 	return c

@@ -140,9 +140,8 @@ func Queued(c *Client) int {
 }
 
 // SetResentAfter sets how long a script call of c must take before c
-// counts on go-redis having sent it again (see Client.resentAfter and
-// base.repeatAfter).
-func SetResentAfter(c *Client, d time.Duration) { c.resentAfter, c.repeatAfter = d, d }
+// counts on go-redis having sent it again (see Client.resentAfter).
+func SetResentAfter(c *Client, d time.Duration) { c.resentAfter = d }
 
 // CohortWaiting returns how many Lock calls of c wait in the process for
 // the Mutex whose lock hash is key, behind a member of c's cohort of it

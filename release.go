@@ -19,35 +19,14 @@ import (
 // first sent. (Lost since, the hold's end the renewer found may be that
 // unlock's own: a retry that finds it released by that unlock did
 // release it.)
-func (h *hold) unlockCall() (id string, lostAtSend, again bool) {
+func (h *hold) unlockCall() (string, bool) {
 	h.idMu.Lock()
 	defer h.idMu.Unlock()
-	again = h.unlockID != ""
-	if !again {
+	if h.unlockID == "" {
 		h.unlockID = newCallID()
 		h.lostAtSend = h.lost()
 	}
-	return h.unlockID, h.lostAtSend, again
-}
-
-// sendNamed runs run, a release of h (a hold recorded in this process)
-// under call id, once; again tells whether id was sent before. The plain
-// release of a hold (see mutex_unlock.lua) is not remembered by its id:
-// its repeat finds no hold with h's fencing token and may answer 0. So a 0
-// is read as 1 (released) where the call may be a repeat of a copy that
-// released h: id was sent before, or the call took long enough for
-// go-redis to have sent it again (repeatAfter); unless h's lease was
-// reported lost when id was first sent. A copy sent while the lease lived
-// came after the holder's work, which the hold covered, so a release that
-// in fact found h gone (expired while the copies were on their way) is
-// no loss to report.
-func (b *base) sendNamed(ctx context.Context, run releaser, tok, id string, h *hold, again, lostAtSend bool) (int64, error) {
-	sent := time.Now()
-	r, err := run(ctx, tok, id, h)
-	if err == nil && r == 0 && !lostAtSend && (again || b.repeatAfter > 0 && time.Since(sent) >= b.repeatAfter) {
-		return 1, nil
-	}
-	return r, err
+	return h.unlockID, h.lostAtSend
 }
 
 // unlocked forgets the id of an unlock of h that got its reply.
@@ -99,10 +78,10 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	// stays lost, though the hold may still be there to release. (One the
 	// renewer finds gone during the release, which may have ended it
 	// itself, is as the release's reply says.)
-	id, lostBefore, again := newCallID(), false, false
+	id, lostBefore := newCallID(), false
 	named := h
 	if h != nil {
-		id, lostBefore, again = h.unlockCall()
+		id, lostBefore = h.unlockCall()
 	} else {
 		// None on record: a level of an ended hold that the owner still
 		// owes, if any, names that hold.
@@ -111,12 +90,7 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	b.beginUnlock(h)
 	h.beginRelease()
 	defer h.endRelease()
-	r, err := b.runRelease(ctx, local, func(ctx context.Context, rep bool) (int64, error) {
-		if h == nil {
-			return run(ctx, tok, id, named)
-		}
-		return b.sendNamed(ctx, run, tok, id, h, again || rep, lostBefore)
-	})
+	r, err := b.runRelease(ctx, local, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, named) })
 	b.endUnlock(h, err == nil && r == 1)
 	if err != nil {
 		if unknownOutcome(err) {
@@ -181,15 +155,13 @@ func (b *base) unlockSlot(ctx context.Context, sl *slot, run releaser) error {
 	}
 	// As in unlockOwner: a lease reported lost before the release stays
 	// lost.
-	id, lostBefore, again := h.unlockCall()
+	id, lostBefore := h.unlockCall()
 	h.beginRelease()
 	defer h.endRelease()
-	r, err := b.sendNamed(ctx, run, h.tok, id, h, again, lostBefore)
+	r, err := run(ctx, h.tok, id, h)
 	if err != nil && unknownOutcome(err) && callerLeft(ctx) {
 		// Its caller left: the release settles its outcome alone.
-		r, err = b.retryRelease(ctx, func(ctx context.Context, _ bool) (int64, error) {
-			return b.sendNamed(ctx, run, h.tok, id, h, true, lostBefore)
-		}, r, err)
+		r, err = b.retryRelease(ctx, func(ctx context.Context) (int64, error) { return run(ctx, h.tok, id, h) }, r, err)
 		if err != nil && unknownOutcome(err) {
 			// No reply however often it was sent: the handle is unlocked
 			// as its caller was told, and the hold, no longer renewed,
@@ -362,8 +334,8 @@ func (r *releaseCall[A]) reuse() error {
 // is unknown (no reply came) is sent again, under the same call id, until
 // a reply tells the outcome, for releaseTimeout at most (see unsettled for
 // what follows if none does).
-func (b *base) runRelease(ctx context.Context, local bool, run func(ctx context.Context, rep bool) (int64, error)) (int64, error) {
-	r, err := run(ctx, false)
+func (b *base) runRelease(ctx context.Context, local bool, run func(ctx context.Context) (int64, error)) (int64, error) {
+	r, err := run(ctx)
 	if err == nil || !unknownOutcome(err) || !local && !callerLeft(ctx) {
 		return r, err
 	}
@@ -375,7 +347,7 @@ func (b *base) runRelease(ctx context.Context, local bool, run func(ctx context.
 // did), until a reply tells the outcome, for releaseTimeout at most or
 // until the Client closes, and returns the last reply (r and err, its
 // first, if it sent none).
-func (b *base) retryRelease(ctx context.Context, run func(ctx context.Context, rep bool) (int64, error), r int64, err error) (int64, error) {
+func (b *base) retryRelease(ctx context.Context, run func(ctx context.Context) (int64, error), r int64, err error) (int64, error) {
 	end := time.Now().Add(releaseTimeout)
 	for wait := minRetry; time.Now().Before(end); wait = min(2*wait, time.Second/2) {
 		t := getTimer(min(wait, time.Until(end)))
@@ -386,7 +358,7 @@ func (b *base) retryRelease(ctx context.Context, run func(ctx context.Context, r
 			return r, err
 		}
 		putTimer(t)
-		if r, err = run(ctx, true); err == nil || !unknownOutcome(err) {
+		if r, err = run(ctx); err == nil || !unknownOutcome(err) {
 			break
 		}
 	}

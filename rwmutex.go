@@ -337,16 +337,14 @@ func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) 
 	if h == nil {
 		return ErrNotHeld
 	}
-	id, lostBefore, again := h.unlockCall()
+	id, _ := h.unlockCall()
 	h.beginRelease()
 	defer h.endRelease()
-	r, err := rw.b.sendNamed(ctx, run, h.tok, id, h, again, lostBefore)
+	r, err := run(ctx, h.tok, id, h)
 	if err != nil && unknownOutcome(err) && callerLeft(ctx) {
 		// Its caller left: the release settles its outcome alone (see
 		// base.unlockSlot).
-		r, err = rw.b.retryRelease(ctx, func(ctx context.Context, _ bool) (int64, error) {
-			return rw.b.sendNamed(ctx, run, h.tok, id, h, true, lostBefore)
-		}, r, err)
+		r, err = rw.b.retryRelease(ctx, func(ctx context.Context) (int64, error) { return run(ctx, h.tok, id, h) }, r, err)
 		if err != nil && unknownOutcome(err) {
 			h.unlocked()
 			h.lease.MarkLost()

@@ -346,7 +346,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	left := err != nil && unknownOutcome(err) && callerLeft(ctx)
 	if left {
 		// Its caller left: the release settles its outcome alone.
-		_, err = s.c.retryRelease(ctx, func(ctx context.Context, _ bool) (int64, error) {
+		_, err = s.c.retryRelease(ctx, func(ctx context.Context) (int64, error) {
 			var err error
 			r, err = s.sendRelease(ctx, tok, named, id, n)
 			return r[0], err

@@ -203,28 +203,6 @@ local function recall(key, id)
   return tonumber(s[1]) % 4
 end
 
--- The plain release: an unlock that names a write (or Mutex) hold of
--- count 1 that no unlock lowered, and ends it with nobody waiting, no pass
--- and no quorum floor to raise. It is not noted in the call ids: a repeat
--- of it finds no hold with its fencing token and changes nothing. The
--- fence hash fkey keeps the id of the name's last one as 'r', so that a
--- repeat that comes before the next answers as the first run did (1); a
--- later one answers 0, which the Client reads as released for a call
--- that may be a repeat (release.go's sendNamed). A fence hash gone by
--- then (deleted, or idle past its expiry during a long hold) gets one
--- again, not to stay without an expiry. A fence key of another type
--- (foreign data) keeps no 'r', and the release goes on.
-local function plain_release(fkey, id, idle)
-  if redis.pcall('HSET', fkey, 'r', id) == 1 and redis.call('PTTL', fkey) < 0 then
-    redis.call('PEXPIRE', fkey, idle)
-  end
-end
-
--- Whether id is the name's last plain release (see plain_release).
-local function plain_repeat(fkey, id)
-  return redis.pcall('HGET', fkey, 'r') == id
-end
-
 -- Takes mark, a copy of key's prune marker score that an earlier script
 -- read or set, as this script's knowledge of when key's ids are to be
 -- pruned next, so that a script that need not recall from key need not

@@ -3,11 +3,7 @@
 --
 -- KEYS[1..5] as in mutex_lock.lua (lock hash, fence hash, queue, queue
 --         data, call ids); call ids of unlocks: 1 released, 2 lowered the
---         count, 0 found nothing held (only for an unlock naming no hold).
---         The plain release (an Unlock naming a hold of count 1 that no
---         Unlock lowered, nobody waiting, no pass, not in quorum mode) is
---         not noted there but in the fence hash (see lib.lua's
---         plain_release).
+--         count, 0 found nothing held (only for an unlock naming no hold)
 -- ARGV[1] holder token
 -- ARGV[2] call id of this unlock
 -- ARGV[3] notification channel
@@ -55,7 +51,6 @@ if ARGV[6] and ARGV[6] ~= '' then
 end
 
 local named = ARGV[7] and ARGV[7] ~= ''
-local quorum = ARGV[6] and ARGV[6] ~= ''
 if guard == '' and not named and ARGV[13] and stale(ARGV[13]) then
   return { 6, now_ms }
 end
@@ -74,9 +69,6 @@ if guard == '' and named then
   fresh = tonumber(cur[1]) and cur[4] == ARGV[7] and not cur[5]
 end
 if not fresh then
-  if named and guard == '' and not quorum and plain_repeat(KEYS[2], id) then
-    return 1
-  end
   local done = recall(KEYS[5], id)
   if done then
     return done
@@ -153,12 +145,6 @@ if not cnt or (named and cur[4] ~= ARGV[7]) then
     note(KEYS[5], id, now_ms, 0)
   end
   return 0
-end
-if fresh and cnt == 1 and not cur[3] and not quorum and not (ARGV[9] and ARGV[9] ~= '') then
-  -- The plain release: no id noted, no clock read.
-  redis.call('DEL', KEYS[1])
-  plain_release(KEYS[2], id, idle)
-  return 1
 end
 clock()
 if fresh then

@@ -5,9 +5,7 @@
 -- KEYS[1..9] as in rwmutex_lock.lua (writer hash, fence hash, readers zset,
 --         readers hash, waiting writers zset, waiting readers hash, call ids
 --         zset, writers' queue zset, queued writers hash); call ids of
---         unlocks: 1 released, 2 lowered the count, 0 did not hold. The
---         plain release of a write hold is noted in the fence hash
---         instead (see lib.lua's plain_release).
+--         unlocks: 1 released, 2 lowered the count, 0 did not hold
 -- ARGV[1] 'r' for a read hold, 'w' for a write hold
 -- ARGV[2] owner token
 -- ARGV[3] call id of this unlock
@@ -66,12 +64,11 @@
 local mode, tok, id, ch, name, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local idle = ARGV[8]
 local named = name ~= nil and name ~= ''
-local quorum = ARGV[7] and ARGV[7] ~= ''
 if guard == '' and not named and ARGV[14] and stale(ARGV[14]) then
   return { 6, now_ms }
 end
 
-if quorum then
+if ARGV[7] and ARGV[7] ~= '' then
   local floor = tonumber(ARGV[7])
   local fence = redis.call('HMGET', F, 'n', 'e')
   if floor and floor > (tonumber(fence[1]) or 0) then
@@ -104,8 +101,6 @@ if guard == '' then
   end
   if fresh then
     cached_mark(X, wcur[5], now)
-  elseif mode == 'w' and named and not quorum and plain_repeat(F, id) then
-    return out(1)
   else
     local done = recall(X, id)
     if done then
@@ -273,10 +268,6 @@ end
 
 -- Nobody waits to read or to write: nothing to hand on, no one to wake.
 if redis.call('EXISTS', RQ, WW, WQ) == 0 then
-  if fresh and not quorum and not (ptok and ptok ~= '') then
-    plain_release(F, id, idle)
-    return out(1)
-  end
   return answer(1)
 end
 prune()

@@ -191,10 +191,7 @@ type Mutex struct {
 	Lock string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
 	// 'n' last fencing token, 'e' when the hash expires (server ms, as the
-	// scripts last set it: lua/lib.lua's set_fence), 'r' call id of the
-	// name's last plain release (an Unlock that named a hold of count 1
-	// and ended it with nobody waiting: lua/lib.lua's plain_release),
-	// which no call-ids zset notes. The Semaphore of the same name uses the same
+	// scripts last set it: lua/lib.lua's set_fence). The Semaphore of the same name uses the same
 	// hash on purpose (its field is 'n' too): one sequence of fencing
 	// tokens per name, and one key left per released name rather than two.
 	Fence string
@@ -238,8 +235,8 @@ type RWMutex struct {
 	// what an abandon may undo), ':p', ':d' and ':k' as for [Mutex.Lock].
 	Writer string
 	// Fence is the fence hash, which outlives holds with an idle expiry:
-	// 'n' last fencing token, 'e' when the hash expires, 'r' call id of
-	// the last plain release of a write hold (as for [Mutex.Fence]).
+	// 'n' last fencing token, 'e' when the hash expires (as for
+	// [Mutex.Fence]).
 	Fence string
 	// Readers is the readers zset: reader token -> lease deadline (server
 	// ms). Each reader's share expires alone.
