@@ -3,12 +3,15 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
 )
 
 // Each test below replays a script exactly as go-redis re-sends it after a
@@ -179,4 +182,210 @@ func TestScriptLoadFailureIsReported(t *testing.T) {
 			t.Fatalf("Lock = %v, want the loading's context.Canceled", err)
 		}
 	})
+}
+
+// writeReleaseKinds are the write holds, with their unlock script.
+var writeReleaseKinds = []struct {
+	name, script string
+	kind         holdKind
+}{
+	{"Mutex", "mutex_unlock", mutexHold},
+	{"RWMutex", "rwmutex_unlock", writeHold},
+}
+
+// An Unlock whose reply was lost, called again after other holders took
+// and released the name, reports the hold released: its repeat answers as
+// its first run did, however many calls came in between. Mutex and
+// RWMutex write holds, by handle and by owner.
+func TestUnlockRetriedAfterOthersCameAndWent(t *testing.T) {
+	for _, k := range writeReleaseKinds {
+		for _, owned := range []bool{false, true} {
+			t.Run(k.name+"/"+map[bool]string{false: "handle", true: "owner"}[owned], func(t *testing.T) {
+				eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+					if owned {
+						ctx = dsync.WithOwner(ctx)
+					}
+					f := scriptFaults(k.script)
+					c, _ := hookedClient(t, b, f)
+					h := k.kind(c, name)
+					// Loaded first: the lost reply is of a run of the
+					// script, not of a NOSCRIPT.
+					must(t, h.lock(ctx))
+					must(t, h.unlock(ctx))
+					l := lockLeaseOf(t, ctx, h, "take")
+					f.DropReplyNext(1, errors.New("i/o timeout"))
+					if err := h.unlock(ctx); err == nil {
+						t.Fatal("Unlock with its reply lost returned nil")
+					}
+					other := k.kind(newClient(t, b), name)
+					for range 3 {
+						must(t, other.lock(ctx))
+						must(t, other.unlock(ctx))
+					}
+					if err := h.unlock(ctx); err != nil {
+						t.Fatalf("Unlock again: %v, want nil (the first copy released the hold)", err)
+					}
+					if err := l.Err(); err != nil {
+						t.Fatalf("Lease.Err = %v, want nil", err)
+					}
+					mustIs(t, h.unlock(ctx), dsync.ErrNotHeld, "a third Unlock = %v, want ErrNotHeld")
+				})
+			})
+		}
+	}
+}
+
+// A release that finds its hold gone is a loss: the hold's keys deleted
+// under a live lease, Unlock returns ErrLeaseLost. And a copy run twice at
+// once (go-redis sent it again) answers released both times.
+func TestReleaseFindsItsHoldGoneOrRepeated(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		c := newClient(t, b)
+		m := c.Mutex(name)
+		l := lockLease(t, ctx, m)
+		must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Lock).Err())
+		mustIs(t, m.Unlock(ctx), dsync.ErrLeaseLost, "Unlock of a deleted hold = %v, want ErrLeaseLost")
+		mustIs(t, l.Err(), dsync.ErrLeaseLost, "Lease.Err = %v, want ErrLeaseLost")
+	})
+	eachRecordedMutex(t, false, func(t *testing.T, b redistest.Backend, ctx context.Context, name string, m *dsync.Mutex, rdb redis.UniversalClient, rec *redistest.Recorder) {
+		must(t, m.Lock(ctx))
+		must(t, m.Unlock(ctx))
+		replayAsBefore(t, ctx, rdb, rec.Last(), 1, "releasing Unlock")
+		replayAsBefore(t, ctx, rdb, rec.Last(), 1, "releasing Unlock")
+	})
+}
+
+// The fence key replaced by a string while the holder holds (foreign
+// data): its Unlock still releases, and says so; the name is free, and
+// the foreign key untouched.
+func TestReleaseWithAForeignFenceKey(t *testing.T) {
+	kinds := []struct {
+		name  string
+		kind  holdKind
+		fence func(string) string
+	}{
+		{"Mutex", mutexHold, func(n string) string { return mutexKeys(n).Fence }},
+		{"RWMutex", writeHold, func(n string) string { return rwk(n).Fence }},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+				h := k.kind(newClient(t, b), name)
+				must(t, h.lock(ctx))
+				rdb := b.NewClient(t)
+				must(t, rdb.Set(ctx, k.fence(name), "foreign", time.Minute).Err())
+				if err := h.unlock(ctx); err != nil {
+					t.Fatalf("Unlock with the fence key a string: %v, want nil", err)
+				}
+				n, err := rdb.Exists(ctx, mutexKeys(name).Lock, rwk(name).Writer).Result()
+				must(t, err)
+				if n != 0 {
+					t.Fatal("the hold is still there after its Unlock returned nil")
+				}
+				if v, err := rdb.Get(ctx, k.fence(name)).Result(); err != nil || v != "foreign" {
+					t.Fatalf("fence key after the Unlock: %q, %v; want the foreign string untouched", v, err)
+				}
+			})
+		})
+	}
+}
+
+// resentUnlock plays go-redis sending an unlock again after a read
+// timeout: the first copy runs, then other holders take and release the
+// name, and the second copy's reply is the caller's.
+type resentUnlock struct {
+	sha    string
+	armed  atomic.Bool
+	others func()
+}
+
+func (r *resentUnlock) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *resentUnlock) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !runsScript(cmd, r.sha) || !r.armed.Load() {
+			return next(ctx, cmd)
+		}
+		if err := next(ctx, cmd); err != nil || !r.armed.CompareAndSwap(true, false) {
+			return err // a NOSCRIPT: its EVAL comes next
+		}
+		r.others()
+		time.Sleep(20 * time.Millisecond)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *resentUnlock) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// An Unlock that go-redis sent twice, the second copy coming after the
+// first released the hold and other holders came and went, returns nil:
+// the second answers as the first did. Mutex and RWMutex write holds.
+func TestUnlockResentByGoRedisAfterOthersCameAndWent(t *testing.T) {
+	for _, k := range writeReleaseKinds {
+		t.Run(k.name, func(t *testing.T) {
+			eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+				other := k.kind(newClient(t, b), name)
+				hook := &resentUnlock{sha: lua.Script(k.script).Hash(), others: func() {
+					for range 2 {
+						must(t, other.lock(ctx))
+						must(t, other.unlock(ctx))
+					}
+				}}
+				c, _ := hookedClient(t, b, hook)
+				h := k.kind(c, name)
+				l := lockLeaseOf(t, ctx, h, "take")
+				hook.armed.Store(true)
+				if err := h.unlock(ctx); err != nil {
+					t.Fatalf("Unlock sent twice: %v, want nil", err)
+				}
+				if hook.armed.Load() {
+					t.Fatal("the Unlock was not sent twice")
+				}
+				if err := l.Err(); err != nil {
+					t.Fatalf("Lease.Err = %v, want nil", err)
+				}
+			})
+		})
+	}
+}
+
+// A hold deleted under its holder (data loss, a failover), and the reply
+// of its Unlock lost: the Unlock sent again still reports the loss, as
+// the first copy found it (a repeat answers as the first run did), not a
+// release. Mutex and RWMutex write holds, by handle and by owner.
+func TestUnlockRetriedAfterItsHoldWasDeletedReportsTheLoss(t *testing.T) {
+	for _, k := range writeReleaseKinds {
+		for _, owned := range []bool{false, true} {
+			t.Run(k.name+"/"+map[bool]string{false: "handle", true: "owner"}[owned], func(t *testing.T) {
+				eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+					if owned {
+						ctx = dsync.WithOwner(ctx)
+					}
+					f := scriptFaults(k.script)
+					c, _ := hookedClient(t, b, f)
+					h := k.kind(c, name)
+					// Loaded first: the lost reply is of a run of the
+					// script, not of a NOSCRIPT.
+					must(t, h.lock(ctx))
+					must(t, h.unlock(ctx))
+					l := lockLeaseOf(t, ctx, h, "take")
+					must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Lock, rwk(name).Writer).Err())
+					// Others take and release the name meanwhile.
+					other := k.kind(newClient(t, b), name)
+					for range 2 {
+						must(t, other.lock(ctx))
+						must(t, other.unlock(ctx))
+					}
+					f.DropReplyNext(1, errors.New("i/o timeout"))
+					if err := h.unlock(ctx); err == nil {
+						t.Fatal("Unlock with its reply lost returned nil")
+					}
+					mustIs(t, h.unlock(ctx), dsync.ErrLeaseLost, "Unlock again = %v, want ErrLeaseLost (the hold was deleted before it)")
+					mustIs(t, l.Err(), dsync.ErrLeaseLost, "Lease.Err = %v, want ErrLeaseLost")
+				})
+			})
+		}
+	}
 }
