@@ -83,6 +83,10 @@ type acquisition struct {
 	ch  string // the primitive's notification channel
 	to  addressee
 	ttl time.Duration
+	// timed: a hand-over names the hold by its fencing token, which is at
+	// least the server's time in µs when it was granted (lib.lua's
+	// fence_after); not an RWMutex read hold's id (see grantedBefore).
+	timed bool
 }
 
 // An acquirer is a primitive's side of one acquisition.
@@ -235,17 +239,24 @@ func (c *Client) await(ctx context.Context, a *acquisition, op acquirer, g grant
 			retry = true
 		case <-w.sig:
 			if f, ok := w.handover(); ok {
-				if !refusedLate {
+				if !refusedLate && !(a.timed && c.grantedBefore(f, last)) {
 					// Handed over after the last attempt, which was
 					// refused: the lease starts no later than the send
 					// time of that attempt.
 					return grant{kind: handed, fence: f, fenceArg: f}, last, nil
 				}
-				// Ask the script whether the hold is still this call's:
-				// if so, it was handed over after the last refusal, and
-				// the lease is measured from that attempt. As for any
-				// notification, at most every minRetry: whoever can read
-				// the queue data can prove a hand-over that never was.
+				// Late, or granted before the last attempt was sent,
+				// which was refused all the same: the server no longer
+				// knew of the grant (the name's keys were deleted) and
+				// queued the call afresh; taken as this call's, the hold
+				// would be one Redis does not have, and the new queue
+				// place would be handed the next release's hold, held by
+				// nobody. Ask the script whether the hold is still this
+				// call's: if so, it was handed over after the last
+				// refusal, and the lease is measured from that attempt.
+				// As for any notification, at most every minRetry:
+				// whoever can read the queue data can prove a hand-over
+				// that never was.
 				retry, asked = true, true
 				continue
 			}
@@ -257,6 +268,16 @@ func (c *Client) await(ctx context.Context, a *acquisition, op acquirer, g grant
 			}
 		}
 	}
+}
+
+// grantedBefore reports whether a hand-over with fencing token f was
+// granted before an attempt sent at t: a fencing token is at least the
+// server's time in µs when its script ran, and an attempt runs after it
+// was sent. The server's time at t is this Client's estimate (see
+// serverClock): a local clock ahead of the server's only makes a waiter
+// ask the script about a hand-over it could have taken at once.
+func (c *Client) grantedBefore(f uint64, t time.Time) bool {
+	return f < maxFence && int64(f) < t.UnixMicro()+c.clock.off.Load()*1000
 }
 
 // sleepFor is how long a waiter sleeps at most after a refused attempt

@@ -53,7 +53,7 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 	}
 	defer s.c.end()
 	mc := &mutexCall{s: s, tok: c.tok}
-	mc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl}
+	mc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl, timed: true}
 	// member: the call is a member of its cohort (see cohort.go); cw: its
 	// place among the cohort's waiters, if it had to wait in the process.
 	member, cw := false, (*cohortWaiter)(nil)

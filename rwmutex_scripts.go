@@ -67,7 +67,7 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 	}
 	defer s.c.end()
 	rc := &rwCall{s: s, mode: mode, tok: c.tok}
-	rc.acquisition = acquisition{ch: s.ch, to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl}
+	rc.acquisition = acquisition{ch: s.ch, to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl, timed: mode == modeWrite}
 	member, cw := false, (*cohortWaiter)(nil)
 	if mode == modeWrite && wait && !c.owned && s.co != nil {
 		member = true

@@ -155,7 +155,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 	// Hand-overs name the call, not the holder: one holder may have several
 	// calls waiting.
 	sc := &semCall{s: s, tok: tokArg, owned: owned, n: n}
-	sc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(tok, newCallID(), s.c.notify.inboxFor(owned)), ttl: s.cfg.ttl}
+	sc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(tok, newCallID(), s.c.notify.inboxFor(owned)), ttl: s.cfg.ttl, timed: true}
 	g, start, err := s.c.take(ctx, &sc.acquisition, sc, wait)
 	if err == nil && g.kind == final {
 		err = g.err
