@@ -193,11 +193,11 @@ var writeReleaseKinds = []struct {
 	{"RWMutex", "rwmutex_unlock", writeHold},
 }
 
-// An Unlock whose reply was lost, called again after other holders took
-// and released the name, reports the hold released: its repeat answers as
-// its first run did, however many calls came in between. Mutex and
-// RWMutex write holds, by handle and by owner.
-func TestUnlockRetriedAfterOthersCameAndWent(t *testing.T) {
+// eachWriteRelease runs f for each kind of write hold, by handle and by
+// owner, on each backend: h holds name through a Client whose unlock
+// script f can fault (the script loaded first, so that a lost reply is of
+// a run of it), and l is its Lease.
+func eachWriteRelease(t *testing.T, f func(t *testing.T, b redistest.Backend, ctx context.Context, name string, kind holdKind, h holdCalls, faults *redistest.Faults, l *dsync.Lease)) {
 	for _, k := range writeReleaseKinds {
 		for _, owned := range []bool{false, true} {
 			t.Run(k.name+"/"+map[bool]string{false: "handle", true: "owner"}[owned], func(t *testing.T) {
@@ -205,34 +205,41 @@ func TestUnlockRetriedAfterOthersCameAndWent(t *testing.T) {
 					if owned {
 						ctx = dsync.WithOwner(ctx)
 					}
-					f := scriptFaults(k.script)
-					c, _ := hookedClient(t, b, f)
+					faults := scriptFaults(k.script)
+					c, _ := hookedClient(t, b, faults)
 					h := k.kind(c, name)
-					// Loaded first: the lost reply is of a run of the
-					// script, not of a NOSCRIPT.
 					must(t, h.lock(ctx))
 					must(t, h.unlock(ctx))
-					l := lockLeaseOf(t, ctx, h, "take")
-					f.DropReplyNext(1, errors.New("i/o timeout"))
-					if err := h.unlock(ctx); err == nil {
-						t.Fatal("Unlock with its reply lost returned nil")
-					}
-					other := k.kind(newClient(t, b), name)
-					for range 3 {
-						must(t, other.lock(ctx))
-						must(t, other.unlock(ctx))
-					}
-					if err := h.unlock(ctx); err != nil {
-						t.Fatalf("Unlock again: %v, want nil (the first copy released the hold)", err)
-					}
-					if err := l.Err(); err != nil {
-						t.Fatalf("Lease.Err = %v, want nil", err)
-					}
-					mustIs(t, h.unlock(ctx), dsync.ErrNotHeld, "a third Unlock = %v, want ErrNotHeld")
+					f(t, b, ctx, name, k.kind, h, faults, lockLeaseOf(t, ctx, h, "take"))
 				})
 			})
 		}
 	}
+}
+
+// An Unlock whose reply was lost, called again after other holders took
+// and released the name, reports the hold released: its repeat answers as
+// its first run did, however many calls came in between. Mutex and
+// RWMutex write holds, by handle and by owner.
+func TestUnlockRetriedAfterOthersCameAndWent(t *testing.T) {
+	eachWriteRelease(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string, kind holdKind, h holdCalls, f *redistest.Faults, l *dsync.Lease) {
+		f.DropReplyNext(1, errors.New("i/o timeout"))
+		if err := h.unlock(ctx); err == nil {
+			t.Fatal("Unlock with its reply lost returned nil")
+		}
+		other := kind(newClient(t, b), name)
+		for range 3 {
+			must(t, other.lock(ctx))
+			must(t, other.unlock(ctx))
+		}
+		if err := h.unlock(ctx); err != nil {
+			t.Fatalf("Unlock again: %v, want nil (the first copy released the hold)", err)
+		}
+		if err := l.Err(); err != nil {
+			t.Fatalf("Lease.Err = %v, want nil", err)
+		}
+		mustIs(t, h.unlock(ctx), dsync.ErrNotHeld, "a third Unlock = %v, want ErrNotHeld")
+	})
 }
 
 // A release that finds its hold gone is a loss: the hold's keys deleted
@@ -356,36 +363,19 @@ func TestUnlockResentByGoRedisAfterOthersCameAndWent(t *testing.T) {
 // the first copy found it (a repeat answers as the first run did), not a
 // release. Mutex and RWMutex write holds, by handle and by owner.
 func TestUnlockRetriedAfterItsHoldWasDeletedReportsTheLoss(t *testing.T) {
-	for _, k := range writeReleaseKinds {
-		for _, owned := range []bool{false, true} {
-			t.Run(k.name+"/"+map[bool]string{false: "handle", true: "owner"}[owned], func(t *testing.T) {
-				eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-					if owned {
-						ctx = dsync.WithOwner(ctx)
-					}
-					f := scriptFaults(k.script)
-					c, _ := hookedClient(t, b, f)
-					h := k.kind(c, name)
-					// Loaded first: the lost reply is of a run of the
-					// script, not of a NOSCRIPT.
-					must(t, h.lock(ctx))
-					must(t, h.unlock(ctx))
-					l := lockLeaseOf(t, ctx, h, "take")
-					must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Lock, rwk(name).Writer).Err())
-					// Others take and release the name meanwhile.
-					other := k.kind(newClient(t, b), name)
-					for range 2 {
-						must(t, other.lock(ctx))
-						must(t, other.unlock(ctx))
-					}
-					f.DropReplyNext(1, errors.New("i/o timeout"))
-					if err := h.unlock(ctx); err == nil {
-						t.Fatal("Unlock with its reply lost returned nil")
-					}
-					mustIs(t, h.unlock(ctx), dsync.ErrLeaseLost, "Unlock again = %v, want ErrLeaseLost (the hold was deleted before it)")
-					mustIs(t, l.Err(), dsync.ErrLeaseLost, "Lease.Err = %v, want ErrLeaseLost")
-				})
-			})
+	eachWriteRelease(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string, kind holdKind, h holdCalls, f *redistest.Faults, l *dsync.Lease) {
+		must(t, b.NewClient(t).Del(ctx, mutexKeys(name).Lock, rwk(name).Writer).Err())
+		// Others take and release the name meanwhile.
+		other := kind(newClient(t, b), name)
+		for range 2 {
+			must(t, other.lock(ctx))
+			must(t, other.unlock(ctx))
 		}
-	}
+		f.DropReplyNext(1, errors.New("i/o timeout"))
+		if err := h.unlock(ctx); err == nil {
+			t.Fatal("Unlock with its reply lost returned nil")
+		}
+		mustIs(t, h.unlock(ctx), dsync.ErrLeaseLost, "Unlock again = %v, want ErrLeaseLost (the hold was deleted before it)")
+		mustIs(t, l.Err(), dsync.ErrLeaseLost, "Lease.Err = %v, want ErrLeaseLost")
+	})
 }
