@@ -159,12 +159,12 @@ const unlockStragglerWait = 50 * time.Millisecond
 // answered by then counts as failed (errStraggler); its f goes on in the
 // background under ctx, owned by the Quorum (Close waits for it a while),
 // so that a slow master still gets its unlock without holding the call
-// back, and its reply then goes to late (if not nil).
+// back, and its reply then goes to late (if not nil). Only the members
+// for which decides is true count, for the majority and as stragglers:
+// the others' f runs all the same, and their answers are errNotCounted.
 func (q *Quorum) gather(ctx context.Context, decides []bool, f func(ctx context.Context, i int) (int64, error), late func(i int, v int64, err error)) answers {
 	n := len(q.members)
-	// The members whose answers count: the others' f runs all the same,
-	// and they answer errNotCounted.
-	want := 0
+	want := 0 // the members whose answers count
 	for i := range n {
 		if decides[i] {
 			want++
