@@ -108,11 +108,12 @@ func (l *quorumLease) MarkLost() { l.end(true) }
 // Releasing marks the release as under way on each member hold, so that a
 // member renewal that runs after the member's release does not count the
 // member hold as lost before the release's outcome is known.
+// (l.mu is held across, as watchCases holds it across the member holds'
+// Done: the renewer takes no quorum lease's lock.)
 func (l *quorumLease) Releasing(on bool) {
 	l.mu.Lock()
-	subs := slices.Clone(l.subs)
-	l.mu.Unlock()
-	for _, s := range subs {
+	defer l.mu.Unlock()
+	for _, s := range l.subs {
 		if s != nil {
 			s.lease.Releasing(on)
 		}
