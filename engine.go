@@ -50,7 +50,10 @@ type grant struct {
 	// the renewals and unlocks that name the hold (see holdID).
 	fenceArg any
 	wait     time.Duration // refused: the longest the caller need wait
-	err      error         // final
+	// refused: the server's time (µs) when the attempt ran, 0 if the
+	// reply did not say (see grantedBefore)
+	at  int64
+	err error // final
 }
 
 // minRetry bounds how often a waiter attempts, whatever Redis holds or
@@ -239,7 +242,7 @@ func (c *Client) await(ctx context.Context, a *acquisition, op acquirer, g grant
 			retry = true
 		case <-w.sig:
 			if f, ok := w.handover(); ok {
-				if !refusedLate && !(a.timed && c.grantedBefore(f, last)) {
+				if !refusedLate && !(a.timed && c.grantedBefore(f, last, g.at)) {
 					// Handed over after the last attempt, which was
 					// refused: the lease starts no later than the send
 					// time of that attempt.
@@ -271,13 +274,18 @@ func (c *Client) await(ctx context.Context, a *acquisition, op acquirer, g grant
 }
 
 // grantedBefore reports whether a hand-over with fencing token f was
-// granted before an attempt sent at t: a fencing token is at least the
+// granted before a refused attempt sent at t that ran at server time at
+// (µs; 0 if its reply did not say): a fencing token is at least the
 // server's time in µs when its script ran, and an attempt runs after it
 // was sent. The server's time at t is this Client's estimate (see
 // serverClock): a local clock ahead of the server's only makes a waiter
-// ask the script about a hand-over it could have taken at once.
-func (c *Client) grantedBefore(f uint64, t time.Time) bool {
-	return f < maxFence && int64(f) < t.UnixMicro()+c.clock.off.Load()*1000
+// ask the script about a hand-over it could have taken at once. The time
+// the refusal ran covers an attempt delayed on its way, which ran after a
+// hand-over granted after it was sent. (A counter that runs ahead of the
+// server's clock, which only foreign data or a clock stepped back makes,
+// can hide a grant before the refusal from the latter.)
+func (c *Client) grantedBefore(f uint64, t time.Time, at int64) bool {
+	return f < maxFence && (int64(f) < at || int64(f) < t.UnixMicro()+c.clock.off.Load()*1000)
 }
 
 // sleepFor is how long a waiter sleeps at most after a refused attempt

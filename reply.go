@@ -35,7 +35,7 @@ func decodeGrant(r pairReply, fenced bool, what string) (g grant, ok bool, err e
 	code, v := r.code, r.v
 	switch code {
 	case 0:
-		return grant{kind: refused, wait: time.Duration(v) * time.Millisecond}, true, nil
+		return grant{kind: refused, wait: time.Duration(v) * time.Millisecond, at: r.at}, true, nil
 	case 1, 2:
 		g.kind = taken
 		if code == 2 {
@@ -62,22 +62,33 @@ func replyError(what string, r any) error {
 	return fmt.Errorf("%w: %s replied %v", ErrCorrupt, what, r)
 }
 
-// A pairReply is a script's reply {code, value}. arg is the value as the
-// reply carried it, already boxed: a hold keeps its fencing token so for
-// the unlocks that name it (nil if the value came as a string).
+// A pairReply is a script's reply {code, value}, or a refusal's {0, ms,
+// server time µs} (lib.lua's refusal). arg is the value as the reply
+// carried it, already boxed: a hold keeps its fencing token so for the
+// unlocks that name it (nil if the value came as a string). at is a
+// refusal's server time, 0 if the reply had none.
 type pairReply struct {
 	code, v int64
 	arg     any
+	at      int64
 }
 
-// pair decodes the reply of cmd, a script call replying {code, value}.
+// pair decodes the reply of cmd, a script call replying {code, value} or,
+// refused, {0, ms, server time µs}.
 func pair(what string, cmd *redis.Cmd) (pairReply, error) {
-	var v [2]int64
-	r, err := replyInts(what, cmd, v[:])
+	var v [3]int64
+	n := 2
+	if r, ok := cmd.Val().([]any); ok && len(r) == 3 {
+		n = 3
+	}
+	r, err := replyInts(what, cmd, v[:n])
 	if err != nil {
 		return pairReply{}, err
 	}
-	p := pairReply{code: v[0], v: v[1]}
+	if n == 3 && (v[0] != 0 || v[2] <= 0) {
+		return pairReply{}, replyError(what, r)
+	}
+	p := pairReply{code: v[0], v: v[1], at: v[2]}
 	if _, ok := r[1].(int64); ok {
 		p.arg = r[1]
 	}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
 )
 
 // A shared Semaphore handle (no owner) whose holding gets a second call's
@@ -214,37 +216,90 @@ func testJoinedHolding(t *testing.T, b redistest.Backend, ctx context.Context, n
 // and must not leave its new queue place behind, to which the next
 // release would hand the hold, held then by nobody. (The mechanism of a
 // nemesis "permits" report, sem-mixed seed 882272348081216.) Mutex,
-// RWMutex write and Semaphore, by handle and by owner.
+// RWMutex write and Semaphore, by handle and by owner. The refused attempt
+// is either the call's next after the hand-over ("asleep": the call slept
+// through it), or one it sent before the hand-over that reached Redis only
+// after the deletion ("delayed": held up in the network), whose sending
+// tells nothing of when the hand-over was granted.
 func TestStaleHandoverAfterRefusal(t *testing.T) {
 	kinds := []struct {
-		name  string
-		kind  holdKind
-		queue func(string) string
-		keys  func(string) []string
+		name, script string
+		kind         holdKind
+		queue        func(string) string
+		keys         func(string) []string
 	}{
-		{"Mutex", mutexHold, func(n string) string { return mutexKeys(n).Queue }, func(n string) []string { return mutexKeys(n).Keys() }},
-		{"RWMutex", writeHold, func(n string) string { return rwk(n).WriterQueue }, func(n string) []string { return rwk(n).Keys() }},
-		{"Semaphore", semHold(1, 1), func(n string) string { return semKeys(n).Queue }, func(n string) []string { return semKeys(n).Keys() }},
+		{"Mutex", "mutex_lock", mutexHold, func(n string) string { return mutexKeys(n).Queue }, func(n string) []string { return mutexKeys(n).Keys() }},
+		{"RWMutex", "rwmutex_lock", writeHold, func(n string) string { return rwk(n).WriterQueue }, func(n string) []string { return rwk(n).Keys() }},
+		{"Semaphore", "semaphore_acquire", semHold(1, 1), func(n string) string { return semKeys(n).Queue }, func(n string) []string { return semKeys(n).Keys() }},
 	}
 	for _, k := range kinds {
 		for _, owned := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/owned=%v", k.name, owned), func(t *testing.T) {
-				eachRealName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-					testStaleHandover(t, b, ctx, name, owned, k.kind, k.queue(name), k.keys(name))
+			for _, delayed := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/owned=%v/delayed=%v", k.name, owned, delayed), func(t *testing.T) {
+					eachRealName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+						testStaleHandover(t, b, ctx, name, owned, delayed, k.script, k.kind, k.queue(name), k.keys(name))
+					})
 				})
-			})
+			}
 		}
 	}
 }
 
-func testStaleHandover(t *testing.T, b redistest.Backend, ctx context.Context, name string, owned bool, kind holdKind, queue string, keys []string) {
+// nthRun holds back the nth run (from 1) of a script through its client
+// until open is closed, and counts the runs answered.
+type nthRun struct {
+	sha            string
+	n              int64
+	seen, answered atomic.Int64
+	caught, open   chan struct{}
+	opened         sync.Once
+}
+
+func newNthRun(script string, n int64) *nthRun {
+	return &nthRun{sha: lua.Script(script).Hash(), n: n, caught: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (g *nthRun) release() { g.opened.Do(func() { close(g.open) }) }
+
+func (g *nthRun) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *nthRun) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !runsScript(cmd, g.sha) {
+			return next(ctx, cmd)
+		}
+		if g.seen.Add(1) == g.n {
+			close(g.caught)
+			<-g.open
+		}
+		defer g.answered.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (g *nthRun) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func testStaleHandover(t *testing.T, b redistest.Backend, ctx context.Context, name string, owned, delayed bool, script string, kind holdKind, queue string, keys []string) {
 	const ttl = 3 * time.Second
 	rdb := b.NewClient(t)
 
 	msgs := newHeldMessages()
 	msgs.all = true // also the wake-ups that would make it ask at once
-	c := newClient(t, b, dsync.TTL(ttl))
-	t.Cleanup(msgs.release) // before c's Close
+	// The call's first attempt queues it; a fresh Client subscribes
+	// only then, so the call attempts once more at once (a release may
+	// have been missed), and then sleeps, half its TTL at most. Delayed:
+	// that second attempt is held back, sent before the hand-over; else
+	// the third, which the call makes after the hand-over. Either reaches
+	// Redis once the name was deleted and taken by another Client.
+	gate := newNthRun(script, 3)
+	if delayed {
+		gate.n = 2
+	}
+	c, _ := hookedClient(t, b, gate, dsync.TTL(ttl))
+	t.Cleanup(gate.release) // before c's Close
+	t.Cleanup(msgs.release)
 	dsync.SetMessageHook(c, msgs.hook)
 	s := kind(c, name)
 	cctx := ctx
@@ -255,10 +310,18 @@ func testStaleHandover(t *testing.T, b redistest.Backend, ctx context.Context, n
 	o := kind(newClient(t, b, dsync.TTL(ttl)), name)
 	must(t, o.lock(ctx))
 	got := async(func() error { return s.lock(cctx) })
-	waitFor(t, 10*time.Second, "the call queued", func() bool { return rdb.ZCard(ctx, queue).Val() == 1 })
-	// Let it subscribe and make the attempt that follows (a release may
-	// have been missed before): then it sleeps, half its TTL at most.
-	time.Sleep(300 * time.Millisecond)
+	if delayed {
+		select {
+		case <-gate.caught:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the call made no second attempt")
+		}
+	} else {
+		waitFor(t, 10*time.Second, "the call's first two attempts answered", func() bool { return gate.answered.Load() == 2 })
+	}
+	if n := rdb.ZCard(ctx, queue).Val(); n != 1 {
+		t.Fatalf("%d queued, want the call", n)
+	}
 	msgs.arm()
 	must(t, o.unlock(ctx)) // hands the hold to the call; its notification is held
 	// Remote state lost: every key of the name deleted (the fence hash
@@ -270,6 +333,7 @@ func testStaleHandover(t *testing.T, b redistest.Backend, ctx context.Context, n
 	if !ok {
 		t.Fatal("another Client could not take the name after the deletion")
 	}
+	gate.release()
 	// The call's next attempt (within half its TTL) is refused: queued
 	// afresh behind o2.
 	waitFor(t, 10*time.Second, "the call's next attempt queued it afresh", func() bool {

@@ -144,6 +144,16 @@ local function stale(bound)
   return not b or b < now_ms or b > now_ms + VALID_MS
 end
 
+-- A refused attempt's reply {0, ms, server time µs}: try again after at
+-- most ms. The time lets the waiter tell a hand-over granted before this
+-- refusal (a fencing token is at least the server's time in µs at its
+-- grant, see fence_after), which the refusal shows lost, from one granted
+-- after it (see engine.go's grantedBefore).
+local function refusal(ms)
+  clock()
+  return { 0, ms, now_us }
+end
+
 -- The fence hash of a name (the fencing counter) outlives its holds with
 -- an idle expiry: 'n' the last fencing token, 'e' the server time (ms) at
 -- which the hash expires as the scripts last set it, so that they need not

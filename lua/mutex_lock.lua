@@ -28,8 +28,8 @@
 -- ARGV[8] the attempt's bound (server ms; see lib.lua's stale)
 -- Reply: {1, fencing token} the caller took or re-entered the hold now;
 --        {2, fencing token} the hold was this call's already (a hand-over,
---        or a repeat of this call); {0, ms} refused: try again after at
---        most ms; {3, 0} the name's keys hold data dsync did not write (the
+--        or a repeat of this call); {0, ms, server time µs} refused: try
+--        again after at most ms (see lib.lua's refusal); {3, 0} the name's keys hold data dsync did not write (the
 --        name recovers when they expire or are removed); {5, 0} the call
 --        took effect and its hold has ended: it takes nothing any more.
 
@@ -56,7 +56,7 @@ if done then
   elseif done == 1 then
     return { 5, 0 }
   end
-  return { 0, 1 }
+  return refusal(1)
 end
 
 if cur[1] then
@@ -137,7 +137,7 @@ local function refused(ms)
     clock()
     note(KEYS[5], id, now_ms, 2)
   end
-  return { 0, math.max(ms, 1) }
+  return refusal(math.max(ms, 1))
 end
 
 if cur[3] then

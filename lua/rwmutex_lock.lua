@@ -46,7 +46,8 @@
 --        repeat), where v is the fencing token for a write hold and the
 --        hold id for a read hold; {4, 0} write refused because the owner
 --        holds a read lock (an upgrade); {3, 0} foreign data in the keys;
---        {0, ms} refused: try again after at most ms; {5, 0} the call took
+--        {0, ms, server time µs} refused: try again after at most ms (see
+--        lib.lua's refusal); {5, 0} the call took
 --        effect and its hold has ended: it takes nothing any more.
 
 -- Reply {6, server time ms}: this copy arrived after its bound, or its
@@ -79,7 +80,7 @@ local function refused(deadline)
       deadline = first
     end
   end
-  return out({ 0, math.max(math.min(deadline - now, ttl), 1) })
+  return out(refusal(math.max(math.min(deadline - now, ttl), 1)))
 end
 
 -- A reader looks at the readers first thing (its own read hold included).
@@ -112,7 +113,7 @@ if done then
     -- may hold afresh by then, with nothing of the call in that hold.
     return { 5, 0 }
   end
-  return { 0, 1 }
+  return refusal(1)
 end
 
 if mode == 'r' then

@@ -15,7 +15,8 @@
 -- ARGV[10] the attempt's bound (server ms; see lib.lua's stale)
 -- Reply: {1, fencing token} the holder took the permits now; {2, fencing
 --        token} they were handed to this call while it waited (or a repeat
---        of this call, which changes nothing); {0, ms} not served, try again
+--        of this call, which changes nothing); {0, ms, server time µs} not
+--        served (see lib.lua's refusal), try again
 --        within ms (queued if ARGV[6] is '1'; also a late copy of an
 --        abandoned call, which changes nothing); {5, 0} the call took
 --        effect and its holding has ended: it takes nothing any more;
@@ -48,7 +49,7 @@ if done then
     -- holder may hold afresh by then, without the call's permits.
     return { 5, 0 }
   end
-  return { 0, 1 }
+  return refusal(1)
 end
 
 prune()
@@ -112,7 +113,7 @@ end
 if not queue then
   -- A try is done: a late copy of it must not take permits.
   noted(id, 2)
-  return out({ 0, 0 })
+  return out(refusal(0))
 end
 
 -- Take (or refresh) a place: it lasts one TTL (200 ms at least, see
@@ -131,4 +132,4 @@ for i = 3, 5 do
   extend(KEYS[i], place)
 end
 extend(KEYS[1], place)
-return out({ 0, waitms(id, ttl, head, hd) })
+return out(refusal(waitms(id, ttl, head, hd)))
