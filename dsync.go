@@ -270,7 +270,9 @@ func MaxHold(d time.Duration) Option {
 // [WithOwnerToken]), or used with another Client in this one, does not
 // re-enter there: it waits like any other owner. The default is script
 // reentrancy, where the count lives in Redis and works across processes. It
-// changes nothing for calls without an owner in ctx, which never re-enter.
+// changes nothing for calls without an owner in ctx, which never re-enter,
+// nor for a [Semaphore], whose owner's permits add up in Redis across
+// Clients.
 // A re-entry trusts the Client's record of the hold: a hold lost in Redis
 // before the Client knows it (its keys deleted, say) is re-entered until a
 // renewal finds the loss (within TTL/3); its [Lease] then reports

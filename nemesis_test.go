@@ -1041,7 +1041,10 @@ func (w *nemWorld) holder(r *rand.Rand, n *nemName, shareable bool) nemHolder {
 			done = b.Unlock
 		}
 		id := "owner " + o.short
-		if p.local {
+		if p.local && n.kind != kSem {
+			// Re-entry per Client. (ClientReentrancy changes nothing
+			// for a Semaphore: an owner's permits add up in Redis,
+			// across Clients.)
 			id += fmt.Sprintf("@p%d", p.idx)
 		}
 		if p != o.home {
@@ -1146,7 +1149,13 @@ func (w *nemWorld) acquire(r *rand.Rand, hd nemHolder, n *nemName, what string, 
 	ok, err := call(ctx)
 	end := time.Now()
 	cancel()
-	c := &nemCall{what: what, kind: n.kind, name: n.name, ident: hd.ident, owned: hd.owner != nil, local: hd.p.local,
+	ident := hd.ident
+	if hd.sh != nil && n.kind == kSem {
+		// As its holds are named (below): a failed call of the handle
+		// may have taken the holding a later call of it joins.
+		ident = fmt.Sprintf("handle h%d@p%d", hd.sh.id, hd.p.idx)
+	}
+	c := &nemCall{what: what, kind: n.kind, name: n.name, ident: ident, owned: hd.owner != nil, local: hd.p.local,
 		proc: hd.p.idx, write: write, try: try, start: start, deadline: start.Add(d), end: end, ok: ok && err == nil, err: err}
 	w.mu.Lock()
 	w.calls = append(w.calls, c)
@@ -2555,7 +2564,7 @@ func (w *nemWorld) checkTokens(hs []*nemHold) {
 // taken in Redis keeps its token when the holder acquires again while the
 // holding lasts (a re-entry, or an owner's permits adding up). Nil if none.
 func (w *nemWorld) joinedUnknown(h *nemHold, before time.Time) *nemCall {
-	if h.ident == "" || !h.owned {
+	if h.ident == "" || (!h.owned && !(h.kind == kSem && h.handle != 0)) {
 		return nil
 	}
 	for _, c := range w.callsBy[h.name] {
@@ -3100,6 +3109,24 @@ func TestNemesisTokenJoinOfAnUnknownOutcome(t *testing.T) {
 			t.Errorf("the join was not counted: %v", w.counts)
 		}
 	}, "o's failed call at 50 ms may have taken the holding", "no failed call of o", "a token report")
+}
+
+// The same for a shared Semaphore handle, whose calls carry no owner: its
+// later call joins the holding that its failed call may have taken.
+func TestNemesisTokenJoinOfAHandlesUnknownOutcome(t *testing.T) {
+	checkExcused(t, &nemClass{ttl: nemSpan{2 * time.Second, 4 * time.Second}}, 2000, func(w *nemWorld, at func(int) time.Time, unknown bool) {
+		tok := uint64(at(0).UnixMicro())
+		mk := func(ident string, handle int, token uint64, call int) *nemHold {
+			return &nemHold{kind: kSem, name: "x", write: true, n: 1, ident: ident, handle: handle, ttl: 2 * time.Second,
+				call: at(call), ret: at(call + 10), rel: at(call + 100), relDone: at(call + 110), token: token, lease: &dsync.Lease{}}
+		}
+		w.callsBy = map[string][]*nemCall{"x": {{what: "Acquire", kind: kSem, name: "x", ident: "handle h0@p0",
+			write: true, start: at(50), end: at(400), err: context.DeadlineExceeded}}}
+		if !unknown {
+			w.callsBy["x"][0].ident = "handle h1@p0"
+		}
+		w.checkTokens([]*nemHold{mk("owner p", 0, tok+1, 100), mk("handle h0@p0", 1, tok, 500)})
+	}, "h0's failed call at 50 ms may have taken the holding", "no failed call of h0", "a token report")
 }
 
 // checkExcused runs check on a fresh world for a unit test of the checks
