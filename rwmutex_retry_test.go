@@ -89,7 +89,8 @@ func (r *rwRetryRig) replay(t *testing.T, args []any) int64 {
 	case int64:
 		return v
 	case []any:
-		if len(v) == 2 {
+		// {code, value}, or a refusal's {0, ms, server time µs}.
+		if len(v) == 2 || len(v) == 3 && v[0] == int64(0) {
 			code, _ := v[0].(int64)
 			n, _ := v[1].(int64)
 			switch code {
