@@ -281,9 +281,9 @@ func (c *Client) await(ctx context.Context, a *acquisition, op acquirer, g grant
 // serverClock): a local clock ahead of the server's only makes a waiter
 // ask the script about a hand-over it could have taken at once. The time
 // the refusal ran covers an attempt delayed on its way, which ran after a
-// hand-over granted after it was sent. (A counter that runs ahead of the
-// server's clock, which only foreign data or a clock stepped back makes,
-// can hide a grant before the refusal from the latter.)
+// hand-over granted after it was sent. (A fencing counter ahead of the
+// server's clock, from foreign data or a clock stepped back, can make a
+// grant before the refusal look later.)
 func (c *Client) grantedBefore(f uint64, t time.Time, at int64) bool {
 	return f < maxFence && (int64(f) < at || int64(f) < t.UnixMicro()+c.clock.off.Load()*1000)
 }

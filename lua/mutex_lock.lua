@@ -29,9 +29,10 @@
 -- Reply: {1, fencing token} the caller took or re-entered the hold now;
 --        {2, fencing token} the hold was this call's already (a hand-over,
 --        or a repeat of this call); {0, ms, server time µs} refused: try
---        again after at most ms (see lib.lua's refusal); {3, 0} the name's keys hold data dsync did not write (the
---        name recovers when they expire or are removed); {5, 0} the call
---        took effect and its hold has ended: it takes nothing any more.
+--        again after at most ms (see lib.lua's refusal); {3, 0} the
+--        name's keys hold data dsync did not write (the name recovers when
+--        they expire or are removed); {5, 0} the call took effect and its
+--        hold has ended: it takes nothing any more.
 
 -- Reply {6, server time ms}: this copy arrived after its bound, or its
 -- bound is too far ahead; it takes nothing (see lib.lua's stale).

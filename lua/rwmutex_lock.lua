@@ -47,8 +47,8 @@
 --        hold id for a read hold; {4, 0} write refused because the owner
 --        holds a read lock (an upgrade); {3, 0} foreign data in the keys;
 --        {0, ms, server time µs} refused: try again after at most ms (see
---        lib.lua's refusal); {5, 0} the call took
---        effect and its hold has ended: it takes nothing any more.
+--        lib.lua's refusal); {5, 0} the call took effect and its hold has
+--        ended: it takes nothing any more.
 
 -- Reply {6, server time ms}: this copy arrived after its bound, or its
 -- bound is too far ahead; it takes nothing (see lib.lua's stale).

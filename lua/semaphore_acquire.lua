@@ -16,9 +16,9 @@
 -- Reply: {1, fencing token} the holder took the permits now; {2, fencing
 --        token} they were handed to this call while it waited (or a repeat
 --        of this call, which changes nothing); {0, ms, server time µs} not
---        served (see lib.lua's refusal), try again
---        within ms (queued if ARGV[6] is '1'; also a late copy of an
---        abandoned call, which changes nothing); {5, 0} the call took
+--        served, try again within ms (see lib.lua's refusal; queued if
+--        ARGV[6] is '1'; also a late copy of an abandoned call, which
+--        changes nothing); {5, 0} the call took
 --        effect and its holding has ended: it takes nothing any more;
 --        {4, size in force} the size differs, nothing changed;
 --        {3, 0} the keys hold data dsync did not write where the fencing
