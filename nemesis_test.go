@@ -1257,7 +1257,9 @@ func (w *nemWorld) release(h *nemHold, ctx context.Context, retry bool, f func(c
 	return err
 }
 
-// watchLoss records when lease l of h is lost, until stop is closed.
+// watchLoss records when lease l of h is lost, until stop is closed. A
+// later watch of the same lease (after a release that left the permits
+// with the handle, see stillHeld) keeps the time an earlier one saw.
 func (w *nemWorld) watchLoss(h *nemHold, l *dsync.Lease, stop <-chan struct{}) {
 	w.watchers.Add(1)
 	go func() {
@@ -1267,6 +1269,7 @@ func (w *nemWorld) watchLoss(h *nemHold, l *dsync.Lease, stop <-chan struct{}) {
 			now := time.Now()
 			w.mu.Lock()
 			switch {
+			case !h.lostAt.IsZero() || !h.endedAt.IsZero():
 			case errors.Is(l.Err(), dsync.ErrLeaseLost):
 				h.lostAt = now
 			case h.owned && h.rel.IsZero():
@@ -2374,6 +2377,9 @@ func (w *nemWorld) desc(h *nemHold, live map[*nemHold]time.Time) string {
 	}
 	s := fmt.Sprintf("[%s %s, token %d, acquire called %s, returned %s, released %s, %s", h.ident, mode, h.token,
 		w.at(h.call), w.at(h.ret), w.at(h.rel), lease)
+	if h.relErr != nil {
+		s += fmt.Sprintf(", Lease.Err before the release: %v", h.relErr)
+	}
 	if h.unlockE != nil {
 		s += fmt.Sprintf(", release: %v", h.unlockE)
 	}
@@ -3127,6 +3133,48 @@ func TestNemesisTokenJoinOfAHandlesUnknownOutcome(t *testing.T) {
 		}
 		w.checkTokens([]*nemHold{mk("owner p", 0, tok+1, 100), mk("handle h0@p0", 1, tok, 500)})
 	}, "h0's failed call at 50 ms may have taken the holding", "no failed call of h0", "a token report")
+}
+
+// A Semaphore handle's release that fails leaves its permits with the
+// handle, and the judge watches the lease again: a lease lost before the
+// release stays lost from when it was (not from when the release came
+// back), or the judge counts the permits live until then.
+func TestNemesisLossSeenOnceStays(t *testing.T) {
+	b := redistest.Miniredis(t)
+	c := newClient(t, b, dsync.TTL(300*time.Millisecond))
+	stall := make(chan struct{})
+	dsync.SetRenewStall(c, func() { <-stall })
+	t.Cleanup(func() { close(stall) })
+	s := c.Semaphore(redistest.Key(t), 2)
+	ctx := ctxT(t)
+	must(t, s.Acquire(ctx, 1))
+	l, err := s.Lease(ctx)
+	must(t, err)
+	w := &nemWorld{t: t}
+	h := &nemHold{kind: kSem, name: "x", n: 1, handle: 1, lease: l}
+	stop := make(chan struct{})
+	w.watchLoss(h, l, stop)
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease with stalled renewals did not end")
+	}
+	if !errors.Is(l.Err(), dsync.ErrLeaseLost) {
+		t.Fatalf("Lease.Err() = %v, want ErrLeaseLost", l.Err())
+	}
+	waitFor(t, 10*time.Second, "the loss recorded", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return !h.lostAt.IsZero()
+	})
+	first := h.lostAt
+	close(stop)
+	time.Sleep(50 * time.Millisecond)
+	w.watchLoss(h, l, make(chan struct{}))
+	w.watchers.Wait()
+	if !h.lostAt.Equal(first) {
+		t.Errorf("the loss seen at %v was moved to %v by a later watch", first.Format(time.StampMicro), h.lostAt.Format(time.StampMicro))
+	}
 }
 
 // checkExcused runs check on a fresh world for a unit test of the checks
