@@ -459,7 +459,11 @@ func (s *Semaphore) resolve(ctx context.Context, tok string, h *hold, id string,
 
 // Lease returns the lease of the permits held by ctx's owner or, without
 // an owner in ctx, by the handle. It returns [ErrNotHeld] if there are none.
-// It sends nothing to Redis.
+// It sends nothing to Redis. It is the lease of the holder's current
+// holding: with several goroutines acquiring through one handle (or for one
+// owner), a call of Lease after an Acquire returns a later holding's lease
+// if the one that Acquire took or joined has ended meanwhile (lost, or
+// released by another goroutine).
 func (s *Semaphore) Lease(ctx context.Context) (*Lease, error) {
 	if err := s.check(); err != nil {
 		return nil, err
