@@ -224,7 +224,7 @@ func settle[A any](b *base, ctx context.Context, a A, rl *settler[A]) error {
 	}
 	// A ctx of its own: goroutines the release leaves behind (a quorum's
 	// stragglers) may use it after r is used again.
-	r.fctx = &fateCtx{Context: context.WithoutCancel(ctx)}
+	r.fctx = &fateCtx{parent: ctx}
 	r.b, r.ctx, r.a, r.rl = b, r.fctx, a, rl
 	go r.run()
 	if awaitCall(ctx, r.done) {
@@ -262,17 +262,26 @@ const (
 type fateKey struct{}
 
 // A fateCtx is the ctx of a release that runs for a caller that may
-// leave (see settle): its Value(fateKey{}) is the release's fate.
+// leave (see settle): what context.WithoutCancel(parent) is (no deadline,
+// never done, parent's values), in one allocation with the release's
+// fate, its Value(fateKey{}).
 type fateCtx struct {
-	context.Context
-	fate atomic.Int32
+	parent context.Context
+	fate   atomic.Int32
 }
+
+func (c *fateCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c *fateCtx) Done() <-chan struct{}       { return nil }
+func (c *fateCtx) Err() error                  { return nil }
 
 func (c *fateCtx) Value(k any) any {
 	if k == (fateKey{}) {
 		return &c.fate
 	}
-	return c.Context.Value(k)
+	// Through WithoutCancel, which hides parent's cancellation from
+	// context.Cause too (a key of the context package). Only the fate is
+	// asked for on the release's path.
+	return context.WithoutCancel(c.parent).Value(k)
 }
 
 // callerLeft reports whether the caller of the release running on ctx
