@@ -66,6 +66,11 @@ type Client struct {
 	// clock estimates the server's time, for the bound of each acquiring
 	// attempt (see clock.go).
 	clock serverClock
+
+	// semTook, set by tests before the Client's first call, is told the
+	// fencing token of the holding each Semaphore Acquire's permits went
+	// into, before the call returns.
+	semTook func(ctx context.Context, fence uint64)
 }
 
 // lateCopiesAfter returns how long a command of rdb must take before

@@ -1,6 +1,7 @@
 package dsync
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -61,6 +62,13 @@ func RenewEvery(d time.Duration) Option { return func(cfg *config) { cfg.interva
 // renewals, on the goroutine that sends the batch; nil removes the hook.
 // Only c is affected.
 func SetRenewStall(c *Client, f func()) { renewhook.SetStall(c.renew, f) }
+
+// SetSemaphoreTook makes c call f, before each Semaphore Acquire or
+// TryAcquire of c that succeeds returns, with the call's ctx and the
+// fencing token of the holding its permits went into (which the holder's
+// Lease may no longer be by the time the call returned, see
+// Semaphore.Lease). Set it before c's first call.
+func SetSemaphoreTook(c *Client, f func(ctx context.Context, fence uint64)) { c.semTook = f }
 
 // Inbox returns the suffix of c's own channels: a name's channel plus it
 // is where hand-overs to c's calls without an owner are published.

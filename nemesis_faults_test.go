@@ -527,6 +527,19 @@ type sentScript struct {
 // one derived from it) down to go-redis.
 type nemOpKey struct{}
 
+// nemTookKey's value in an acquire's ctx is a *uint64 that a Semaphore
+// Acquire that succeeds sets to the fencing token of the holding its
+// permits went into (dsync.SetSemaphoreTook): the holder's Lease, read
+// after the call, may be of a holding that another call of the holder
+// took since.
+type nemTookKey struct{}
+
+func nemTook(ctx context.Context, fence uint64) {
+	if p, ok := ctx.Value(nemTookKey{}).(*uint64); ok {
+		*p = fence
+	}
+}
+
 func nemOp(ctx context.Context) string {
 	op, _ := ctx.Value(nemOpKey{}).(string)
 	return op

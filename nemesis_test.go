@@ -892,6 +892,7 @@ func (w *nemWorld) newProc(i, g int, local, record bool) *nemProc {
 		opts = append(opts, dsync.ClientReentrancy())
 	}
 	p.c = dsync.New(p.rdb, opts...)
+	dsync.SetSemaphoreTook(p.c, nemTook)
 	// The hook returns once the run ends, before the Client is closed.
 	dsync.SetRenewStall(p.c, n.renewStall(w.ctx.Done()))
 	w.t.Cleanup(func() { p.c.Close() })
@@ -1144,7 +1145,8 @@ func (w *nemWorld) acquire(r *rand.Rand, hd nemHolder, n *nemName, what string, 
 	if try {
 		tag = "try"
 	}
-	ctx, cancel := context.WithTimeout(context.WithValue(hd.ctx, nemOpKey{}, tag), d)
+	var took uint64 // a Semaphore's holding the call's permits went into (see nemTookKey)
+	ctx, cancel := context.WithTimeout(context.WithValue(context.WithValue(hd.ctx, nemOpKey{}, tag), nemTookKey{}, &took), d)
 	start := time.Now()
 	ok, err := call(ctx)
 	end := time.Now()
@@ -1180,6 +1182,20 @@ func (w *nemWorld) acquire(r *rand.Rand, hd nemHolder, n *nemName, what string, 
 		h.accErr = h.lease.Err()
 		h.token = h.lease.Token()
 	}
+	replaced := took != 0 && h.lease != nil && h.token != took
+	if replaced {
+		// Another call of the holder (a goroutine sharing the handle or
+		// the owner) replaced the holding the permits went into before
+		// the Lease was read: the Lease is that call's holding, and the
+		// permits' holding ended before it was granted, at server time
+		// (µs) h.token at the latest (a fencing token is at least the
+		// server's time when issued).
+		h.lostAt = time.UnixMicro(int64(h.token))
+		if now := time.Now(); now.Before(h.lostAt) {
+			h.lostAt = now
+		}
+		h.token = took
+	}
 	w.mu.Lock()
 	h.id = len(w.holds)
 	switch {
@@ -1200,8 +1216,11 @@ func (w *nemWorld) acquire(r *rand.Rand, hd nemHolder, n *nemName, what string, 
 	if ttl < w.cl.ttl[0] {
 		w.counts["holds with a short TTL"]++
 	}
+	if replaced {
+		w.counts["Semaphore holds whose holding another call replaced before its Lease was read"]++
+	}
 	w.mu.Unlock()
-	if l := h.lease; l != nil {
+	if l := h.lease; l != nil && !replaced {
 		w.watchLoss(h, l, h.stop)
 	}
 	if w.cl.stallAfter > 0 && (hd.p.net.psDelay.Load() > 0 || w.cl.psDelay[1] == 0) && r.Float64() < w.cl.stallAfter {
@@ -3209,4 +3228,60 @@ func checkExcused(t *testing.T, cl *nemClass, cancelMs int, check func(w *nemWor
 // time.
 func msAfter(base time.Time) func(ms int) time.Time {
 	return func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+}
+
+// A shared Semaphore handle's holding can be replaced by another call of
+// the handle between an Acquire's return and the judge's Lease call (the
+// first holding ended, the other call took a new one): the judge records
+// the holding the Acquire's permits went into, ended by the time the new
+// one was granted, not the new holding's token and lease.
+func TestNemesisLeaseOfAReplacedHolding(t *testing.T) {
+	b := redistest.Miniredis(t)
+	c := newClient(t, b)
+	dsync.SetSemaphoreTook(c, nemTook)
+	rdb := b.NewClient(t)
+	key := redistest.Key(t)
+	s := c.Semaphore(key, 2)
+	ctx := ctxT(t)
+	base := time.Now()
+	w := &nemWorld{t: t, cl: &nemClass{ttl: nemSpan{30 * time.Second, 30 * time.Second}}, start: base, trace: newTrace(10),
+		doneOnce: map[string]time.Time{}, counts: map[string]int{}, reports: map[string]int{}, summary: map[string]int{}, maxTok: map[string]uint64{}, stop: make(chan struct{})}
+	defer close(w.stop)
+	p := &nemProc{c: c}
+	hd := nemHolder{p: p, ctx: ctx, sh: &nemShared{p: p, s: s}}
+	var first, second uint64
+	h := w.acquire(rand.New(rand.NewPCG(1, 2)), hd, &nemName{name: key, kind: kSem, size: 2}, "Acquire", true, false, 1, 30*time.Second, 10*time.Second,
+		func(ctx context.Context) (bool, error) {
+			err := s.Acquire(ctx, 1)
+			if err == nil {
+				l, lerr := s.Lease(ctx)
+				must(t, lerr)
+				first = l.Token()
+			}
+			return true, err
+		},
+		func(ctx context.Context) (*dsync.Lease, error) {
+			// Another goroutine of the handle, after the keys went: a new
+			// holding.
+			must(t, rdb.Del(ctx, semKeys(key).State, semKeys(key).Holders).Err())
+			must(t, s.Acquire(ctx, 1))
+			l, err := s.Lease(ctx)
+			if err == nil {
+				second = l.Token()
+			}
+			return l, err
+		})
+	close(h.stop)
+	if first == 0 || second == 0 || first == second {
+		t.Fatalf("holdings %d and %d: want two", first, second)
+	}
+	if h.token != first {
+		t.Errorf("the hold has token %d, want %d (the holding its permits went into; %d is the later one)", h.token, first, second)
+	}
+	if h.lostAt.IsZero() || h.lostAt.After(time.Now()) || h.lostAt.Before(h.call) {
+		t.Errorf("the hold's end %v, want one between its call (%v) and now", h.lostAt, h.call)
+	}
+	if w.counts["Semaphore holds whose holding another call replaced before its Lease was read"] != 1 {
+		t.Errorf("counts %v", w.counts)
+	}
 }

@@ -171,6 +171,9 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 		}
 	}
 	s.held(holdID{tok: tok, tokArg: tokArg, fence: g.fence, fenceArg: g.fenceArg}, owned, n, start)
+	if f := s.c.semTook; f != nil {
+		f(ctx, g.fence)
+	}
 	return true, nil
 }
 
