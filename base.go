@@ -26,6 +26,8 @@ type base struct {
 	// their goroutines still had releases to make (see owe).
 	owed      map[holdKey]*owedLevels
 	owedSwept time.Time
+	// Semaphore owners with an Acquire in flight here (see semFlight).
+	semFlights map[holdKey]*semFlight
 	// Tests: called when a lock call starts waiting for a release (enter).
 	onWait atomic.Pointer[func()]
 	// Releases whose caller's ctx ended first (see settle).
@@ -45,6 +47,7 @@ func (b *base) init(opts []Option) {
 	b.holds = make(map[holdKey]*hold)
 	b.calls = make(map[holdKey]*callWatch)
 	b.owed = make(map[holdKey]*owedLevels)
+	b.semFlights = make(map[holdKey]*semFlight)
 	b.id = newCallID()
 }
 

@@ -54,6 +54,74 @@ func (b *base) otherMode(otok, tok string, keys ...string) error {
 func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, w *callWatch, rel uint64) (*hold, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.ownerHoldLocked(k, fence, newHold, w, rel)
+}
+
+// ownerHolding is ownerHold for a grant of permits to a Semaphore owner,
+// whose permits add up whichever of its calls took them: a grant with a
+// fencing token below that of the owner's recorded holding is of a
+// holding that ended before that one began (an owner's tokens rise; a
+// hand-over learned late, after a Release of the owner ended the holding
+// and another Acquire took a new one), so nothing of it is held, and it
+// records nothing (nil).
+func (b *base) ownerHolding(k holdKey, fence uint64, newHold func() *hold) *hold {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h := b.holds[k]; h != nil && fence < h.fence {
+		return nil
+	}
+	if f := b.semFlights[k]; f != nil && fence <= f.gone {
+		// The reply of a release that ended this holding came first.
+		return nil
+	}
+	h, _ := b.ownerHoldLocked(k, fence, newHold, nil, 0)
+	return h
+}
+
+// A semFlight counts the Acquire calls of a Semaphore owner in flight in
+// this process, and keeps the fencing token of the owner's last holding
+// that a release ended meanwhile: an Acquire whose permits went into that
+// holding, and whose reply came after the release's, holds nothing of it
+// (a handle keeps the same in Semaphore.gone).
+type semFlight struct {
+	n    int
+	gone uint64
+}
+
+// semFlightBegin counts an Acquire of owner k in flight; semFlightEnd
+// ends it.
+func (b *base) semFlightBegin(k holdKey) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f := b.semFlights[k]
+	if f == nil {
+		f = &semFlight{}
+		b.semFlights[k] = f
+	}
+	f.n++
+}
+
+func (b *base) semFlightEnd(k holdKey) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f := b.semFlights[k]
+	if f.n--; f.n == 0 {
+		delete(b.semFlights, k)
+	}
+}
+
+// semEnded notes that a release ended owner k's holding with fencing
+// token fence, for the Acquires of k in flight (see semFlight).
+func (b *base) semEnded(k holdKey, fence uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if f := b.semFlights[k]; f != nil {
+		f.gone = max(f.gone, fence)
+	}
+}
+
+// ownerHoldLocked is ownerHold with b.mu held.
+func (b *base) ownerHoldLocked(k holdKey, fence uint64, newHold func() *hold, w *callWatch, rel uint64) (*hold, error) {
 	if w != nil && w.rel != rel {
 		return nil, errRegrant
 	}

@@ -152,6 +152,13 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 		return false, ErrClosed
 	}
 	defer s.c.end()
+	if owned {
+		// A release of the owner that ends the holding this call's
+		// permits go into, answered before this call, is noted for it.
+		k := holdKey{s.keys[0], tok}
+		s.c.semFlightBegin(k)
+		defer s.c.semFlightEnd(k)
+	}
 	// Hand-overs name the call, not the holder: one holder may have several
 	// calls waiting.
 	sc := &semCall{s: s, tok: tokArg, owned: owned, n: n}

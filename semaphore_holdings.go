@@ -46,8 +46,9 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
 			h.holding = true
 			return h
 		}
-		h, _ := s.c.ownerHold(holdKey{s.keys[0], tok}, fence, newHolding, nil, 0)
-		h.permits.Add(n)
+		if h := s.c.ownerHolding(holdKey{s.keys[0], tok}, fence, newHolding); h != nil {
+			h.permits.Add(n)
+		}
 		return
 	}
 	s.mu.Lock()
@@ -58,6 +59,11 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
 	}
 	if s.cur != nil && s.cur.fence == fence {
 		s.curN += n // added to the holding
+		return
+	}
+	if s.cur != nil && fence < s.cur.fence {
+		// A grant of a holding that ended before the handle's current
+		// one began (a holder's tokens rise): nothing of it is held.
 		return
 	}
 	if s.cur != nil {
@@ -77,6 +83,7 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
 func (s *Semaphore) ended(owned bool, tok string, fence uint64, n int64) {
 	if owned {
 		k := holdKey{s.keys[0], tok}
+		s.c.semEnded(k, fence)
 		if h := s.c.lookupHold(k); h != nil && h.fence == fence {
 			s.c.dropHold(k, h, n)
 			h.release()

@@ -36,6 +36,17 @@ local done = recall(KEYS[6], id)
 if done == 0 then
   return { 0, 0, 0 }
 elseif done == 1 then
+  if name == '' then
+    -- A release that named no holding and ended one noted its token
+    -- with it, as '<id>><token>' with the same score (below); among the
+    -- ids noted in the same ms, bounded against foreign data.
+    local s = redis.call('ZSCORE', KEYS[6], id)
+    for _, m in ipairs(s and redis.call('ZRANGEBYSCORE', KEYS[6], s, s, 'LIMIT', '0', '1000') or {}) do
+      if string.sub(m, 1, #id + 1) == id .. '>' then
+        return { 1, 0, tonumber(string.sub(m, #id + 2)) or 0 }
+      end
+    end
+  end
   return { 1, 0, tonumber(name) or 0 }
 elseif done then
   prune()
@@ -85,6 +96,10 @@ end
 
 if n == cnt then
   noted(id, 1)
+  if name == '' then
+    -- A repeat answers with the token of the holding it ended.
+    noted(tagged(id, f), 1)
+  end
   local head = redis.call('ZRANGE', KEYS[4], '0', '0')[1]
   if not head and used <= cnt then
     -- The last holding ended and nobody waits: tidy up at once.
