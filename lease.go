@@ -138,12 +138,10 @@ func (h *hold) leaseView() *Lease {
 
 // lost reports whether the renewer found the hold gone.
 func (h *hold) lost() bool {
-	select {
-	case <-h.lease.Done():
-		return h.lease.Err() != nil
-	default:
-		return false
-	}
+	// A leaser's Err is not nil once it is lost, and only then (and so
+	// only once it ended): asked without Done, which would make a channel
+	// for a hold no one waits on.
+	return h.lease.Err() != nil
 }
 
 // beginRelease and endRelease enclose a release of h (nil: none): a
