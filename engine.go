@@ -136,19 +136,27 @@ func (c *Client) take(ctx context.Context, a *acquisition, op acquirer, wait boo
 		}
 		// The hold this call was given ended before it learned of it: the
 		// call starts again, as a new one.
-		t := getTimer(restartPause)
-		select {
-		case <-ctx.Done():
-			putTimer(t)
-			return grant{}, sent, ctx.Err()
-		case <-c.closed:
-			putTimer(t)
-			return grant{}, sent, ErrClosed
-		case <-t.C:
+		if err := c.restartCall(ctx, op); err != nil {
+			return grant{}, sent, err
 		}
-		putTimer(t)
-		op.restart()
 	}
+}
+
+// restartCall starts op's call again as a new one (a new id), after a
+// pause of restartPause, as take does after a grant of kind over; it
+// returns ctx's error, or ErrClosed, if that comes first.
+func (c *Client) restartCall(ctx context.Context, op acquirer) error {
+	t := getTimer(restartPause)
+	defer putTimer(t)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.closed:
+		return ErrClosed
+	case <-t.C:
+	}
+	op.restart()
+	return nil
 }
 
 // takeAs is take under the call's current id.

@@ -63,6 +63,10 @@ type lockCall struct {
 	// (see base.lockLocal); nil otherwise.
 	w   *callWatch
 	rel uint64
+	// ordered: the call's grants carry fencing tokens of one deployment,
+	// which rise for a holder (a Mutex or write lock not in quorum mode;
+	// see errSuperseded).
+	ordered bool
 }
 
 var (
@@ -140,10 +144,11 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 
 // held records a hold taken (or re-entered) by call c with fencing token
 // fence; newHold starts the lease of a hold that is not a re-entry. An
-// error (errRegrant) means it recorded nothing: the caller undoes the call.
+// error (errRegrant, errSuperseded) means it recorded nothing: the caller
+// undoes the call.
 func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, error) {
 	if c.owned {
-		return m.b.ownerHold(holdKey{m.key, c.otok}, fence, newHold, c.w, c.rel)
+		return m.b.ownerHold(holdKey{m.key, c.otok}, fence, newHold, c)
 	}
 	h := newHold()
 	m.slot.set(h)

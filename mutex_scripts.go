@@ -68,24 +68,36 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 			return s.held(ctx, m, c, mc, g, cw.passSent, true)
 		}
 	}
-	g, start, err := s.c.take(ctx, &mc.acquisition, mc, wait)
-	start = cw.leaseStart(start)
-	if err == nil && g.kind == handed && s.cfg.replicas > 0 {
-		// With WaitReplicas, make sure the hand-over reached replicas.
-		if err = s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], mc.tok, s.ttlArg, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg()); err != nil {
-			s.c.cleanup(ctx, mc)
+	c.ordered = true
+	for {
+		g, start, err := s.c.take(ctx, &mc.acquisition, mc, wait)
+		start = cw.leaseStart(start)
+		if err == nil && g.kind == handed && s.cfg.replicas > 0 {
+			// With WaitReplicas, make sure the hand-over reached replicas.
+			if err = s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], mc.tok, s.ttlArg, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg()); err != nil {
+				s.c.cleanup(ctx, mc)
+			}
+		}
+		if err == nil && g.kind == final {
+			err = g.err
+		}
+		if err != nil || (g.kind != taken && g.kind != handed) {
+			if member {
+				s.co.leave(s.keys[0])
+			}
+			return false, err
+		}
+		ok, err := s.held(ctx, m, c, mc, g, start, member)
+		if err != errSuperseded {
+			return ok, err
+		}
+		// An owner's call whose hold ended before it learned of it, the
+		// owner holding the name afresh since (held undid the call):
+		// it starts again as a new call, and re-enters that hold.
+		if err := s.c.restartCall(ctx, mc); err != nil {
+			return false, err
 		}
 	}
-	if err == nil && g.kind == final {
-		err = g.err
-	}
-	if err != nil || (g.kind != taken && g.kind != handed) {
-		if member {
-			s.co.leave(s.keys[0])
-		}
-		return false, err
-	}
-	return s.held(ctx, m, c, mc, g, start, member)
 }
 
 // held records the hold that grant g gave call mc of m, whose lease starts
@@ -97,8 +109,9 @@ func (s *mutexScripts) held(ctx context.Context, m *Mutex, c lockCall, mc *mutex
 		return s.c.startHoldOf(s.cfg, s.renewSpec(mc.tok, id.arg()), id, start, member, s.keys[0])
 	}); err != nil {
 		// errRegrant: the hold may be one a release in this process is
-		// ending. Undo the call; the caller takes the hold again.
-		// (Owners only: their calls are no cohort members.)
+		// ending; errSuperseded: its hold has ended. Undo the call; the
+		// caller takes the hold again. (Owners only: their calls are no
+		// cohort members.)
 		s.c.cleanup(ctx, mc)
 		return false, err
 	}

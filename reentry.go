@@ -47,14 +47,36 @@ func (b *base) otherMode(otok, tok string, keys ...string) error {
 	return nil
 }
 
-// ownerHold records a hold (or a re-entry) of an owner carried in ctx. w
-// and rel are the lock call's watch and the releases it had seen when it
-// began (see enter), or nil: with a release begun since, the hold is not
-// recorded and ownerHold returns errRegrant.
-func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, w *callWatch, rel uint64) (*hold, error) {
+// errSuperseded is what a lock call of an owner gets whose grant, on one
+// deployment (lockCall.ordered), has a fencing token below that of the
+// owner's live recorded hold. A holder's tokens rise, and a holder is
+// given a fresh hold only where it holds none: the grant's hold ended
+// before the recorded one began (a hand-over or reply learned late, after
+// the name's keys were deleted or an Unlock of the owner from another
+// goroutine ended it, and another goroutine took the name again). The
+// call, whose level is gone, is over, as after a grant of kind over: it
+// records nothing and the caller starts it again as a new call (see
+// Client.restartCall), which re-enters the recorded hold. (Recorded as
+// the owner's hold, it would mark the live one lost, which Redis keeps
+// and nobody renews, and end in ErrLeaseLost.)
+var errSuperseded = errors.New("dsync: grant older than the owner's hold in this process")
+
+// ownerHold records a hold (or a re-entry) of an owner carried in ctx,
+// taken by lock call c. c.w and c.rel are the call's watch and the
+// releases it had seen when it began (see enter), or nil: with a release
+// begun since, the hold is not recorded and ownerHold returns errRegrant.
+// A grant older than the owner's live recorded hold, to a call whose
+// tokens are ordered, records nothing either: errSuperseded.
+func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, c lockCall) (*hold, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.ownerHoldLocked(k, fence, newHold, w, rel)
+	if c.w != nil && c.w.rel != c.rel {
+		return nil, errRegrant
+	}
+	if h := b.holds[k]; c.ordered && h != nil && fence < h.fence && !h.lost() {
+		return nil, errSuperseded
+	}
+	return b.ownerHoldLocked(k, fence, newHold, c.w, c.rel)
 }
 
 // ownerHolding is ownerHold for a grant of permits to a Semaphore owner,

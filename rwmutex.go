@@ -212,7 +212,7 @@ func (rw *RWMutex) holdKey(mode, tok string) holdKey { return holdKey{rw.modeKey
 // call.
 func (rw *RWMutex) held(mode string, c lockCall, fence uint64, newHold func() *hold) (*hold, error) {
 	if c.owned {
-		return rw.b.ownerHold(rw.holdKey(mode, c.otok), fence, newHold, c.w, c.rel)
+		return rw.b.ownerHold(rw.holdKey(mode, c.otok), fence, newHold, c)
 	}
 	h := newHold()
 	if mode == modeWrite {

@@ -80,24 +80,35 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 			return s.held(ctx, rw, mode, c, rc, g, cw.passSent, true)
 		}
 	}
-	g, start, err := s.c.take(ctx, &rc.acquisition, rc, wait)
-	start = cw.leaseStart(start)
-	if err == nil && g.kind == final {
-		err = g.err
-	}
-	if err == nil && (g.kind == taken || g.kind == handed) && s.cfg.replicas > 0 {
-		spec := s.renewSpec(mode, rc.tok, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg())
-		if err = s.c.replicated(ctx, s.cfg, spec.Batch, spec.Keys, spec.Args...); err != nil {
-			s.c.cleanup(ctx, rc)
+	// A read hold's id is no fencing token: read grants are not ordered.
+	c.ordered = mode == modeWrite
+	for {
+		g, start, err := s.c.take(ctx, &rc.acquisition, rc, wait)
+		start = cw.leaseStart(start)
+		if err == nil && g.kind == final {
+			err = g.err
+		}
+		if err == nil && (g.kind == taken || g.kind == handed) && s.cfg.replicas > 0 {
+			spec := s.renewSpec(mode, rc.tok, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg())
+			if err = s.c.replicated(ctx, s.cfg, spec.Batch, spec.Keys, spec.Args...); err != nil {
+				s.c.cleanup(ctx, rc)
+			}
+		}
+		if err != nil || (g.kind != taken && g.kind != handed) {
+			if member {
+				s.co.leave(s.keys[0])
+			}
+			return false, err
+		}
+		ok, err := s.held(ctx, rw, mode, c, rc, g, start, member)
+		if err != errSuperseded {
+			return ok, err
+		}
+		// As for Mutex (mutexScripts.lock): the call starts again.
+		if err := s.c.restartCall(ctx, rc); err != nil {
+			return false, err
 		}
 	}
-	if err != nil || (g.kind != taken && g.kind != handed) {
-		if member {
-			s.co.leave(s.keys[0])
-		}
-		return false, err
-	}
-	return s.held(ctx, rw, mode, c, rc, g, start, member)
 }
 
 // held records the hold that grant g gave call rc of rw in mode, whose
@@ -109,7 +120,7 @@ func (s *rwScripts) held(ctx context.Context, rw *RWMutex, mode string, c lockCa
 		id := holdID{tok: c.tok, tokArg: rc.tok, fence: g.fence, fenceArg: g.fenceArg}
 		return s.c.startHoldOf(s.cfg, s.renewSpec(mode, rc.tok, id.arg()), id, start, member, s.keys[0])
 	}); err != nil {
-		// errRegrant, as for Mutex (mutexScripts.lock).
+		// errRegrant or errSuperseded, as for Mutex (mutexScripts.held).
 		s.c.cleanup(ctx, rc)
 		return false, err
 	}

@@ -1,0 +1,190 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsync-go/dsync"
+)
+
+// ownerLocker is a Mutex, or an RWMutex's write side, as an owner uses it.
+type ownerLocker interface {
+	Lock(context.Context) error
+	TryLock(context.Context) (bool, error)
+	Unlock(context.Context) error
+	Lease(context.Context) (*dsync.Lease, error)
+}
+
+// An owner O's Lock call A is granted a hold F1 that it learns of late
+// (its hand-over notification held back, or its attempt's reply); before
+// it learns, F1 ends in Redis (the name's keys are deleted, or an Unlock
+// of O from another goroutine ends F1's level, as the goroutines of one
+// owner share its levels), and another goroutine B of O Locks and takes
+// a fresh hold F2. A's grant then arrives. F2 must stay O's live hold, as
+// it is in Redis: its Lease not lost, A's Lock returning holding a level
+// of what Redis holds, and O's Unlocks ending exactly the levels Redis
+// counts, then freeing the name.
+func TestOwnerStaleGrantKeepsLaterHold(t *testing.T) {
+	for _, kind := range []string{"mutex", "write"} {
+		for _, how := range []string{"handover/deleted", "handover/unlocked", "reply/unlocked"} {
+			t.Run(kind+"/"+how, func(t *testing.T) { testOwnerStaleGrant(t, kind, how) })
+		}
+	}
+}
+
+func testOwnerStaleGrant(t *testing.T, kind, how string) {
+	b, ctx, name := realName(t)
+	octx := dsync.WithOwner(ctx) // owner O
+	pctx := dsync.WithOwner(ctx) // owner P, through another Client
+	hk := newOnceHook()
+	c, _ := hookedClient(t, b, hk)
+	msgs := newHeldMessages()
+	t.Cleanup(msgs.release) // before c's Close
+	probes := make(chan string, 16)
+	dsync.SetMessageHook(c, func(ch, payload string) {
+		if strings.HasPrefix(payload, "probe-") {
+			probes <- payload
+		}
+		msgs.hook(ch, payload)
+	})
+	qc := newClient(t, b)
+	rdb := b.NewClient(t)
+
+	var h, q ownerLocker
+	var script, queue, channel, lockKey string
+	var keys []string
+	if kind == "mutex" {
+		h, q = c.Mutex(name), qc.Mutex(name)
+		script, queue, channel, keys = "mutex_lock", mutexKeys(name).Queue, mutexKeys(name).Channel(), mutexKeys(name).Keys()
+		lockKey = mutexKeys(name).Lock
+	} else {
+		h, q = c.RWMutex(name), qc.RWMutex(name)
+		script, queue, channel, keys = "rwmutex_lock", rwKeys(name).WriterQueue, rwKeys(name).Channel(), rwKeys(name).Keys()
+		lockKey = rwKeys(name).Writer
+	}
+
+	// Load the scripts; subscribe c to the channel (a wait that times out).
+	must(t, h.Lock(octx))
+	must(t, h.Unlock(octx))
+	must(t, q.Lock(pctx))
+	wctx, cancel := context.WithTimeout(octx, 200*time.Millisecond)
+	mustIs(t, h.Lock(wctx), context.DeadlineExceeded, "warm-up wait: %v")
+	cancel()
+	dsync.WaitCleanups(c)
+	// Every notification of the warm-up is delivered before A's first
+	// attempt, so that A has no reason to attempt again before its
+	// hand-over (a probe, no release, is not one): the second probe
+	// reached the hook, so the first was delivered, and all before it.
+	for _, p := range []string{"probe-1", "probe-2"} {
+		must(t, rdb.Publish(ctx, channel, p).Err())
+		select {
+		case got := <-probes:
+			if got != p {
+				t.Fatalf("probe %q, want %q", got, p)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s not received", p)
+		}
+	}
+
+	// What Redis holds for O: its hold's fencing token and count.
+	redisHold := func() (string, string) {
+		v, err := rdb.HMGet(ctx, lockKey, ":f", dsync.OwnerToken(octx)).Result()
+		must(t, err)
+		f, _ := v[0].(string)
+		n, _ := v[1].(string)
+		return f, n
+	}
+	if how == "reply/unlocked" {
+		must(t, q.Unlock(pctx))
+		ran, open := make(chan struct{}), make(chan struct{})
+		t.Cleanup(func() {
+			select {
+			case <-open:
+			default:
+				close(open)
+			}
+		})
+		hk.on(script, heldReply(ran, open))
+		aIn := async(func() error { return h.Lock(octx) }) // takes F1, its reply held
+		select {
+		case <-ran:
+		case <-time.After(10 * time.Second):
+			t.Fatal("A's attempt did not run")
+		}
+		// The goroutines of O share its levels: C's Unlock (O has nothing
+		// on record in c, so it names no hold) ends F1's level.
+		must(t, h.Unlock(octx))
+		checkStaleGrant(t, h, octx, aIn, redisHold, func() { close(open) })
+		return
+	}
+	aIn := async(func() error { return h.Lock(octx) })
+	waitFor(t, 10*time.Second, "A queued", func() bool { return rdb.ZCard(ctx, queue).Val() == 1 })
+	msgs.arm()
+	must(t, q.Unlock(pctx)) // F1 handed to A, which does not hear of it yet
+	if how == "handover/deleted" {
+		must(t, rdb.Del(ctx, keys...).Err())
+	} else {
+		must(t, h.Unlock(octx)) // C ends F1's level
+	}
+	checkStaleGrant(t, h, octx, aIn, redisHold, msgs.release)
+}
+
+// checkStaleGrant has goroutine B of the owner in octx take a fresh hold
+// F2 through h, then lets A's grant arrive (deliver) and checks the
+// outcome.
+func checkStaleGrant(t *testing.T, h ownerLocker, octx context.Context, aIn <-chan error, redisHold func() (string, string), deliver func()) {
+	t.Helper()
+	must(t, h.Lock(octx)) // B: F2
+	l2, err := h.Lease(octx)
+	must(t, err)
+	f2 := l2.Token()
+	deliver()
+	if err := recvErr(t, aIn, "A's Lock"); err != nil {
+		t.Errorf("A's Lock = %v, want nil", err)
+	}
+	if f, n := redisHold(); f != fmt.Sprint(f2) || n != "2" {
+		t.Errorf("Redis holds token %q with count %q for O; want F2 = %d with 2 levels (B's, and A's that returned nil)", f, n, f2)
+	}
+	if err := l2.Err(); err != nil {
+		t.Errorf("F2's Lease (B's): Err = %v, want nil (Redis holds F2, and only this process renews it)", err)
+	}
+	if l, err := h.Lease(octx); err != nil || l.Token() != f2 || l.Err() != nil {
+		tok, lerr := uint64(0), error(nil)
+		if l != nil {
+			tok, lerr = l.Token(), l.Err()
+		}
+		t.Errorf("O's Lease after A's Lock = token %d (Err %v), %v; want F2 = %d, live", tok, lerr, err, f2)
+	}
+	// O's levels: B's, and A's (which returned nil); each Unlock ends one
+	// in Redis, and the last frees the name.
+	other := dsync.WithOwner(context.Background())
+	getsIn := func() bool {
+		ok, err := h.TryLock(other)
+		if err != nil {
+			t.Fatalf("another owner's TryLock: %v", err)
+		}
+		if ok {
+			must(t, h.Unlock(other))
+		}
+		return ok
+	}
+	for i := 0; i < 2; i++ {
+		if getsIn() {
+			t.Fatalf("another owner got in while O holds %d of 2 levels", 2-i)
+		}
+		if err := h.Unlock(octx); err != nil {
+			t.Fatalf("O's Unlock %d of 2 = %v, want nil", i+1, err)
+		}
+	}
+	if !getsIn() {
+		t.Fatal("not free for another owner after O's last Unlock (a level leaked)")
+	}
+	if err := h.Unlock(octx); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Errorf("a third Unlock of O = %v, want ErrNotHeld", err)
+	}
+}
