@@ -268,6 +268,80 @@ func (c *Client) cohortAwait(ctx context.Context, key string, tok any, id string
 	return cw, msg.g, msg.passed, nil
 }
 
+// lockOf is one lock call of a Mutex or an RWMutex mode, as lockHold
+// drives it.
+type lockOf struct {
+	a      *acquisition
+	op     lockOp
+	tok    any  // the holder token, boxed
+	wait   bool // Lock (waits), not TryLock
+	cohort bool // a waiting call without an owner goes through key's cohort
+	key    string
+	ttlArg any
+	// replicate, if not nil, makes sure a hold taken or handed reached
+	// the replicas (WaitReplicas); its error fails the call.
+	replicate func(g grant) error
+}
+
+// A lockOp is a lock call of a Mutex or an RWMutex mode, as the engine
+// drives it, which records the hold it is granted.
+type lockOp interface {
+	acquirer
+	// record records the hold grant g gave the call, its lease starting
+	// at start; member: the call is a member of its cohort. errSuperseded:
+	// the owner's call was undone, and starts again.
+	record(ctx context.Context, g grant, start time.Time, member bool) (bool, error)
+}
+
+// lockHold runs lock call l: through its cohort, if it goes through one
+// (it may wait in the process for a release to pass it the lock, see
+// cohortAwait), and the engine (take). An owner's call whose grant was
+// superseded (see errSuperseded) starts again as a new call, and so
+// re-enters the owner's hold.
+func (c *Client) lockHold(ctx context.Context, ttl time.Duration, l lockOf) (bool, error) {
+	// member: the call is a member of its cohort; cw: its place among the
+	// cohort's waiters, if it had to wait in the process.
+	member, cw := false, (*cohortWaiter)(nil)
+	if l.cohort {
+		member = true
+		g, passed, err := grant{}, false, error(nil)
+		if cw, g, passed, err = c.cohortAwait(ctx, l.key, l.tok, l.a.to.id, l.ttlArg, ttl, l.op); err != nil {
+			return false, err
+		} else if passed {
+			return l.op.record(ctx, g, cw.passSent, true)
+		}
+	}
+	for {
+		g, start, err := c.take(ctx, l.a, l.op, l.wait)
+		start = cw.leaseStart(start)
+		if err == nil && g.kind == final {
+			err = g.err
+		}
+		if err == nil && (g.kind == taken || g.kind == handed) && l.replicate != nil {
+			if err = l.replicate(g); err != nil {
+				c.cleanup(ctx, l.op)
+			}
+		}
+		if err != nil || (g.kind != taken && g.kind != handed) {
+			if member {
+				c.cohorts.leave(l.key)
+			}
+			return false, err
+		}
+		ok, err := l.op.record(ctx, g, start, member)
+		if err != errSuperseded {
+			return ok, err
+		}
+		// An owner's call whose hold ended before it learned of it, the
+		// owner holding the name afresh since (held undid the call): it
+		// starts again as a new call, and re-enters that hold. (Owners'
+		// calls are no cohort members.)
+		if err := c.restartCall(ctx, l.op); err != nil {
+			return false, err
+		}
+	}
+}
+
 // leaseStart returns when the lease of a hold that w's call took in Redis,
 // by an attempt sent at start, begins: at the send time of a pass to w
 // whose outcome is unknown, if that is earlier (the pass may have given

@@ -52,52 +52,20 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 		return false, ErrClosed
 	}
 	defer s.c.end()
-	mc := &mutexCall{s: s, tok: c.tok}
+	mc := &mutexCall{s: s, m: m, c: c, tok: c.tok}
 	mc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl, timed: true}
-	// member: the call is a member of its cohort (see cohort.go); cw: its
-	// place among the cohort's waiters, if it had to wait in the process.
-	member, cw := false, (*cohortWaiter)(nil)
-	if wait && !c.owned && s.co != nil {
-		member = true
-		var g grant
-		var passed bool
-		var err error
-		if cw, g, passed, err = s.c.cohortAwait(ctx, s.keys[0], mc.tok, mc.to.id, s.ttlArg, s.cfg.ttl, mc); err != nil {
-			return false, err
-		} else if passed {
-			return s.held(ctx, m, c, mc, g, cw.passSent, true)
+	mc.c.ordered = true
+	l := lockOf{a: &mc.acquisition, op: mc, tok: mc.tok, wait: wait, cohort: wait && !c.owned && s.co != nil, key: s.keys[0], ttlArg: s.ttlArg}
+	if s.cfg.replicas > 0 {
+		l.replicate = func(g grant) error {
+			if g.kind != handed {
+				return nil // checked by the WAIT sent with the attempt (see acquirePair)
+			}
+			// Make sure the hand-over reached the replicas.
+			return s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], mc.tok, s.ttlArg, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg())
 		}
 	}
-	c.ordered = true
-	for {
-		g, start, err := s.c.take(ctx, &mc.acquisition, mc, wait)
-		start = cw.leaseStart(start)
-		if err == nil && g.kind == handed && s.cfg.replicas > 0 {
-			// With WaitReplicas, make sure the hand-over reached replicas.
-			if err = s.c.replicated(ctx, s.cfg, mutexRenew, s.keys[:1], mc.tok, s.ttlArg, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg()); err != nil {
-				s.c.cleanup(ctx, mc)
-			}
-		}
-		if err == nil && g.kind == final {
-			err = g.err
-		}
-		if err != nil || (g.kind != taken && g.kind != handed) {
-			if member {
-				s.co.leave(s.keys[0])
-			}
-			return false, err
-		}
-		ok, err := s.held(ctx, m, c, mc, g, start, member)
-		if err != errSuperseded {
-			return ok, err
-		}
-		// An owner's call whose hold ended before it learned of it, the
-		// owner holding the name afresh since (held undid the call):
-		// it starts again as a new call, and re-enters that hold.
-		if err := s.c.restartCall(ctx, mc); err != nil {
-			return false, err
-		}
-	}
+	return s.c.lockHold(ctx, s.cfg.ttl, l)
 }
 
 // held records the hold that grant g gave call mc of m, whose lease starts
@@ -123,6 +91,8 @@ func (s *mutexScripts) held(ctx context.Context, m *Mutex, c lockCall, mc *mutex
 type mutexCall struct {
 	acquisition
 	s     *mutexScripts
+	m     *Mutex
+	c     lockCall
 	tok   any   // the holder token, boxed once for the call's scripts
 	cmd   []any // the lock script's command, built by the first attempt
 	queue bool  // whether cmd takes a queue place
@@ -133,6 +103,10 @@ func (mc *mutexCall) attempt(ctx context.Context, queue bool) (grant, error) {
 		mc.cmd, mc.queue = mc.s.lockCmd(mc.tok, mc.to.id, mc.to.secret, queue), queue
 	}
 	return mc.s.attemptCmd(ctx, mc.cmd)
+}
+
+func (mc *mutexCall) record(ctx context.Context, g grant, start time.Time, member bool) (bool, error) {
+	return mc.s.held(ctx, mc.m, mc.c, mc, g, start, member)
 }
 
 func (mc *mutexCall) abandon(ctx context.Context) error { return mc.s.abandon(ctx, mc.tok, mc.to.id) }

@@ -66,49 +66,18 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 		return false, ErrClosed
 	}
 	defer s.c.end()
-	rc := &rwCall{s: s, mode: mode, tok: c.tok}
+	rc := &rwCall{s: s, rw: rw, c: c, mode: mode, tok: c.tok}
 	rc.acquisition = acquisition{ch: s.ch, to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl, timed: mode == modeWrite}
-	member, cw := false, (*cohortWaiter)(nil)
-	if mode == modeWrite && wait && !c.owned && s.co != nil {
-		member = true
-		var g grant
-		var passed bool
-		var err error
-		if cw, g, passed, err = s.c.cohortAwait(ctx, s.keys[0], rc.tok, rc.to.id, s.ttlArg, s.cfg.ttl, rc); err != nil {
-			return false, err
-		} else if passed {
-			return s.held(ctx, rw, mode, c, rc, g, cw.passSent, true)
-		}
-	}
 	// A read hold's id is no fencing token: read grants are not ordered.
-	c.ordered = mode == modeWrite
-	for {
-		g, start, err := s.c.take(ctx, &rc.acquisition, rc, wait)
-		start = cw.leaseStart(start)
-		if err == nil && g.kind == final {
-			err = g.err
-		}
-		if err == nil && (g.kind == taken || g.kind == handed) && s.cfg.replicas > 0 {
+	rc.c.ordered = mode == modeWrite
+	l := lockOf{a: &rc.acquisition, op: rc, tok: rc.tok, wait: wait, cohort: mode == modeWrite && wait && !c.owned && s.co != nil, key: s.keys[0], ttlArg: s.ttlArg}
+	if s.cfg.replicas > 0 {
+		l.replicate = func(g grant) error {
 			spec := s.renewSpec(mode, rc.tok, holdID{fence: g.fence, fenceArg: g.fenceArg}.arg())
-			if err = s.c.replicated(ctx, s.cfg, spec.Batch, spec.Keys, spec.Args...); err != nil {
-				s.c.cleanup(ctx, rc)
-			}
-		}
-		if err != nil || (g.kind != taken && g.kind != handed) {
-			if member {
-				s.co.leave(s.keys[0])
-			}
-			return false, err
-		}
-		ok, err := s.held(ctx, rw, mode, c, rc, g, start, member)
-		if err != errSuperseded {
-			return ok, err
-		}
-		// As for Mutex (mutexScripts.lock): the call starts again.
-		if err := s.c.restartCall(ctx, rc); err != nil {
-			return false, err
+			return s.c.replicated(ctx, s.cfg, spec.Batch, spec.Keys, spec.Args...)
 		}
 	}
+	return s.c.lockHold(ctx, s.cfg.ttl, l)
 }
 
 // held records the hold that grant g gave call rc of rw in mode, whose
@@ -132,6 +101,8 @@ func (s *rwScripts) held(ctx context.Context, rw *RWMutex, mode string, c lockCa
 type rwCall struct {
 	acquisition
 	s     *rwScripts
+	rw    *RWMutex
+	c     lockCall
 	mode  string
 	tok   any   // the holder token, boxed once for the call's scripts
 	cmd   []any // the lock script's command, built by the first attempt
@@ -145,6 +116,10 @@ func (rc *rwCall) attempt(ctx context.Context, queue bool) (grant, error) {
 		rc.cmd, rc.queue = rc.s.lockCmd(rc.mode, rc.tok, rc.to.id, rc.to.secret, queue, queue), queue
 	}
 	return rc.s.attemptCmd(ctx, rc.cmd)
+}
+
+func (rc *rwCall) record(ctx context.Context, g grant, start time.Time, member bool) (bool, error) {
+	return rc.s.held(ctx, rc.rw, rc.mode, rc.c, rc, g, start, member)
 }
 
 func (rc *rwCall) abandon(ctx context.Context) error {
