@@ -84,6 +84,20 @@ local function fence_after(last, now_us)
   return s, f
 end
 
+-- A read of a key that may hold another program's data, of another type:
+-- its reply, or nil where the key is of another type (Redis's WRONGTYPE
+-- error). A renewal script reads the keys of many holds of one Client in
+-- one call; with redis.call, one such key would fail the whole call, and
+-- every hold in it would go unrenewed until lost. Only for reads whose
+-- caller treats nil as "not held".
+local function peek(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    return nil
+  end
+  return r
+end
+
 -- Sets key's expiry to ttl ms unless it already lasts longer: a re-entry
 -- or a caller with a shorter TTL never moves a hold's expiry earlier.
 local function extend_key(key, ttl)

@@ -12,13 +12,15 @@
 -- ARGV[3i-2] owner token of hold i
 -- ARGV[3i-1] lease TTL of hold i (ms)
 -- ARGV[3i]   fencing token of hold i
+-- A lock hash of another type (foreign data) counts as gone, for its hold
+-- only (see lib.lua's peek).
 -- Reply: an array with, for each hold in order, 1 extended or 0 the owner
 --        no longer holds it.
 
 local out = {}
 for i = 1, #KEYS do
-  local cur = redis.call('HMGET', KEYS[i], ARGV[3 * i - 2], ':f')
-  if cur[1] and cur[2] == ARGV[3 * i] then
+  local cur = peek('HMGET', KEYS[i], ARGV[3 * i - 2], ':f')
+  if cur and cur[1] and cur[2] == ARGV[3 * i] then
     extend_key(KEYS[i], ARGV[3 * i - 1])
     out[i] = 1
   else

@@ -7,6 +7,8 @@
 -- ARGV[3i-1] lease TTL of hold i (ms)
 -- ARGV[3i]   hold id of hold i: a read hold that ended is not renewed in
 --            place of a later one of the same owner
+-- A key of another type (foreign data) counts as gone, for its hold only
+-- (see lib.lua's peek).
 -- Reply: an array with, for each hold in order, 1 extended or 0 gone
 --        (released, or its lease ran out).
 
@@ -15,15 +17,15 @@ local out = {}
 for i = 1, #KEYS / 2 do
   local z, h = KEYS[2 * i - 1], KEYS[2 * i]
   local tok, ttl = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1])
-  local s = redis.call('ZSCORE', z, tok)
+  local s = peek('ZSCORE', z, tok)
   if not s or tonumber(s) <= now_ms then
     if s then
       -- Expired: its share is gone even if no script pruned it yet.
       redis.call('ZREM', z, tok)
-      redis.call('HDEL', h, tok)
+      peek('HDEL', h, tok)
     end
     out[i] = 0
-  elseif string.match(redis.call('HGET', h, tok) or '', '^%S+ (%S+)') ~= ARGV[3 * i] then
+  elseif string.match(peek('HGET', h, tok) or '', '^%S+ (%S+)') ~= ARGV[3 * i] then
     -- The owner reads through a later hold (record "<count> <hold id>
     -- <call ids>"): this one ended.
     out[i] = 0

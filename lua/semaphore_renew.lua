@@ -7,6 +7,8 @@
 -- ARGV[3i-1] lease TTL of holding i (ms)
 -- ARGV[3i]   fencing token of holding i: a holding that ended is not
 --            renewed in place of a later one of the same holder
+-- A key of another type (foreign data) counts as gone, for its holding
+-- only (see lib.lua's peek).
 -- Reply: an array with, for each holding in order, 1 extended or 0 gone
 --        (its lease ran out, or its keys are gone).
 
@@ -15,8 +17,8 @@ local out = {}
 for i = 1, #KEYS / 2 do
   local st, hz = KEYS[2 * i - 1], KEYS[2 * i]
   local tok, ttl = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1])
-  local cur = redis.call('ZSCORE', hz, tok)
-  if not cur or tonumber(cur) <= now_ms or redis.call('HGET', st, ':f:' .. tok) ~= ARGV[3 * i] then
+  local cur = peek('ZSCORE', hz, tok)
+  if not cur or tonumber(cur) <= now_ms or peek('HGET', st, ':f:' .. tok) ~= ARGV[3 * i] then
     out[i] = 0
   else
     local d = now_ms + ttl
