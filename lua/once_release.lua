@@ -18,9 +18,10 @@
 --         expired with nobody taking over, so a copy of it that arrives
 --         past its bound, when its id may be forgotten and the Once reset
 --         or its mark expired, must change nothing
--- Reply: 1 released (for 'done': the done mark is set; for 'fail', also a
---        copy of a 'fail' that released it), 0 the call did not hold the
---        run lease, or this is a late copy of a 'done' already applied
+-- Reply: 1 released (for 'done': the done mark is set; also a copy of a
+--        'fail' that released it, or of a 'done' that set the mark, gone
+--        since or not), 0 the call did not hold the run lease, or this is
+--        a late copy of a 'done' already applied that did not set the mark
 --        (nothing changed but the call ids); for 'done', {4,
 --        value} the call did not hold the run lease and another call has
 --        made the Once done since, with that value (nothing changed but
@@ -48,12 +49,15 @@ end
 -- arrives late, or the caller's own retry after a lost reply) changes
 -- nothing: after a Reset, a late 'done' would mark the Once done again,
 -- and a late 'fail' would find another run. Its answer is the first one's
--- as far as it can still be told: 'done' held (1) only if its done mark is
--- still there (answered above); 'fail' held (1) if it was remembered as
+-- as far as it can still be told: 'fail' held (1) if it was remembered as
 -- ENDED, which only a 'fail' that held the run is (one that did not is
--- remembered as ABANDONED, and its repeat finds the run not its own again).
+-- remembered as ABANDONED, and its repeat finds the run not its own
+-- again); 'done' set the done mark (1) if its mark is still there
+-- (answered above) or, gone since (a Reset, the end of the period), if
+-- it was remembered as having set it (DONE_BY, below).
+local DONE_BY = tagged(tok, 'done')
 if mode ~= 'abandon' and recall(KEYS[3], tok) == ENDED then
-  if mode == 'fail' then
+  if mode == 'fail' or (mode == 'done' and redis.call('ZSCORE', KEYS[3], DONE_BY)) then
     return 1
   end
   return 0
@@ -67,31 +71,43 @@ end
 
 local t = redis.call('HGET', KEYS[1], 't')
 
+-- A 'done' whose lease was lost: v, the value of the call that has made
+-- the Once done since, if any. marks: this 'done' sets the done mark (it
+-- holds the run, or its lease was lost and nobody runs f or has made the
+-- Once done since: f's success still counts, it ran once).
+local v, marks = false, false
+if mode == 'done' then
+  if t == tok then
+    marks = true
+  else
+    v = redis.call('HGET', KEYS[2], 'v')
+    marks = not v and not t and redis.call('EXISTS', KEYS[2]) == 0
+  end
+end
+
 -- The call is over: a late copy of its attempts must take nothing (see
 -- once_do.lua). A run is remembered again when it ends, since it may have
 -- outlasted the replay window counted from when it was taken.
 if mode == 'abandon' or (mode == 'fail' and t ~= tok) then
   note(KEYS[3], tok, now(), ABANDONED)
+elseif marks then
+  note_all(KEYS[3], { tok, ENDED, DONE_BY, ENDED }, now())
 else
   note(KEYS[3], tok, now(), ENDED)
 end
 
 if t ~= tok then
-  -- The lease was lost. If f succeeded and nobody has taken over or
-  -- finished since, f's success still counts: it ran once. If another
-  -- call finished since, the Once is done with that call's value, which
-  -- this call returns as every other caller does.
-  if mode == 'done' then
-    local v = redis.call('HGET', KEYS[2], 'v')
-    if v then
-      return { 4, v }
-    end
-    if not t and redis.call('EXISTS', KEYS[2]) == 0 then
-      mark_done()
-      -- Waiters may sleep until the expired lease's TTL: wake them.
-      redis.call('PUBLISH', ch, '')
-      return 1
-    end
+  -- The lease was lost. If another call finished since, the Once is done
+  -- with that call's value, which this call returns as every other
+  -- caller does.
+  if v then
+    return { 4, v }
+  end
+  if marks then
+    mark_done()
+    -- Waiters may sleep until the expired lease's TTL: wake them.
+    redis.call('PUBLISH', ch, '')
+    return 1
   end
   return 0
 end
