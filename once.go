@@ -93,11 +93,14 @@ func (o *Once) check() error {
 // Do returns nil once the Once is done: f returned nil in this call, or in
 // another call that finished before Do returned. If f returns an error, Do
 // returns it to this caller only, and the Once stays not done: a waiting
-// call runs f next. If the run lease was lost while f ran, the error also
-// matches [ErrLeaseLost] (f's result, even nil, was not recorded if another
-// call took over), unless f succeeded and the call that took over has made
-// the Once done since: Do then returns nil, and DoValue that call's value,
-// as to every caller. The error of a call, rare, whose run lease was lost
+// call runs f next. If the run lease was lost while f ran, f's error also
+// matches [ErrLeaseLost]; a success of f still makes the Once done (f ran
+// once, to its end), and Do returns nil, if no other call runs f when it
+// ends and none has made the Once done since (one that took over and
+// failed does not count); if one has, Do returns nil, and DoValue that
+// call's value, as to every caller; and while another call runs f, f's
+// result, even nil, is not recorded and Do's error matches
+// [ErrLeaseLost]. The error of a call, rare, whose run lease was lost
 // before f could start (f is then not called) matches [ErrLeaseLost] too.
 //
 // If ctx ends while waiting, Do returns an error for which errors.Is(err,
