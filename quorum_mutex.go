@@ -33,7 +33,7 @@ func (qm *quorumMutex) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 			g, err := qm.subs[i].attempt(ctx, tok, id, "", false)
 			return vote(g, err, int64(g.fence))
 		},
-		undo: func(ctx context.Context, i int, id string) { _ = qm.subs[i].abandon(ctx, tok, id) },
+		undo: func(ctx context.Context, i int, id string) error { return qm.subs[i].abandon(ctx, tok, id) },
 	}, c, wait, func(a answers) uint64 { return uint64(a.max) }, mutexMember, func() *hold {
 		if !c.owned {
 			return nil

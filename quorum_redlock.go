@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"reflect"
 	"time"
 )
@@ -23,24 +24,55 @@ const splitBackoff = 5 * time.Millisecond
 
 // A memberUndo undoes on member i whatever the attempts of a quorum call
 // under id did there (see quorumCall.undo), as a failed call's clean-up
-// (see Client.cleanup); done, if set, is closed once it is over.
+// (see Client.cleanup); tried, if set, is closed once the first try is
+// over, and done once the undo is over.
 type memberUndo struct {
-	k    *quorumCall
-	i    int
-	id   string
-	done chan struct{}
+	k     *quorumCall
+	i     int
+	id    string
+	tried chan struct{}
+	done  chan struct{}
 }
 
 func (u memberUndo) abandon(ctx context.Context) error {
 	if u.done != nil {
 		defer close(u.done)
 	}
-	u.k.undo(ctx, u.i, u.id)
-	// A member's undo is not tried again: the member's hold, if any,
-	// expires at its TTL, and a later attempt of the call there waits for
-	// done.
+	// An undo that failed on the way (a connection cut) is tried again,
+	// as a single master's is (see abandonRetrying): otherwise the
+	// member's hold, if any, stays renewed by nobody for its whole TTL.
+	// One that could not reach the master at all is not: the master is
+	// down (a hold there expires at its TTL), and dialing it again and
+	// again would keep go-redis's pool from seeing it come back. A later
+	// attempt of the call there waits for done.
+	first := true
+	abandonRetrying(ctx, abandonFunc(func(ctx context.Context) error {
+		err := u.k.undo(ctx, u.i, u.id)
+		if first {
+			first = false
+			if u.tried != nil {
+				close(u.tried)
+			}
+		}
+		if dialFailed(err) {
+			return nil
+		}
+		return err
+	}))
 	return nil
 }
+
+// dialFailed reports whether err is a failure to connect: the command was
+// not sent.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// abandonFunc is an abandoner made of its undo.
+type abandonFunc func(ctx context.Context) error
+
+func (f abandonFunc) abandon(ctx context.Context) error { return f(ctx) }
 
 // stragglerWait is how long a quorum attempt whose outcome is decided
 // waits at least for the replies of the other masters (see poll): long
@@ -57,10 +89,12 @@ var errBusy = errors.New("dsync: master still busy with an earlier attempt")
 // open (the undo of the call's earlier attempt there still runs) is not
 // asked, and answers errBusy. As soon as the replies decide the outcome
 // (need grants, or too many refusals for that), it waits for the others as
-// long again as that took, stragglerWait at least, and then gives up on them, as
+// long again as that took, stragglerWait at least, but never past half
+// the validity of a lease of ttl begun at the attempt's start (a short
+// TTL's grants would have run out by then), and then gives up on them, as
 // Redlock does on a slow master: their attempts end (see Client.within)
 // and count as lost replies, which the caller undoes.
-func (q *Quorum) poll(ctx context.Context, busy []chan struct{}, try func(ctx context.Context, i int) (int64, error)) answers {
+func (q *Quorum) poll(ctx context.Context, ttl time.Duration, busy []chan struct{}, try func(ctx context.Context, i int) (int64, error)) answers {
 	n := len(q.members)
 	a := answers{v: make([]int64, n), err: make([]error, n)}
 	pctx, cancel := context.WithCancel(ctx)
@@ -108,7 +142,8 @@ func (q *Quorum) poll(ctx context.Context, busy []chan struct{}, try func(ctx co
 			refusals++
 		}
 		if late == nil && (grants >= q.need || refusals > n-q.need) {
-			t := time.NewTimer(max(time.Since(start), stragglerWait))
+			took := time.Since(start)
+			t := time.NewTimer(max(0, min(max(took, stragglerWait), (ttl-redlockDrift(ttl))/2-took)))
 			defer t.Stop()
 			late = t.C
 		}
@@ -148,8 +183,9 @@ type quorumCall struct {
 	// < 0 minus the ms to wait at most, 0 as below.
 	try func(ctx context.Context, i int, id string) (int64, error)
 	// undo undoes on member i whatever the attempts under id did; ctx is
-	// detached from the call's.
-	undo func(ctx context.Context, i int, id string)
+	// detached from the call's. An error says it may not have taken
+	// effect (it is tried again).
+	undo func(ctx context.Context, i int, id string) error
 	// zero, if set, is what a reply of 0 from any member ends the call
 	// with (RWMutex: ErrUpgrade); otherwise 0 is a refusal.
 	zero error
@@ -192,30 +228,38 @@ func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, t
 	busy := make([]chan struct{}, n)
 	// undo undoes the attempts on the members which selects, in
 	// parallel, each as a failed call's clean-up on its member: on a
-	// member that answered, waited for while ctx lasts, then left to the
-	// member Client's background; on one that did not answer, a slow or
-	// paused master, left to the background at once, and the member is not
-	// asked again before it is over. So the call returns in time also when
-	// a master is slow, and an undo never overtakes a later attempt.
+	// member that answered, its first try waited for while ctx lasts, the
+	// rest (tries again after a failure) left to the member Client's
+	// background; on one that did not answer, a slow or paused master,
+	// left to the background at once. A member is not asked again before
+	// its undo is over. So the call returns in time also when a master is
+	// slow, and an undo never overtakes a later attempt.
 	undo := func(which func(i int) bool) {
 		var us []memberUndo
 		for i := range ids {
 			if ids[i] != "" && which(i) {
-				u := memberUndo{k: k, i: i, id: ids[i]}
-				if lost[i] {
-					u.done = make(chan struct{})
-					busy[i] = u.done
+				u := memberUndo{k: k, i: i, id: ids[i], done: make(chan struct{})}
+				if !lost[i] {
+					u.tried = make(chan struct{})
 				}
+				busy[i] = u.done
 				us = append(us, u)
 				ids[i] = ""
 			}
 		}
 		each(us, func(_ int, u memberUndo) (int64, error) {
-			uctx := ctx
-			if u.done != nil {
-				c, cancel := context.WithCancel(ctx)
+			uctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			if u.tried == nil {
 				cancel()
-				uctx = c
+			} else {
+				go func() {
+					select {
+					case <-u.tried:
+						cancel()
+					case <-uctx.Done():
+					}
+				}()
 			}
 			q.members[u.i].cleanup(uctx, u)
 			return 0, nil
@@ -243,7 +287,7 @@ func (q *Quorum) lock(ctx context.Context, k *quorumCall, wait bool) (answers, t
 				ids[i], since[i] = id, start
 			}
 		}
-		a := q.poll(ctx, busy, func(ctx context.Context, i int) (int64, error) { return k.try(ctx, i, ids[i]) })
+		a := q.poll(ctx, k.ttl, busy, func(ctx context.Context, i int) (int64, error) { return k.try(ctx, i, ids[i]) })
 		over := false
 		for i, err := range a.err {
 			lost[i] = err != nil

@@ -48,7 +48,7 @@ func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c l
 			// The fencing token, or a read hold's id.
 			return vote(g, err, int64(g.fence))
 		},
-		undo: func(ctx context.Context, i int, id string) { _ = qr.subs[i].abandon(ctx, mode, tok, id) },
+		undo: func(ctx context.Context, i int, id string) error { return qr.subs[i].abandon(ctx, mode, tok, id) },
 		zero: ErrUpgrade,
 		keep: true,
 	}, c, wait, fence, func(s *rwScripts, tok any, f uint64) (*Client, *config, renew.Spec) {
