@@ -152,7 +152,8 @@ if mode == 'r' then
     local held = left ~= -2
     local mine = held and redis.call('HEXISTS', W, tok) == 1
     local writers = redis.call('ZCARD', WW)
-    if writers > 0 and redis.call('ZSCORE', WW, tok) then
+    local placed = writers > 0 and redis.call('ZSCORE', WW, tok)
+    if placed then
       writers = writers - 1
     end
     -- The write holder may read (a downgrade); anyone else waits for the
@@ -180,6 +181,14 @@ if mode == 'r' then
     -- The waiting place goes first: if its key holds foreign data, the
     -- error comes before the hold is written.
     redis.call('HDEL', RQ, tok)
+    if placed then
+      -- A Lock call of the owner waits: once the owner reads, it is an
+      -- upgrade, refused at its next attempt. Its place goes now, and
+      -- every waiter tries again: that call, to be refused at once, and
+      -- the readers its place held back, to go on.
+      unplace(tok)
+      redis.call('PUBLISH', W, '')
+    end
   end
   local rid = hold_id(id)
   write_rec(tok, 1, num(rid), id)
@@ -237,8 +246,14 @@ if cur[2] or redis.call('EXISTS', W, R) > 0 then
   prune()
   if redis.call('HEXISTS', RC, tok) == 1 then
     -- The owner reads: waiting for the write lock would wait for itself.
-    -- The call is refused for good.
+    -- The call is refused for good. Its waiting place (the owner's, if
+    -- one of its Lock calls waited before it read) goes, and the readers
+    -- it held back go on at once, as after a writer that gave up.
+    local placed = redis.call('ZSCORE', WW, tok)
     unplace(tok)
+    if placed and redis.call('EXISTS', W, WW) == 0 and redis.call('EXISTS', RQ) == 1 then
+      redis.call('PUBLISH', W, '')
+    end
     noted(id, 2)
     return out({ 4, 0 })
   end

@@ -79,6 +79,9 @@ func (rw *RWMutex) TryRLock(h Holder) bool {
 	if !mine && (rw.w != nil || others > 0) {
 		return false
 	}
+	// An owner whose Lock waits reads now: that Lock is an upgrade, and
+	// its place goes.
+	delete(rw.places, tok)
 	r := &hold{tok: tok, count: 1, deadline: now + rw.ttl}
 	rw.readers[tok] = r
 	if h.Owner {
