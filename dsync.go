@@ -169,7 +169,9 @@ func (c *Client) Close() error {
 			c.renew.CloseWithin(left())
 		}
 		if c.notify != nil {
-			c.notify.close()
+			// A moment at least, for its goroutines to see it, also when
+			// the budget is spent.
+			c.notify.closeWithin(max(left(), cleanupGrace))
 		}
 	})
 	return nil

@@ -370,7 +370,11 @@ func abandonRetrying(ctx context.Context, u abandoner) {
 
 // transient reports whether err, the error of a command, may not recur
 // if the command is sent again: no reply came, or the server was not ready.
+// A Redis client closed by its user sends nothing again.
 func transient(err error) bool {
+	if errors.Is(err, redis.ErrClosed) {
+		return false
+	}
 	var re redis.Error
 	if !errors.As(err, &re) {
 		return true

@@ -411,8 +411,10 @@ func (b *base) lowerLevel(h *hold) bool {
 // unknown whether the script ran: no reply came (the connection failed or
 // timed out, ctx ended). A reply, even an error (the script failed, or did
 // not run: NOSCRIPT, BUSY, OOM), tells the outcome, and so does a call
-// that was never sent (the Client closed).
+// that was never sent (the Client closed, or the Redis client: its user
+// closed it, redis.ErrClosed).
 func unknownOutcome(err error) bool {
 	var re redis.Error
-	return !errors.As(err, &re) && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrClosed) && !errors.Is(err, ErrInvalid)
+	return !errors.As(err, &re) && !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrClosed) && !errors.Is(err, ErrInvalid) &&
+		!errors.Is(err, redis.ErrClosed)
 }

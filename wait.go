@@ -527,6 +527,28 @@ func (n *notifier) sweep() {
 	}
 }
 
+// closeWithin is close, but waits at most d for the pub/sub connections to
+// close and the goroutines to end: a SUBSCRIBE or PING the server holds
+// (on a connection still coming up, say) holds its PubSub's lock, and its
+// Close with it, until go-redis gives up on it (its ReadTimeout, or never
+// with none). The rest then ends in the background when go-redis does. It
+// reports whether all had ended.
+func (n *notifier) closeWithin(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.close()
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
 func (n *notifier) close() {
 	n.mu.Lock()
 	n.closed = true
