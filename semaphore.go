@@ -62,7 +62,9 @@ type Semaphore struct {
 	// have ended (else they were lost).
 	releasing int
 	pending   []pendingHolding
-	gone      uint64 // fencing token of the handle's last holding known to have ended
+	late      []lateGrant     // grants into ended holdings, learned meanwhile (see lateLocked)
+	flights   []*handleFlight // the handle's Acquire calls in flight
+	gone      uint64          // fencing token of the handle's last holding known to have ended
 }
 
 // MaxSemaphoreSize is the largest size of a [Semaphore]: 2^52. The scripts
@@ -152,16 +154,20 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 		return false, ErrClosed
 	}
 	defer s.c.end()
+	// Hand-overs name the call, not the holder: one holder may have several
+	// calls waiting.
+	sc := &semCall{s: s, tok: tokArg, owned: owned, n: n}
 	if owned {
 		// A release of the owner that ends the holding this call's
 		// permits go into, answered before this call, is noted for it.
 		k := holdKey{s.keys[0], tok}
 		s.c.semFlightBegin(k)
 		defer s.c.semFlightEnd(k)
+	} else {
+		// The same for the handle.
+		s.flightBegin(&sc.fl)
+		defer s.flightEnd(&sc.fl)
 	}
-	// Hand-overs name the call, not the holder: one holder may have several
-	// calls waiting.
-	sc := &semCall{s: s, tok: tokArg, owned: owned, n: n}
 	sc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(tok, newCallID(), s.c.notify.inboxFor(owned)), ttl: s.cfg.ttl, timed: true}
 	g, start, err := s.c.take(ctx, &sc.acquisition, sc, wait)
 	if err == nil && g.kind == final {
@@ -177,7 +183,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 			return false, err
 		}
 	}
-	s.held(holdID{tok: tok, tokArg: tokArg, fence: g.fence, fenceArg: g.fenceArg}, owned, n, start)
+	s.held(holdID{tok: tok, tokArg: tokArg, fence: g.fence, fenceArg: g.fenceArg}, owned, n, start, &sc.fl)
 	if f := s.c.semTook; f != nil {
 		f(ctx, g.fence)
 	}
@@ -194,6 +200,7 @@ type semCall struct {
 	n     int64
 	cmd   []any // the acquire script's command, built by the first attempt
 	queue bool  // whether cmd takes a queue place
+	fl    handleFlight
 }
 
 // attempt runs the acquire script once.
@@ -329,6 +336,10 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 					s.lostLocked(p.h, p.n)
 				}
 				s.pending = nil
+				for _, l := range s.late {
+					s.owed += l.n // no release ended it: lost
+				}
+				s.late = nil
 			}
 		}()
 	}
@@ -364,6 +375,9 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 	}
 	s.c.endUnlock(rec, err == nil && r[0] == 1 && r[1] == 0)
 	if err != nil {
+		if !owned && unknownOutcome(err) {
+			s.unsureLate(named)
+		}
 		switch {
 		case left && unknownOutcome(err):
 			s.unsettled(owned, tok, h, n)
@@ -373,6 +387,11 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 			// The caller may repeat it: the repeat names the same
 			// holding (see base.reowe).
 			s.c.reowe(holdKey{s.keys[0], tok}, named, n)
+		case !owned && h != nil && unknownOutcome(err):
+			// Some of the handle's permits of h: if h is lost, they are
+			// not owed (they were sent for), as those of a Release of
+			// all are not (see lostLocked).
+			s.unsurePart(h, n)
 		}
 		return err
 	}

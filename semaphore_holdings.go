@@ -31,7 +31,7 @@ func (s *Semaphore) handleToken() (string, any) {
 }
 
 // held records n permits taken in holding id.
-func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
+func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time, fl *handleFlight) {
 	tok, fence := id.tok, id.fence
 	newHold := func() *hold {
 		return s.c.startHold(&s.cfg, renew.Spec{
@@ -53,17 +53,22 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if fence <= s.gone {
-		// The reply of a release that ended this holding came first.
+	if fence <= s.gone || (s.cur != nil && fence < s.cur.fence) {
+		// A grant of a holding that ended before the handle's current
+		// one began (a holder's tokens rise), or no later than the last
+		// one a release ended: nothing of it is held. If the reply of a
+		// release that ended it came first, the permits went with it;
+		// else it was lost (or a release in flight ends it), and they
+		// stay the handle's to release, as those of a holding it
+		// replaced do (see lostLocked): Releases settle them, and must
+		// not end a later holding's permits for them.
+		if !fl.unsure && !slices.Contains(fl.ended, fence) {
+			s.lateLocked(fence, n)
+		}
 		return
 	}
 	if s.cur != nil && s.cur.fence == fence {
 		s.curN += n // added to the holding
-		return
-	}
-	if s.cur != nil && fence < s.cur.fence {
-		// A grant of a holding that ended before the handle's current
-		// one began (a holder's tokens rise): nothing of it is held.
 		return
 	}
 	if s.cur != nil {
@@ -76,6 +81,73 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time) {
 		}
 	}
 	s.cur, s.curN = newHold(), n
+}
+
+// A lateGrant is a grant of n permits into the handle's holding with
+// fencing token fence, learned after a later holding replaced it while
+// Releases were in flight, one of which may have ended it.
+type lateGrant struct {
+	fence uint64
+	n     int64
+}
+
+// lateLocked records n permits granted into the handle's holding with
+// fencing token fence, which ended before the grant was learned, and not
+// by a release whose reply came first: released with it if it is a
+// pending holding or a Release in flight ends it, else lost, and owed.
+// s.mu must be held.
+func (s *Semaphore) lateLocked(fence uint64, n int64) {
+	for i := range s.pending {
+		if s.pending[i].h.fence == fence {
+			s.pending[i].n += n
+			return
+		}
+	}
+	if s.releasing > 0 {
+		s.late = append(s.late, lateGrant{fence, n})
+		return
+	}
+	s.owed += n
+}
+
+// unsureLate forgets the late grants (see lateLocked) into a holding that
+// a Release of the handle naming holding named (nil: none, any holding)
+// may have ended, its outcome unknown: as the permits of a holding such a
+// Release was sent for, they are not owed.
+func (s *Semaphore) unsureLate(named *hold) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.late = slices.DeleteFunc(s.late, func(l lateGrant) bool { return named == nil || named.fence == l.fence })
+	for _, f := range s.flights {
+		if named == nil {
+			f.unsure = true
+		} else {
+			f.ended = append(f.ended, named.fence)
+		}
+	}
+}
+
+// A handleFlight is an Acquire or TryAcquire call through the handle
+// (without an owner) in flight: the fencing tokens of the handle's
+// holdings that releases ended (or, their outcome unknown, may have
+// ended) meanwhile, of which a grant the call learns late may be one
+// (see held).
+type handleFlight struct {
+	ended  []uint64
+	unsure bool // a Release naming no holding got no reply meanwhile
+}
+
+// flightBegin counts an Acquire of the handle in flight; flightEnd ends it.
+func (s *Semaphore) flightBegin(f *handleFlight) {
+	s.mu.Lock()
+	s.flights = append(s.flights, f)
+	s.mu.Unlock()
+}
+
+func (s *Semaphore) flightEnd(f *handleFlight) {
+	s.mu.Lock()
+	s.flights = slices.DeleteFunc(s.flights, func(g *handleFlight) bool { return g == f })
+	s.mu.Unlock()
 }
 
 // ended forgets tok's holding with fencing token fence, which the server
@@ -93,6 +165,10 @@ func (s *Semaphore) ended(owned bool, tok string, fence uint64, n int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gone = max(s.gone, fence)
+	for _, f := range s.flights {
+		f.ended = append(f.ended, fence)
+	}
+	s.late = slices.DeleteFunc(s.late, func(l lateGrant) bool { return l.fence == fence })
 	if s.cur != nil && s.cur.fence == fence {
 		s.cur.release()
 		s.cur, s.curN = nil, 0
@@ -225,6 +301,22 @@ func (s *Semaphore) unsettled(owned bool, tok string, h *hold, n int64) {
 		}
 		return false
 	})
+}
+
+// unsurePart counts n permits of h, a holding of the handle, that a
+// Release of some of its permits was sent for and got no reply, as
+// released: the handle's Releases never settle them.
+func (s *Semaphore) unsurePart(h *hold, n int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == h {
+		s.curN = max(s.curN-n, 0)
+	}
+	for i := range s.pending {
+		if s.pending[i].h == h {
+			s.pending[i].n = max(s.pending[i].n-n, 0)
+		}
+	}
 }
 
 // current returns the handle's holding (nil if none).
