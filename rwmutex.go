@@ -141,7 +141,10 @@ func (rw *RWMutex) TryRLock(ctx context.Context) (bool, error) {
 // success the hold lasts until Unlock, renewed by the Client; with an owner
 // in ctx that already writes rw, Lock re-enters at once. If ctx's owner
 // holds a read lock on rw (and not the write lock), Lock returns
-// [ErrUpgrade] at once. On failure it returns an error for which
+// [ErrUpgrade] at once; so does a waiting Lock once its owner reads (an
+// RLock of the owner does not wait behind the owner's own waiting Lock),
+// and the readers it held back go on at once. On failure it returns an
+// error for which
 // errors.Is(err, ctx.Err()) holds (or a Redis or [ErrClosed] error) and
 // leaves no hold behind, also when the server took the lock but the reply
 // was lost (unless Redis stays unreachable for more than 5 s: see the
