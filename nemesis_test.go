@@ -2584,17 +2584,18 @@ func (w *nemWorld) checkTokens(hs []*nemHold) {
 
 // joinedUnknown returns an acquire call of h's holder on h's name, made
 // before before (when a smaller token than h's was already issued) and
-// ended within the longest TTL before h's acquire was called, whose
-// outcome is unknown (an error, not a refusal): the holding it may have
-// taken in Redis keeps its token when the holder acquires again while the
-// holding lasts (a re-entry, or an owner's permits adding up). Nil if none.
+// ended within the longest TTL before h's acquire was called, or later
+// (still in flight when h's call joined what it took), whose outcome is
+// unknown (an error, not a refusal): the holding it may have taken in
+// Redis keeps its token when the holder acquires again while the holding
+// lasts (a re-entry, or an owner's permits adding up). Nil if none.
 func (w *nemWorld) joinedUnknown(h *nemHold, before time.Time) *nemCall {
 	if h.ident == "" || (!h.owned && !(h.kind == kSem && h.handle != 0)) {
 		return nil
 	}
 	for _, c := range w.callsBy[h.name] {
 		if c.ident == h.ident && c.write == h.write && c.err != nil && c.start.Before(before) &&
-			c.end.Add(w.cl.ttl[1]).After(h.call) && c.end.Before(h.call) {
+			c.end.Add(w.cl.ttl[1]).After(h.call) {
 			return c
 		}
 	}
@@ -3152,6 +3153,28 @@ func TestNemesisTokenJoinOfAHandlesUnknownOutcome(t *testing.T) {
 		}
 		w.checkTokens([]*nemHold{mk("owner p", 0, tok+1, 100), mk("handle h0@p0", 1, tok, 500)})
 	}, "h0's failed call at 50 ms may have taken the holding", "no failed call of h0", "a token report")
+}
+
+// The same for a failed call of the owner still in flight when its later
+// call joined the holding it took (its reply lost or late, its caller
+// gone after the join).
+func TestNemesisTokenJoinOfACallInFlight(t *testing.T) {
+	checkExcused(t, &nemClass{ttl: nemSpan{2 * time.Second, 4 * time.Second}}, 2000, func(w *nemWorld, at func(int) time.Time, unknown bool) {
+		tok := uint64(at(0).UnixMicro())
+		mk := func(ident string, token uint64, call int) *nemHold {
+			return &nemHold{kind: kSem, name: "x", write: true, n: 1, ident: ident, owned: true, ttl: 2 * time.Second,
+				call: at(call), ret: at(call + 10), rel: at(call + 100), relDone: at(call + 110), token: token, lease: &dsync.Lease{}}
+		}
+		// o's call at 50 ms fails at 700 ms; p acquires at 100 ms with the
+		// next token; o's call at 500 ms returns at 510 ms with the earlier
+		// one.
+		w.callsBy = map[string][]*nemCall{"x": {{what: "Acquire", kind: kSem, name: "x", ident: "owner o", owned: true,
+			write: true, start: at(50), end: at(700), err: context.DeadlineExceeded}}}
+		if !unknown {
+			w.callsBy["x"][0].ident = "owner q"
+		}
+		w.checkTokens([]*nemHold{mk("owner p", tok+1, 100), mk("owner o", tok, 500)})
+	}, "o's call in flight from 50 to 700 ms may have taken the holding", "no failed call of o", "a token report")
 }
 
 // A Semaphore handle's release that fails leaves its permits with the
