@@ -130,11 +130,20 @@ func (c *Client) evalWaitNow(ctx context.Context, cfg *config, key string, sc *s
 		}
 		rdb = m
 	}
-	for range 2 {
+	start := time.Now()
+	for i := range 2 {
+		// After NOSCRIPT, the WAIT behind the failed EVALSHA has waited
+		// already: the second one gets what is left of the timeout (ms
+		// makes it at least 1 ms; WAIT 0 would wait forever), so that the
+		// acquire waits for at most the timeout, as WaitReplicas says.
+		timeout := cfg.replicaWait
+		if i > 0 {
+			timeout -= time.Since(start)
+		}
 		pipe := rdb.Pipeline()
 		cmd := redis.NewCmd(ctx, a...)
 		_ = pipe.Process(ctx, cmd)
-		wait := redis.NewIntCmd(ctx, "wait", cfg.replicas, ms(cfg.replicaWait))
+		wait := redis.NewIntCmd(ctx, "wait", cfg.replicas, ms(timeout))
 		_ = pipe.Process(ctx, wait)
 		_, _ = pipe.Exec(ctx)
 		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
