@@ -101,25 +101,13 @@ func testOwnerStaleGrant(t *testing.T, kind, how string) {
 	}
 	if how == "reply/unlocked" {
 		must(t, q.Unlock(pctx))
-		ran, open := make(chan struct{}), make(chan struct{})
-		t.Cleanup(func() {
-			select {
-			case <-open:
-			default:
-				close(open)
-			}
-		})
-		hk.on(script, heldReply(ran, open))
+		ran, release := hk.holdReply(t, script)
 		aIn := async(func() error { return h.Lock(octx) }) // takes F1, its reply held
-		select {
-		case <-ran:
-		case <-time.After(10 * time.Second):
-			t.Fatal("A's attempt did not run")
-		}
+		ran("A's attempt")
 		// The goroutines of O share its levels: C's Unlock (O has nothing
 		// on record in c, so it names no hold) ends F1's level.
 		must(t, h.Unlock(octx))
-		checkStaleGrant(t, h, octx, aIn, redisHold, func() { close(open) })
+		checkStaleGrant(t, h, octx, aIn, redisHold, release)
 		return
 	}
 	aIn := async(func() error { return h.Lock(octx) })

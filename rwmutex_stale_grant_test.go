@@ -50,35 +50,10 @@ func testRWStaleGrant(t *testing.T, b redistest.Backend, ctx context.Context, na
 		queued = func() int64 { return rdb.ZCard(ctx, k.WriterQueue).Val() }
 	}
 
-	msgs := newHeldMessages()
-	msgs.all = true // also the plain releases that admit a reader
-	gate := newNthRun("rwmutex_lock", 3)
-	if delayed {
-		gate.n = 2
-	}
-	c, _ := hookedClient(t, b, gate, dsync.TTL(ttl))
-	t.Cleanup(gate.release) // before c's Close
-	t.Cleanup(msgs.release)
-	dsync.SetMessageHook(c, msgs.hook)
-	s := sKind(c, name)
-	cctx := ctx
-	if owned {
-		cctx = dsync.WithOwner(ctx)
-	}
-
-	// A writer holds; s waits for it.
-	o := writeHold(newClient(t, b, dsync.TTL(ttl)), name)
-	must(t, o.lock(ctx))
-	got := async(func() error { return s.lock(cctx) })
-	if delayed {
-		select {
-		case <-gate.caught:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the call made no second attempt")
-		}
-	} else {
-		waitFor(t, 10*time.Second, "the call's first two attempts answered", func() bool { return gate.answered.Load() == 2 })
-	}
+	// A writer holds; s waits for it (its notifications, also the plain
+	// releases that admit a reader, held once armed).
+	w := startStaleWaiter(t, b, ctx, name, "rwmutex_lock", ttl, owned, delayed, sKind, writeHold)
+	msgs, gate, s, cctx, o, got := w.msgs, w.gate, w.s, w.cctx, w.o, w.got
 	if n := queued(); n != 1 {
 		t.Fatalf("%d waiting, want the call", n)
 	}

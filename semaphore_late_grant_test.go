@@ -95,21 +95,9 @@ func TestSemaphoreLateGrantIntoLostHoldingIsOwed(t *testing.T) {
 	k := semKeys(name)
 
 	must(t, s.Acquire(ctx, 1)) // A: F1; the script loaded
-	ran, open := make(chan struct{}), make(chan struct{})
-	t.Cleanup(func() {
-		select {
-		case <-open:
-		default:
-			close(open)
-		}
-	})
-	hk.on("semaphore_acquire", heldReply(ran, open))
+	ran, release := hk.holdReply(t, "semaphore_acquire")
 	bIn := async(func() error { return s.Acquire(ctx, 2) }) // B joins F1
-	select {
-	case <-ran:
-	case <-time.After(10 * time.Second):
-		t.Fatal("B's acquire did not run")
-	}
+	ran("B's acquire")
 	if n, _ := rdb.HGet(ctx, k.State, ":used").Int(); n != 3 {
 		t.Fatalf(":used = %d after B joined F1, want 3", n)
 	}
@@ -117,7 +105,7 @@ func TestSemaphoreLateGrantIntoLostHoldingIsOwed(t *testing.T) {
 	must(t, s.Acquire(ctx, 1))                      // C: a fresh holding F2
 	lc, err := s.Lease(ctx)
 	must(t, err)
-	close(open)
+	release()
 	must(t, recvErr(t, bIn, "B"))
 
 	// B gives its 2 permits back: they were lost with F1.
@@ -153,27 +141,15 @@ func TestSemaphoreLateGrantIntoLostHoldingAfterARelease(t *testing.T) {
 	must(t, s.Acquire(ctx, 1)) // A: F1; the script loaded
 	must(t, s.Release(ctx, 1))
 	must(t, s.Acquire(ctx, 1))
-	ran, open := make(chan struct{}), make(chan struct{})
-	t.Cleanup(func() {
-		select {
-		case <-open:
-		default:
-			close(open)
-		}
-	})
-	hk.on("semaphore_acquire", heldReply(ran, open))
+	ran, release := hk.holdReply(t, "semaphore_acquire")
 	bIn := async(func() error { return s.Acquire(ctx, 2) }) // B joins F1
-	select {
-	case <-ran:
-	case <-time.After(10 * time.Second):
-		t.Fatal("B's acquire did not run")
-	}
+	ran("B's acquire")
 	must(t, rdb.Del(ctx, k.State, k.Holders).Err()) // F1 lost
 	must(t, s.Acquire(ctx, 1))                      // C: F2
 	mustIs(t, s.Release(ctx, 1), dsync.ErrLeaseLost, "A's Release(1) = %v, want ErrLeaseLost")
 	must(t, s.Release(ctx, 1)) // C's: F2 ends
 	must(t, s.Acquire(ctx, 2)) // D: F3
-	close(open)
+	release()
 	must(t, recvErr(t, bIn, "B"))
 
 	mustIs(t, s.Release(ctx, 2), dsync.ErrLeaseLost, "B's Release(2) = %v, want ErrLeaseLost")
@@ -241,21 +217,9 @@ func TestSemaphoreLateGrantIntoUnsurelyReleasedHoldingNotOwed(t *testing.T) {
 	must(t, s.Acquire(ctx, 1)) // the scripts loaded
 	must(t, s.Release(ctx, 1))
 	must(t, s.Acquire(ctx, 1)) // A: F1
-	ran, open := make(chan struct{}), make(chan struct{})
-	t.Cleanup(func() {
-		select {
-		case <-open:
-		default:
-			close(open)
-		}
-	})
-	hk.on("semaphore_acquire", heldReply(ran, open))
+	ran, release := hk.holdReply(t, "semaphore_acquire")
 	bIn := async(func() error { return s.Acquire(ctx, 2) }) // B joins F1
-	select {
-	case <-ran:
-	case <-time.After(10 * time.Second):
-		t.Fatal("B's acquire did not run")
-	}
+	ran("B's acquire")
 	rel.DropReplyNext(1, errors.New("i/o timeout"))
 	if err := s.Release(ctx, 3); err == nil {
 		t.Fatal("the Release whose reply was lost returned nil")
@@ -264,7 +228,7 @@ func TestSemaphoreLateGrantIntoUnsurelyReleasedHoldingNotOwed(t *testing.T) {
 		t.Fatalf("the Release did not end F1")
 	}
 	must(t, s.Acquire(ctx, 1)) // C: F2
-	close(open)
+	release()
 	must(t, recvErr(t, bIn, "B"))
 	if err := s.Release(ctx, 1); err != nil {
 		t.Fatalf("C's Release(1) = %v, want nil", err)

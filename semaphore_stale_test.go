@@ -88,18 +88,32 @@ func (h *onceHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	}
 }
 
-// heldReply returns a handler that sends the script, signals ran, and holds
-// the reply until open is closed.
-func heldReply(ran, open chan struct{}) func(func() error) error {
-	return func(run func() error) error {
+// holdReply makes the next call of script run and then hold its reply
+// back until release is called (at t's cleanup at the latest, or after
+// 30 s); ran waits until the script ran (10 s at most), what naming it.
+func (h *onceHook) holdReply(t *testing.T, script string) (ran func(what string), release func()) {
+	done, open := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(open) }) }
+	t.Cleanup(release)
+	h.on(script, func(run func() error) error {
 		err := run()
-		close(ran)
+		close(done)
 		select {
 		case <-open:
 		case <-time.After(30 * time.Second):
 		}
 		return err
+	})
+	ran = func(what string) {
+		t.Helper()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s did not run", what)
+		}
 	}
+	return ran, release
 }
 
 func recvErr(t *testing.T, ch <-chan error, what string) error {
@@ -155,27 +169,15 @@ func testStaleGrantKeepsLaterHolding(t *testing.T, owned bool) {
 	msgs.arm()
 	must(t, q.Release(qctx, 1)) // F1 handed to B; B does not hear of it yet
 
-	ran, open := make(chan struct{}), make(chan struct{})
-	t.Cleanup(func() {
-		select {
-		case <-open:
-		default:
-			close(open)
-		}
-	})
-	hk.on("semaphore_release", heldReply(ran, open))
+	ran, release := hk.holdReply(t, "semaphore_release")
 	rIn := async(func() error { return s.Release(ctx, 1) }) // ends F1
-	select {
-	case <-ran:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the release did not run")
-	}
+	ran("the release")
 	must(t, s.Acquire(ctx, 1)) // F2
 	l2, err := s.Lease(ctx)
 	must(t, err)
 	msgs.release()
 	must(t, recvErr(t, bIn, "B"))
-	close(open)
+	release()
 	must(t, recvErr(t, rIn, "the release"))
 	if n := hk.maxAttempts(); n != 1 {
 		t.Fatalf("B made %d attempts, want 1 (it must learn of F1 from the notification)", n)
@@ -219,27 +221,15 @@ func testRepeatedUnnamedReleaseEndsHolding(t *testing.T, owned bool) {
 	must(t, s.Acquire(ctx, 1)) // load the scripts
 	must(t, s.Release(ctx, 1))
 
-	ran, open := make(chan struct{}), make(chan struct{})
-	t.Cleanup(func() {
-		select {
-		case <-open:
-		default:
-			close(open)
-		}
-	})
-	hk.on("semaphore_acquire", heldReply(ran, open))
+	ran, release := hk.holdReply(t, "semaphore_acquire")
 	aIn := async(func() error { return s.Acquire(ctx, 1) })
-	select {
-	case <-ran:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the acquire did not run")
-	}
+	ran("the acquire")
 	hk.on("semaphore_release", func(run func() error) error {
 		_ = run()    // the first reply is lost
 		return run() // go-redis's resend answers
 	})
 	must(t, s.Release(ctx, 1)) // ends F
-	close(open)
+	release()
 	must(t, recvErr(t, aIn, "the Acquire"))
 
 	if ok, err := newClient(t, b).Semaphore(name, 1).TryAcquire(qctx, 1); err != nil || !ok {

@@ -285,40 +285,8 @@ func testStaleHandover(t *testing.T, b redistest.Backend, ctx context.Context, n
 	const ttl = 3 * time.Second
 	rdb := b.NewClient(t)
 
-	msgs := newHeldMessages()
-	msgs.all = true // also the wake-ups that would make it ask at once
-	// The call's first attempt queues it; a fresh Client subscribes
-	// only then, so the call attempts once more at once (a release may
-	// have been missed), and then sleeps, half its TTL at most. Delayed:
-	// that second attempt is held back, sent before the hand-over; else
-	// the third, which the call makes after the hand-over. Either reaches
-	// Redis once the name was deleted and taken by another Client.
-	gate := newNthRun(script, 3)
-	if delayed {
-		gate.n = 2
-	}
-	c, _ := hookedClient(t, b, gate, dsync.TTL(ttl))
-	t.Cleanup(gate.release) // before c's Close
-	t.Cleanup(msgs.release)
-	dsync.SetMessageHook(c, msgs.hook)
-	s := kind(c, name)
-	cctx := ctx
-	if owned {
-		cctx = dsync.WithOwner(ctx)
-	}
-
-	o := kind(newClient(t, b, dsync.TTL(ttl)), name)
-	must(t, o.lock(ctx))
-	got := async(func() error { return s.lock(cctx) })
-	if delayed {
-		select {
-		case <-gate.caught:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the call made no second attempt")
-		}
-	} else {
-		waitFor(t, 10*time.Second, "the call's first two attempts answered", func() bool { return gate.answered.Load() == 2 })
-	}
+	w := startStaleWaiter(t, b, ctx, name, script, ttl, owned, delayed, kind, kind)
+	msgs, gate, s, cctx, o, got := w.msgs, w.gate, w.s, w.cctx, w.o, w.got
 	if n := rdb.ZCard(ctx, queue).Val(); n != 1 {
 		t.Fatalf("%d queued, want the call", n)
 	}
@@ -365,4 +333,55 @@ func testStaleHandover(t *testing.T, b redistest.Backend, ctx context.Context, n
 	if !ok {
 		t.Errorf("after o2's release the hold went to a call that had returned: held by nobody until its TTL")
 	}
+}
+
+// A staleWaiter is a call waiting for a name behind another Client's hold,
+// set up for a late hand-over (see startStaleWaiter).
+type staleWaiter struct {
+	msgs *heldMessages // the call's Client's messages, held once armed
+	gate *nthRun       // holds the call's nth attempt of the lock script
+	s    holdCalls     // the waiting call's handle
+	cctx context.Context
+	o    holdCalls // the other Client's hold, taken
+	got  <-chan error
+}
+
+// startStaleWaiter has another Client take name through a hold of kind
+// holder and a call through a kind handle wait for it (with an owner if
+// owned), on a Client with TTL ttl whose messages are held once armed
+// (all of them) and whose nth run of script is held back: the call's
+// first attempt queues it; a fresh Client subscribes only then, so the
+// call attempts once more at once (a release may have been missed), and
+// then sleeps, half its TTL at most. Delayed: that second attempt is held
+// back, sent before a hand-over; else the third, which the call makes
+// after it. It returns once that attempt is caught (delayed) or the first
+// two are answered.
+func startStaleWaiter(t *testing.T, b redistest.Backend, ctx context.Context, name, script string, ttl time.Duration, owned, delayed bool, kind, holder holdKind) staleWaiter {
+	t.Helper()
+	w := staleWaiter{msgs: newHeldMessages(), gate: newNthRun(script, 3), cctx: ctx}
+	w.msgs.all = true // also the wake-ups that would make it ask at once
+	if delayed {
+		w.gate.n = 2
+	}
+	c, _ := hookedClient(t, b, w.gate, dsync.TTL(ttl))
+	t.Cleanup(w.gate.release) // before c's Close
+	t.Cleanup(w.msgs.release)
+	dsync.SetMessageHook(c, w.msgs.hook)
+	w.s = kind(c, name)
+	if owned {
+		w.cctx = dsync.WithOwner(ctx)
+	}
+	w.o = holder(newClient(t, b, dsync.TTL(ttl)), name)
+	must(t, w.o.lock(ctx))
+	w.got = async(func() error { return w.s.lock(w.cctx) })
+	if delayed {
+		select {
+		case <-w.gate.caught:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the call made no second attempt")
+		}
+	} else {
+		waitFor(t, 10*time.Second, "the call's first two attempts answered", func() bool { return w.gate.answered.Load() == 2 })
+	}
+	return w
 }
