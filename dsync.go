@@ -152,7 +152,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // at most in all for those sent to a server that does not answer; then it
 // cancels the clean-ups left. A command still in flight ends when go-redis
 // gives up on it (its ReadTimeout, 3 s by default, or the ctx deadline
-// with ContextTimeoutEnabled).
+// with ContextTimeoutEnabled). A call in progress whose command the server
+// holds returns when that command does or its ctx ends, whichever is
+// first, not at Close; its clean-up then runs on its own, 5 s at most.
 func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
