@@ -308,6 +308,13 @@ func (c *Client) lockHold(ctx context.Context, ttl time.Duration, l lockOf) (boo
 		if cw, g, passed, err = c.cohortAwait(ctx, l.key, l.tok, l.a.to.id, l.ttlArg, ttl, l.op); err != nil {
 			return false, err
 		} else if passed {
+			if c.isClosed() {
+				// As take does for a grant that Close came first to:
+				// nobody would renew the hold.
+				c.cleanup(ctx, l.op)
+				c.cohorts.leave(l.key)
+				return false, ErrClosed
+			}
 			return l.op.record(ctx, g, cw.passSent, true)
 		}
 	}
