@@ -70,9 +70,6 @@ var errSuperseded = errors.New("dsync: grant older than the owner's hold in this
 func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, c lockCall) (*hold, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if c.w != nil && c.w.rel != c.rel {
-		return nil, errRegrant
-	}
 	if h := b.holds[k]; c.ordered && h != nil && fence < h.fence && !h.lost() {
 		return nil, errSuperseded
 	}

@@ -22,7 +22,9 @@ for i = 1, #KEYS / 2 do
     if s then
       -- Expired: its share is gone even if no script pruned it yet.
       redis.call('ZREM', z, tok)
-      peek('HDEL', h, tok)
+      -- h may hold another type (foreign data): its error would fail
+      -- every hold of the call.
+      redis.pcall('HDEL', h, tok)
     end
     out[i] = 0
   elseif string.match(peek('HGET', h, tok) or '', '^%S+ (%S+)') ~= ARGV[3 * i] then
