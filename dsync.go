@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -322,9 +323,44 @@ func ms(d time.Duration) int64 {
 }
 
 // newCallID returns an id for one call: scripts that see the same id twice
-// (a retry after a lost reply) answer as before and change nothing.
+// (a retry after a lost reply) answer as before and change nothing. An id
+// is 64 random bits in base 36, zero-padded to callIDLen digits, cut from a
+// string of callIDsPerChunk ids made at once: a call costs no allocation
+// for its id.
 func newCallID() string {
-	return strconv.FormatUint(rand.Uint64(), 36)
+	callIDs.mu.Lock()
+	if callIDs.left == "" {
+		callIDs.left = newCallIDChunk()
+	}
+	id := callIDs.left[:callIDLen]
+	callIDs.left = callIDs.left[callIDLen:]
+	callIDs.mu.Unlock()
+	return id
+}
+
+const (
+	callIDLen       = 13 // base-36 digits of the largest uint64
+	callIDsPerChunk = 64
+)
+
+// callIDs holds the ids of the current chunk not handed out yet.
+var callIDs struct {
+	mu   sync.Mutex
+	left string
+}
+
+func newCallIDChunk() string {
+	var b strings.Builder
+	b.Grow(callIDLen * callIDsPerChunk)
+	var digits [callIDLen]byte
+	for range callIDsPerChunk {
+		d := strconv.AppendUint(digits[:0], rand.Uint64(), 36)
+		for range callIDLen - len(d) {
+			b.WriteByte('0')
+		}
+		b.Write(d)
+	}
+	return b.String()
 }
 
 // detached returns a context for cleanup that must run although ctx ended.
