@@ -38,7 +38,8 @@ type batcher struct {
 	wait   time.Duration // maxQueueWait
 	flight int
 	queue  []*queuedCall
-	late   *time.Timer // sends the queue after maxQueueWait (see flushLate)
+	spare  []*queuedCall // a sent batch's slice, for the next queue
+	late   *time.Timer   // sends the queue after maxQueueWait (see flushLate)
 }
 
 // A queuedCall is a script call waiting in a batcher's queue, then in a
@@ -49,7 +50,8 @@ type batcher struct {
 type queuedCall struct {
 	ctx  context.Context
 	sc   *script
-	cmd  *redis.Cmd
+	a    []any       // the command (see scriptCall)
+	cmd  *redis.Cmd  // its reply, once over; nil if its caller was gone
 	gone atomic.Bool // its caller returned (ctx ended): not sent if not yet
 	done chan struct{}
 }
@@ -64,7 +66,7 @@ func (q *queuedCall) over() { q.done <- struct{}{} }
 // was never queued) and its caller received from done.
 func (q *queuedCall) reuse() *redis.Cmd {
 	cmd := q.cmd
-	q.ctx, q.sc, q.cmd = nil, nil, nil
+	q.ctx, q.sc, q.a, q.cmd = nil, nil, nil, nil
 	q.gone.Store(false)
 	queuedCalls.Put(q)
 	return cmd
@@ -82,6 +84,9 @@ func (c *Client) enter(q *queuedCall) bool {
 	}
 	if q == nil {
 		return false
+	}
+	if b.queue == nil {
+		b.queue, b.spare = b.spare, nil
 	}
 	b.queue = append(b.queue, q)
 	if len(b.queue) == 1 {
@@ -128,16 +133,22 @@ func (c *Client) flush(d int) {
 // closed, in one of its own (the calls in it are calls in progress at
 // Close, or the clean-ups of such calls, which still go out).
 func (c *Client) startBatch(batch []*queuedCall) {
-	if !c.calls.start(func() { c.sendBatch(batch) }) {
-		go c.sendBatch(batch)
-	}
+	go c.sendBatch(batch, c.calls.add())
+}
+
+// recycle keeps the slice of a batch that was sent for the next queue.
+func (b *batcher) recycle(batch []*queuedCall) {
+	clear(batch)
+	b.mu.Lock()
+	b.spare = batch[:0]
+	b.mu.Unlock()
 }
 
 // evalQueued sends a call to the queue (see maxFlight), or at once if the
 // calls in flight ended meanwhile, and waits for its reply or for ctx's end.
 func (c *Client) evalQueued(ctx context.Context, sc *script, a []any) *redis.Cmd {
 	q := queuedCalls.Get().(*queuedCall)
-	q.ctx, q.sc, q.cmd = ctx, sc, redis.NewCmd(ctx, a...)
+	q.ctx, q.sc, q.a = ctx, sc, a
 	if c.enter(q) {
 		q.reuse()
 		return c.evalAlone(ctx, sc, a)
@@ -158,14 +169,18 @@ func (c *Client) evalQueued(ctx context.Context, sc *script, a []any) *redis.Cmd
 
 // sendBatch sends batch, calls taken from the queue, as one pipeline (one
 // call alone, as if it had not waited), and then ends its flight (see
-// leave). A call whose caller returned meanwhile is not sent; a call the
-// server did not know the script of is sent again alone, after loading it.
-func (c *Client) sendBatch(batch []*queuedCall) {
+// leave); counted tells that c.calls counts the goroutine it runs in. A
+// call whose caller returned meanwhile is not sent; a call the server did
+// not know the script of is sent again alone, after loading it.
+func (c *Client) sendBatch(batch []*queuedCall, counted bool) {
+	if counted {
+		defer c.calls.end()
+	}
 	defer c.leave()
+	defer c.batch.recycle(batch)
 	sent := batch[:0]
 	for _, q := range batch {
 		if q.gone.Load() {
-			q.cmd.SetErr(q.ctx.Err())
 			q.over()
 			continue
 		}
@@ -176,7 +191,7 @@ func (c *Client) sendBatch(batch []*queuedCall) {
 		return
 	case 1:
 		q := sent[0]
-		q.cmd = c.evalNow(q.ctx, q.sc, q.cmd.Args())
+		q.cmd = c.evalNow(q.ctx, q.sc, q.a)
 		q.over()
 		return
 	}
@@ -185,6 +200,7 @@ func (c *Client) sendBatch(batch []*queuedCall) {
 	// values.
 	pipe := c.rdb.Pipeline()
 	for _, q := range sent {
+		q.cmd = redis.NewCmd(q.ctx, q.a...)
 		_ = pipe.Process(q.ctx, q.cmd)
 	}
 	_, _ = pipe.Exec(context.Background())
@@ -192,7 +208,7 @@ func (c *Client) sendBatch(batch []*queuedCall) {
 		err := q.cmd.Err()
 		switch {
 		case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
-			q.cmd = c.evalNow(q.ctx, q.sc, q.cmd.Args())
+			q.cmd = c.evalNow(q.ctx, q.sc, q.a)
 		case err != nil:
 			q.cmd.SetErr(scriptError(err))
 		}
