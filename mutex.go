@@ -184,13 +184,14 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 			return err
 		}
 		var h *hold
+		busy := false
 		if m.cfg.local {
 			var inner bool
-			if h, inner = m.b.leaveLocal(k); inner {
+			if h, inner, busy = m.b.leaveLocal(k, false); inner {
 				return nil
 			}
 		}
-		return settle(m.b, ctx, mutexRelease{m, k, otok, h}, mutexOwnerSettler)
+		return settle(m.b, ctx, mutexRelease{m, k, otok, h, busy}, mutexOwnerSettler)
 	}
 	return settle(m.b, ctx, mutexRelease{m: m}, mutexHandleSettler)
 }
@@ -207,18 +208,26 @@ func releaseMutexHandle(ctx context.Context, r mutexRelease) error {
 
 // mutexRelease is what an Unlock of m releases: a level of the hold of
 // owner otok recorded under k (h under client reentrancy: the hold of its
-// last level), or the handle's hold.
+// last level, or with busy, a release of it was under way and the level
+// is counted once that is over), or the handle's hold.
 type mutexRelease struct {
 	m    *Mutex
 	k    holdKey
 	otok string
 	h    *hold
+	busy bool
 }
 
 // releaseMutexOwner is Unlock for an owner, on a ctx from settle.
 func releaseMutexOwner(ctx context.Context, r mutexRelease) error {
 	m := r.m
 	if m.cfg.local {
+		if r.busy {
+			var inner bool
+			if r.h, inner, _ = m.b.leaveLocal(r.k, true); inner {
+				return nil
+			}
+		}
 		// Lock calls of the owner wait until the release is over.
 		defer m.b.endRelease(r.h)
 	}

@@ -285,14 +285,20 @@ func (b *base) enter(ctx context.Context, k holdKey) (bool, *callWatch, uint64, 
 // not, h is the hold the unlock must release in Redis (nil if none is
 // recorded), marked releasing: the caller calls endRelease once the
 // release is over. A release of the hold already under way is waited for
-// first.
-func (b *base) leaveLocal(k holdKey) (h *hold, inner bool) {
+// first with wait; without, leaveLocal counts nothing and reports busy,
+// and the caller calls it again with wait where its ctx does not bound
+// the wait (see settle): that release lasts as long as the server takes
+// to answer, and an Unlock returns when its ctx ends.
+func (b *base) leaveLocal(k holdKey, wait bool) (h *hold, inner, busy bool) {
 	for {
 		b.mu.Lock()
 		h = b.holds[k]
 		if h != nil && h.releasing != nil {
 			ch := h.releasing
 			b.mu.Unlock()
+			if !wait {
+				return nil, false, true
+			}
 			<-ch // the release has its own deadline
 			continue
 		}
@@ -308,7 +314,7 @@ func (b *base) leaveLocal(k holdKey) (h *hold, inner bool) {
 			}
 		}
 		b.mu.Unlock()
-		return h, inner
+		return h, inner, false
 	}
 }
 

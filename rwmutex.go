@@ -284,6 +284,7 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 		return err
 	}
 	var h *hold
+	busy := false
 	if owned {
 		if err := rw.b.otherMode(otok, rw.b.holderToken(&rw.cfg, otok), rw.modeKey(mode)); err != nil {
 			return err
@@ -291,12 +292,12 @@ func (rw *RWMutex) unlock(ctx context.Context, mode string) error {
 	}
 	if owned && rw.cfg.local {
 		var inner bool
-		if h, inner = rw.b.leaveLocal(rw.holdKey(mode, otok)); inner {
+		if h, inner, busy = rw.b.leaveLocal(rw.holdKey(mode, otok), false); inner {
 			// Client reentrancy: an inner unlock, counted in this process.
 			return nil
 		}
 	}
-	return settle(rw.b, ctx, rwRelease{rw, mode, otok, owned, h}, rwSettler)
+	return settle(rw.b, ctx, rwRelease{rw, mode, otok, owned, h, busy}, rwSettler)
 }
 
 // rwRelease is what an unlock of rw releases: a level of owner otok's hold
@@ -308,6 +309,7 @@ type rwRelease struct {
 	otok  string
 	owned bool
 	h     *hold
+	busy  bool // see mutexRelease
 }
 
 var rwSettler = &settler[rwRelease]{f: releaseRW}
@@ -323,6 +325,12 @@ func releaseRW(ctx context.Context, a rwRelease) error {
 		return rw.unlockHandle(ctx, mode, run)
 	}
 	if rw.cfg.local {
+		if a.busy {
+			var inner bool
+			if a.h, inner, _ = rw.b.leaveLocal(rw.holdKey(mode, a.otok), true); inner {
+				return nil
+			}
+		}
 		// Lock calls of the owner wait until the release is over.
 		defer rw.b.endRelease(a.h)
 	}
