@@ -459,29 +459,39 @@ func TestContract(t *testing.T) {
 // Waiters give up (their deadlines end) while the hold they wait for is
 // released: hand-overs race with cancellations. What is left is nothing.
 func contractCancel(t *testing.T, op *contractOp, e contractEnv, ctx context.Context, name string) {
-	p := op.p
-	end := p.holdOn(t, ctx, e, name)
-	c := e.client(t)
+	end := op.p.holdOn(t, ctx, e, name)
+	cancelRace(t, op, e.client(t), ctx, name, 16, end, func(i int, wctx context.Context) context.Context {
+		if i%3 == 0 {
+			return dsync.WithOwner(wctx)
+		}
+		return wctx
+	})
+	op.p.leftNothing(t, ctx, e, name, "after every waiter gave up")
+}
+
+// cancelRace starts n calls of op (every other one op.mix, if any) through
+// c (a Client or a quorum's), each on the ctx that ctxOf makes of a short deadline's, ends the hold
+// they wait for (end) while they wait, and waits for them and for c's
+// clean-ups. A call that gave up took nothing; one that won the race
+// with its deadline gives its hold back. With a shared owner, an RLock
+// of the owner turns its Lock into a refused upgrade (ErrUpgrade).
+func cancelRace(t *testing.T, op *contractOp, c any, ctx context.Context, name string, n int, end func(), ctxOf func(i int, wctx context.Context) context.Context) {
 	var wg sync.WaitGroup
-	for i := 0; i < 16; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for i := range n {
+		wg.Go(func() {
 			wctx, cancel := context.WithTimeout(ctx, time.Duration(1+rand.IntN(40))*time.Millisecond)
 			defer cancel()
-			if i%3 == 0 {
-				wctx = dsync.WithOwner(wctx)
-			}
+			wctx = ctxOf(i, wctx)
 			o := op
 			if i%2 == 1 && op.mix != nil {
 				o = op.mix
 			}
-			took, undo, err := o.call(wctx, p.handle(c, name), i)
+			took, undo, err := o.call(wctx, op.p.handle(c, name), i)
 			if err != nil && took {
 				t.Errorf("%s gave up (%v) but took a hold (ran f)", o.name, err)
 			}
 			if err != nil {
-				if !errors.Is(err, context.DeadlineExceeded) {
+				if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, dsync.ErrUpgrade) {
 					t.Errorf("%s = %v, want DeadlineExceeded", o.name, err)
 				}
 				return
@@ -494,7 +504,7 @@ func contractCancel(t *testing.T, op *contractOp, e contractEnv, ctx context.Con
 			if err := undo(wctx); err != nil && !endedDuring(wctx, err) {
 				t.Errorf("undo %s: %v", o.name, err)
 			}
-		}()
+		})
 	}
 	time.Sleep(20 * time.Millisecond)
 	end()
@@ -502,7 +512,6 @@ func contractCancel(t *testing.T, op *contractOp, e contractEnv, ctx context.Con
 	// A clean-up still running when its call returned finishes in the
 	// background (DESIGN: Deadlines); what must be left is nothing.
 	dsync.WaitCleanups(c)
-	p.leftNothing(t, ctx, e, name, "after every waiter gave up")
 }
 
 // The server runs the attempt, its reply is lost: the caller sees the

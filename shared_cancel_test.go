@@ -106,36 +106,7 @@ func TestSharedOwnerCancelLeavesNothing(t *testing.T) {
 							end := p.holdOn(t, ctx, e, name)
 							c := e.over(t, e.connect(t), mode.opts...)
 							octx := dsync.WithOwner(ctx)
-							var wg sync.WaitGroup
-							for i := 0; i < 12; i++ {
-								wg.Add(1)
-								go func() {
-									defer wg.Done()
-									wctx, cancel := context.WithTimeout(octx, time.Duration(1+rand.IntN(40))*time.Millisecond)
-									defer cancel()
-									o := op
-									if i%2 == 1 && op.mix != nil {
-										o = op.mix
-									}
-									took, undo, err := o.call(wctx, p.handle(c, name), i)
-									if err != nil {
-										if took {
-											t.Errorf("%s gave up (%v) but took a hold", o.name, err)
-										}
-										if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, dsync.ErrUpgrade) {
-											t.Errorf("%s = %v, want DeadlineExceeded", o.name, err)
-										}
-										return
-									}
-									if err := undo(wctx); err != nil && !endedDuring(wctx, err) {
-										t.Errorf("undo %s: %v", o.name, err)
-									}
-								}()
-							}
-							time.Sleep(20 * time.Millisecond)
-							end()
-							wg.Wait()
-							dsync.WaitCleanups(c)
+							cancelRace(t, op, c, octx, name, 12, end, func(_ int, wctx context.Context) context.Context { return wctx })
 							p.leftNothing(t, ctx, e, name, "after the owner's waiters gave up")
 							if t.Failed() {
 								return
