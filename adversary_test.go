@@ -2156,3 +2156,98 @@ func TestAdvRWMutexHandleReadHoldsLastInFirstOut(t *testing.T) {
 		assertRWReleased(t, b, name)
 	})
 }
+
+// After calls that fail in every documented way (refused tries, waiters
+// cancelled by their deadline, an upgrade refused, a size mismatch,
+// releases of more than held or of nothing, a Once run that fails) and
+// ones that succeed (re-entries, a downgrade, partial releases, a Reset),
+// the free name keeps only its fencing counters (within the idle expiry),
+// call ids (within the replay window) and the Once's done mark (within its
+// period).
+func TestAdvNothingLeftAfterFailedCalls(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		c1, c2 := newClient(t, b), newClient(t, b)
+		o1, o2 := dsync.WithOwner(ctx), dsync.WithOwner(ctx)
+		short := func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(o2, 50*time.Millisecond)
+		}
+		refused := func(what string, f func(context.Context) error) {
+			t.Helper()
+			sctx, cancel := short()
+			defer cancel()
+			if err := f(sctx); err == nil {
+				t.Fatalf("%s succeeded", what)
+			}
+		}
+
+		m1, m2 := c1.Mutex(name), c2.Mutex(name)
+		for i := 0; i < 3; i++ {
+			must(t, m1.Lock(o1))
+		}
+		if ok, err := m2.TryLock(o2); ok || err != nil {
+			t.Fatalf("TryLock while held = %v, %v; want false, nil", ok, err)
+		}
+		refused("Lock while held", m2.Lock)
+		for i := 0; i < 3; i++ {
+			must(t, m1.Unlock(o1))
+		}
+		mustIs(t, m1.Unlock(o1), dsync.ErrNotHeld, "extra Unlock = %v, want ErrNotHeld")
+		mustIs(t, m2.Unlock(ctx), dsync.ErrNotHeld, "Unlock of nothing = %v, want ErrNotHeld")
+
+		rw1, rw2 := c1.RWMutex(name), c2.RWMutex(name)
+		must(t, rw1.RLock(o1))
+		mustIs(t, rw1.Lock(o1), dsync.ErrUpgrade, "upgrade = %v, want ErrUpgrade")
+		refused("Lock while read", rw2.Lock)
+		must(t, rw1.RUnlock(o1))
+		must(t, rw1.Lock(o1))
+		must(t, rw1.RLock(o1)) // a downgrade
+		refused("RLock while written", rw2.RLock)
+		must(t, rw1.Unlock(o1))
+		must(t, rw1.RUnlock(o1))
+		mustIs(t, rw1.RUnlock(o1), dsync.ErrNotHeld, "extra RUnlock = %v, want ErrNotHeld")
+
+		s1, s2 := c1.Semaphore(name, 5), c2.Semaphore(name, 5)
+		must(t, s1.Acquire(o1, 3))
+		must(t, s1.Acquire(o1, 1))
+		mustIs(t, c2.Semaphore(name, 4).Acquire(o2, 1), dsync.ErrSizeMismatch, "Acquire of another size = %v, want ErrSizeMismatch")
+		if ok, err := s2.TryAcquire(o2, 2); ok || err != nil {
+			t.Fatalf("TryAcquire past the size = %v, %v; want false, nil", ok, err)
+		}
+		refused("Acquire past the size", func(ctx context.Context) error { return s2.Acquire(ctx, 3) })
+		mustIs(t, s1.Release(o1, 5), dsync.ErrNotHeld, "Release of more than held = %v, want ErrNotHeld")
+		must(t, s1.Release(o1, 1))
+		must(t, s1.Release(o1, 2))
+		must(t, s1.Release(o1, 1))
+		mustIs(t, s1.Release(o1, 1), dsync.ErrNotHeld, "extra Release = %v, want ErrNotHeld")
+
+		once := c1.Once(name, dsync.Period(time.Minute))
+		if err := once.Do(ctx, func(context.Context) error { return errors.New("fails") }); err == nil {
+			t.Fatal("a failing run's Do returned nil")
+		}
+		must(t, once.Do(ctx, func(context.Context) error { return nil }))
+		must(t, once.Reset(ctx))
+		must(t, c2.Once(name, dsync.Period(time.Minute)).Do(ctx, func(context.Context) error { return nil }))
+
+		dsync.WaitCleanups(c1)
+		dsync.WaitCleanups(c2)
+		rdb := b.NewClient(t)
+		bound := map[string]time.Duration{
+			mutexKeys(name).Fence: 24 * time.Hour, rwk(name).Fence: 24 * time.Hour,
+			mutexKeys(name).Calls: time.Minute, rwk(name).Calls: time.Minute,
+			semKeys(name).Calls: time.Minute, onceKeys(name).Calls: time.Minute,
+			onceKeys(name).Done: time.Minute,
+		}
+		for _, k := range nameKeys(t, b, name) {
+			ttl, err := rdb.PTTL(ctx, k).Result()
+			must(t, err)
+			max, ok := bound[k]
+			switch {
+			case !ok:
+				dump, _ := rdb.Dump(ctx, k).Result()
+				t.Errorf("key %s (PTTL %v) left on the free name: %q", k, ttl, dump)
+			case ttl <= 0 || ttl > max:
+				t.Errorf("key %s: PTTL %v, want an expiry within %v", k, ttl, max)
+			}
+		}
+	})
+}

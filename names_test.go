@@ -2,8 +2,11 @@ package dsync_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/keys"
@@ -148,6 +151,27 @@ func TestBraceNamesAreDistinct(t *testing.T) {
 			if n, err := rdb.Exists(ctx, k.Lock).Result(); n != 1 || err != nil {
 				t.Errorf("%q: lock hash %q exists = %d, %v; want 1", name, k.Lock, n, err)
 			}
+		}
+	})
+}
+
+// More names that a hash tag could split or that look like a key's
+// suffix: every primitive works under each, on every deployment.
+func TestMoreOddNamesWork(t *testing.T) {
+	names := []string{"{x", "x{", "{{", "{}{}", "{\n}", "a}:f", "a}:rw:f", "}:f", "{a}:x", "=}", "a\x00}", "@{}",
+		strings.Repeat("{", 300) + "}"}
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		prefix := dsync.Prefix(redistest.Key(t))
+		for i, name := range names {
+			t.Run(fmt.Sprint(i), func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				c1, c2 := newClient(t, b, prefix), newClient(t, b, prefix)
+				braceMutex(ctx, t, c1.Mutex(name), c2.Mutex(name))
+				braceRWMutex(ctx, t, c1.RWMutex(name), c2.RWMutex(name))
+				braceSemaphore(ctx, t, c1.Semaphore(name, 2), c2.Semaphore(name, 2))
+				braceOnce(ctx, t, c1.Once(name), c2.Once(name))
+			})
 		}
 	})
 }

@@ -158,6 +158,18 @@ local function stale(bound)
   return not b or b < now_ms or b > now_ms + VALID_MS
 end
 
+-- Whether a waiting place that lapses at dl (server ms, a number), of a
+-- waiter whose TTL is ttl (ms, a string), lasts longer than any place that
+-- waiter takes (place_ms(ttl) from its last attempt), by more than
+-- VALID_MS, allowed for a server clock that stepped back since. Only
+-- foreign data does: every waiter's attempt keeps the queue's keys alive,
+-- and such a place would stay first in line for good, so it is dropped as
+-- garbage is.
+local function too_far(dl, ttl)
+  clock()
+  return dl > now_ms + tonumber(place_ms(ttl)) + VALID_MS
+end
+
 -- A refused attempt's reply {0, ms, server time µs}: try again after at
 -- most ms. The time lets the waiter tell a hand-over granted before this
 -- refusal (a fencing token is at least the server's time in µs at its

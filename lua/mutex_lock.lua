@@ -104,10 +104,11 @@ local function head()
     clock()
     local d = redis.call('HGET', KEYS[4], h)
     if d then
-      -- Garbage (foreign data) does not match: no deadline, dropped.
-      local m = string.match(d, '^(%d+) %d+ %S+ %S+$')
+      -- Garbage (foreign data) does not match: no deadline, dropped. So
+      -- is a place too far off (see lib.lua's too_far).
+      local m, t = string.match(d, '^(%d+) (%d+) %S+ %S+$')
       local dl = m and tonumber(m)
-      if dl and dl > now_ms then
+      if dl and dl > now_ms and not too_far(dl, t) then
         return h, dl
       end
     end

@@ -89,7 +89,9 @@ local function head()
     end
     redis.call('ZREM', KEYS[3], h)
     redis.call('HDEL', KEYS[4], h)
-    if dl and tonumber(dl) > now_ms and not recall(KEYS[5], cid) then
+    -- A place too far off (see lib.lua's too_far) is dropped, not handed
+    -- the lock.
+    if dl and tonumber(dl) > now_ms and not too_far(tonumber(dl), ttl) and not recall(KEYS[5], cid) then
       return h, ttl, cid, secret
     end
   end

@@ -150,12 +150,13 @@ local function head()
     end
     local dl = redis.call('ZSCORE', WW, h)
     local d = redis.call('HGET', WD, h)
-    if dl and d and tonumber(dl) > now and string.match(d, '^%d+ %S+ %S+$') then
+    local t = d and string.match(d, '^(%d+) %S+ %S+$')
+    if dl and t and tonumber(dl) > now and not too_far(tonumber(dl), t) then
       return h, tonumber(dl), d
     end
-    -- A place without data, or with data dsync did not write (foreign),
-    -- is dropped whole, its waiting place too: a live writer takes it
-    -- again with its next attempt.
+    -- A place without data, with data dsync did not write (foreign), or
+    -- too far off (see lib.lua's too_far), is dropped whole, its waiting
+    -- place too: a live writer takes it again with its next attempt.
     redis.call('ZREM', WW, h)
     redis.call('ZREM', WQ, h)
     redis.call('HDEL', WD, h)

@@ -159,9 +159,10 @@ if mode == 'r' then
     -- The write holder may read (a downgrade); anyone else waits for the
     -- writer, and for waiting writers too (writer preference).
     if not mine and (held or writers > 0) then
-      if left == -1 then
-        -- A writer hash without an expiry is foreign data (a PERSIST, a
-        -- restore): say so, and write nothing.
+      if left == -1 or (held and redis.call('HEXISTS', W, ':f') == 0) then
+        -- A writer hash without an expiry (a PERSIST, a restore), or
+        -- without the fencing token every write hold has, is foreign
+        -- data: say so, and write nothing, rather than wait for it.
         return { 3, 0 }
       end
       if wait then
@@ -259,9 +260,10 @@ if cur[2] or redis.call('EXISTS', W, R) > 0 then
   end
   local left = redis.call('PTTL', W) -- -2: no writer
   if left ~= -2 then
-    if left == -1 then
-      -- A writer hash without an expiry is foreign data (a PERSIST, a
-      -- restore): say so, and write nothing.
+    if left == -1 or not cur[2] then
+      -- A writer hash without an expiry (a PERSIST, a restore), or
+      -- without the fencing token every write hold has, is foreign data:
+      -- say so, and write nothing, rather than wait for it.
       return { 3, 0 }
     end
     if wait then

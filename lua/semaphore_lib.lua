@@ -51,6 +51,11 @@ local function out(reply)
   return reply
 end
 
+-- Expiries (PTTL, ms) known in this script, so that a key's expiry is read
+-- at most once and not written twice. A key whose fields may have been
+-- removed is forgotten here (it may be gone, and written anew after).
+local known = {}
+
 -- What this script knows of the state hash: ':size' (nil when unset),
 -- ':used', and per holder token {n = permits, f = fencing token, c = call
 -- ids}. It is read once, by the first hold() (after prune), and kept up to
@@ -59,6 +64,22 @@ local in_force, used
 local hashed -- the state hash had ':size' or ':used' when read
 local held = {}
 local wiped = false -- tidy deleted the keys in this script
+-- prune left holdings whose lease ran out (more than it drops at once)
+local behind = false
+
+-- A count of the state hash as read (false when unset: 0), which dsync
+-- writes as digits below 2^53, not below least (1 for a size). Anything
+-- else is foreign data, and the script fails (ErrCorrupt) rather than
+-- count with it: read as a number, "nan" or "-5" would let callers past
+-- the size, or keep every waiter waiting, and the state hash alive, for
+-- good.
+local function count(s, least)
+  local v = s and string.match(s, '^%d+$') and tonumber(s)
+  if s and not (v and v >= (least or 0) and v < 9007199254740992) then
+    error('dsync: foreign data in the state of a semaphore')
+  end
+  return v or 0
+end
 
 -- tok's holding, read with ':size' and ':used' on the first call.
 local function hold(tok)
@@ -70,21 +91,28 @@ local function hold(tok)
     h = { n = 0 }
   elseif used == nil then
     local r = redis.call('HMGET', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok, ':size', ':used')
-    h = { n = tonumber(r[1]) or 0, f = r[2] or nil, c = r[3] or nil }
-    in_force, used = tonumber(r[4]), tonumber(r[5]) or 0
+    h = { n = count(r[1]), f = r[2] or nil, c = r[3] or nil }
+    in_force, used = r[4] and count(r[4], 1) or nil, count(r[5])
     hashed = r[4] or r[5]
   else
     local r = redis.call('HMGET', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok)
-    h = { n = tonumber(r[1]) or 0, f = r[2] or nil, c = r[3] or nil }
+    h = { n = count(r[1]), f = r[2] or nil, c = r[3] or nil }
+  end
+  if behind and h.n > 0 and (tonumber(redis.call('ZSCORE', KEYS[3], tok)) or 0) <= now_ms then
+    -- A holding whose lease ran out, left by prune for a later script, is
+    -- over all the same: taken again, it is a fresh one with a new fencing
+    -- token (kept, its token would come back after later holdings' larger
+    -- ones).
+    redis.call('HDEL', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok)
+    redis.call('ZREM', KEYS[3], tok)
+    redis.call('HINCRBY', KEYS[1], ':used', -h.n)
+    used = used - h.n
+    known[KEYS[1]], known[KEYS[3]] = nil, nil
+    h = { n = 0 }
   end
   held[tok] = h
   return h
 end
-
--- Expiries (PTTL, ms) known in this script, so that a key's expiry is read
--- at most once and not written twice. A key whose fields may have been
--- removed is forgotten here (it may be gone, and written anew after).
-local known = {}
 
 local function pttl(key)
   if known[key] == nil then
@@ -120,6 +148,7 @@ local function prune()
   if #gone > 0 then
     known[KEYS[1]], known[KEYS[3]] = nil, nil
   end
+  behind = #gone == 100
 end
 
 -- The fence hash's 'n' (the last fencing token) and 'e' (when it
@@ -235,7 +264,9 @@ local function grant(ch, idle, self, first)
     if d then
       dl, ttl, n, secret, tok = string.match(d, '^(%d+) (%d+) (%d+) (%S+) (.+)$')
     end
-    if not dl or tonumber(dl) <= now_ms then
+    -- Garbage, a lapsed place and one too far off (see lib.lua's
+    -- too_far) are dropped.
+    if not dl or tonumber(dl) <= now_ms or too_far(tonumber(dl), ttl) then
       unqueue(h)
     elseif used + tonumber(n) > (in_force or 0) then
       break
