@@ -26,8 +26,9 @@ type base struct {
 	// their goroutines still had releases to make (see owe).
 	owed      map[holdKey]*owedLevels
 	owedSwept time.Time
-	// Semaphore owners with an Acquire in flight here (see semFlight).
-	semFlights map[holdKey]*semFlight
+	// Owners with a call that takes a hold in flight here (see
+	// ownerFlight).
+	ownerFlights map[holdKey]ownerFlight
 	// Tests: called when a lock call starts waiting for a release (enter).
 	onWait atomic.Pointer[func()]
 	// Releases whose caller's ctx ended first (see settle).
@@ -47,7 +48,7 @@ func (b *base) init(opts []Option) {
 	b.holds = make(map[holdKey]*hold)
 	b.calls = make(map[holdKey]*callWatch)
 	b.owed = make(map[holdKey]*owedLevels)
-	b.semFlights = make(map[holdKey]*semFlight)
+	b.ownerFlights = make(map[holdKey]ownerFlight)
 	b.id = newCallID()
 }
 

@@ -100,22 +100,30 @@ func bounded[R any](c *serverClock, what string, attempt func(bound any) (r R, s
 // once the release's id is forgotten, would end a level of the new hold.
 // It carries a bound as acquiring attempts do (its last argument, from
 // send): past it a copy changes nothing and replies {codeStale, server
-// ms}. The reply otherwise is the release script's code.
-func unnamedRelease(c *serverClock, what string, send func(bound any) *redis.Cmd) (int64, error) {
-	return bounded(c, what, func(bound any) (int64, int64, bool, error) {
+// ms}. The reply otherwise is the release script's code and, for a
+// release that ended a write hold, that hold's fencing token (ended; 0
+// for a release whose reply does not say: one of a read hold).
+func unnamedRelease(c *serverClock, what string, send func(bound any) *redis.Cmd) (code int64, ended uint64, err error) {
+	r, err := bounded(c, what, func(bound any) ([2]int64, int64, bool, error) {
 		v, err := send(bound).Result()
 		if err != nil {
-			return 0, 0, false, err
+			return [2]int64{}, 0, false, err
 		}
 		if ms, stale := staleReply(v); stale {
-			return 0, ms, true, nil
+			return [2]int64{}, ms, true, nil
 		}
-		r, ok := v.(int64)
-		if !ok {
-			return 0, 0, false, replyError(what, v)
+		if r, ok := v.(int64); ok {
+			return [2]int64{r, 0}, 0, false, nil
 		}
-		return r, 0, false, nil
+		// {1, fencing token}: released, and which hold.
+		if r, ok := v.([]any); ok && len(r) == 2 && r[0] == int64(1) {
+			if f, err := replyInt(r[1]); err == nil && f > 0 && f < maxFence {
+				return [2]int64{1, f}, 0, false, nil
+			}
+		}
+		return [2]int64{}, 0, false, replyError(what, v)
 	})
+	return r[0], uint64(r[1]), err
 }
 
 // staleReply reads the reply of a script that is not read as a pair (see

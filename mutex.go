@@ -169,7 +169,9 @@ func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, err
 // hold, also one meant for a level of the lost hold. An owner's Unlock
 // made while it holds nothing in the Client, for a level of a hold that
 // ended there, names that hold and never ends a later one, however late
-// it arrives.
+// it arrives. One that ends the hold a Lock of the owner in flight was
+// granted, before that Lock learned of it, ends that Lock's level: the
+// Lock takes the lock again, and returns with a hold Redis has.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.check(); err != nil {
 		return err

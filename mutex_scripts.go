@@ -52,6 +52,13 @@ func (s *mutexScripts) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 		return false, ErrClosed
 	}
 	defer s.c.end()
+	if c.owned {
+		// An Unlock of the owner that names no hold, and ends the one this
+		// call is granted before the call learns of it, is noted for it.
+		k := holdKey{s.keys[0], c.tok}
+		s.c.ownerFlightBegin(k)
+		defer s.c.ownerFlightEnd(k)
+	}
 	mc := &mutexCall{s: s, m: m, c: c, tok: c.tok}
 	mc.acquisition = acquisition{ch: s.chanArg.(string), to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl, timed: true}
 	mc.c.ordered = true
@@ -172,15 +179,22 @@ func (s *mutexScripts) unlock(ctx context.Context, tok, id string, h *hold) (int
 // unlockFloor runs the unlock script for holder tok with call id; floor,
 // if set, raises the fencing counter to it, and fence, if set, names the
 // hold the unlock ends. An unlock that names none carries a bound (see
-// unnamedRelease).
+// unnamedRelease); the hold it ended, if any, is noted for the Lock calls
+// of its holder in flight (see ownerFlight), which it may have been
+// granted to.
 func (s *mutexScripts) unlockFloor(ctx context.Context, tok any, id string, floor, fence any) (int64, error) {
 	if fence != argNone {
 		return s.c.eval(ctx, mutexUnlock, s.kargs, tok, id, s.chanArg, fenceIdleArg, argNone, floor, fence).Int64()
 	}
-	return unnamedRelease(&s.c.clock, "mutex unlock", func(bound any) *redis.Cmd {
+	r, ended, err := unnamedRelease(&s.c.clock, "mutex unlock", func(bound any) *redis.Cmd {
 		return s.c.eval(ctx, mutexUnlock, s.kargs, tok, id, s.chanArg, fenceIdleArg, argNone, floor, fence,
 			argNone, argNone, argNone, argNone, argNone, bound)
 	})
+	if t, ok := tok.(string); ok && ended != 0 {
+		// (tok, naming no hold, is the holder token as it came.)
+		s.c.ownerEnded(holdKey{s.keys[0], t}, ended)
+	}
+	return r, err
 }
 
 // renewSpec describes the renewal of tok's hold with fencing token fence.

@@ -58,7 +58,13 @@ func (b *base) otherMode(otok, tok string, keys ...string) error {
 // records nothing and the caller starts it again as a new call (see
 // Client.restartCall), which re-enters the recorded hold. (Recorded as
 // the owner's hold, it would mark the live one lost, which Redis keeps
-// and nobody renews, and end in ErrLeaseLost.)
+// and nobody renews, and end in ErrLeaseLost.) So does a call whose grant
+// is of a hold that an Unlock of the owner ended, told by that Unlock's
+// reply, which came first (see ownerFlight), whether or not the owner
+// holds afresh: the call takes the name again, rather than return with a
+// hold that Redis no longer has (reported lost, its Unlock ErrLeaseLost),
+// as it would do had it asked Redis after the Unlock (a grant of kind
+// over).
 var errSuperseded = errors.New("dsync: grant older than the owner's hold in this process")
 
 // ownerHold records a hold (or a re-entry) of an owner carried in ctx,
@@ -71,6 +77,9 @@ func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, c lockCa
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if h := b.holds[k]; c.ordered && h != nil && fence < h.fence && !h.lost() {
+		return nil, errSuperseded
+	}
+	if f, ok := b.ownerFlights[holdKey{k.key, c.tok}]; c.ordered && ok && fence <= f.gone {
 		return nil, errSuperseded
 	}
 	return b.ownerHoldLocked(k, fence, newHold, c.w, c.rel)
@@ -89,7 +98,7 @@ func (b *base) ownerHolding(k holdKey, fence uint64, newHold func() *hold) *hold
 	if h := b.holds[k]; h != nil && fence < h.fence {
 		return nil
 	}
-	if f := b.semFlights[k]; f != nil && fence <= f.gone {
+	if f, ok := b.ownerFlights[k]; ok && fence <= f.gone {
 		// The reply of a release that ended this holding came first.
 		return nil
 	}
@@ -97,45 +106,52 @@ func (b *base) ownerHolding(k holdKey, fence uint64, newHold func() *hold) *hold
 	return h
 }
 
-// A semFlight counts the Acquire calls of a Semaphore owner in flight in
-// this process, and keeps the fencing token of the owner's last holding
-// that a release ended meanwhile: an Acquire whose permits went into that
-// holding, and whose reply came after the release's, holds nothing of it
-// (a handle keeps the same in Semaphore.gone).
-type semFlight struct {
+// An ownerFlight counts the calls of an owner that take a hold on one
+// deployment in flight in this process (Semaphore Acquires, Mutex and
+// write Locks), by the primitive's first key and the holder token the
+// scripts see, and keeps the fencing token of the owner's last hold
+// (holding) that a release ended meanwhile, told by the release's reply:
+// a call granted that hold (permits in that holding), whose reply came
+// after the release's, holds nothing of it (a Semaphore handle keeps the
+// same in Semaphore.gone). A Mutex or write Unlock tells only when it
+// names no hold: the owner had none on record, and the hold it ended may
+// be one that a Lock in flight was granted. A grant with a token no
+// larger than one ended is of a hold that has ended (a holder's tokens
+// rise). Kept by value: an owner's Lock allocates nothing for it.
+type ownerFlight struct {
 	n    int
 	gone uint64
 }
 
-// semFlightBegin counts an Acquire of owner k in flight; semFlightEnd
+// ownerFlightBegin counts a call of owner k in flight; ownerFlightEnd
 // ends it.
-func (b *base) semFlightBegin(k holdKey) {
+func (b *base) ownerFlightBegin(k holdKey) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	f := b.semFlights[k]
-	if f == nil {
-		f = &semFlight{}
-		b.semFlights[k] = f
-	}
+	f := b.ownerFlights[k]
 	f.n++
+	b.ownerFlights[k] = f
 }
 
-func (b *base) semFlightEnd(k holdKey) {
+func (b *base) ownerFlightEnd(k holdKey) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	f := b.semFlights[k]
+	f := b.ownerFlights[k]
 	if f.n--; f.n == 0 {
-		delete(b.semFlights, k)
+		delete(b.ownerFlights, k)
+		return
 	}
+	b.ownerFlights[k] = f
 }
 
-// semEnded notes that a release ended owner k's holding with fencing
-// token fence, for the Acquires of k in flight (see semFlight).
-func (b *base) semEnded(k holdKey, fence uint64) {
+// ownerEnded notes that a release ended owner k's hold (holding) with
+// fencing token fence, for the calls of k in flight (see ownerFlight).
+func (b *base) ownerEnded(k holdKey, fence uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if f := b.semFlights[k]; f != nil {
+	if f, ok := b.ownerFlights[k]; ok {
 		f.gone = max(f.gone, fence)
+		b.ownerFlights[k] = f
 	}
 }
 

@@ -66,6 +66,12 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 		return false, ErrClosed
 	}
 	defer s.c.end()
+	if c.owned && mode == modeWrite {
+		// As for a Mutex (see mutexScripts.lock).
+		k := holdKey{s.keys[0], c.tok}
+		s.c.ownerFlightBegin(k)
+		defer s.c.ownerFlightEnd(k)
+	}
 	rc := &rwCall{s: s, rw: rw, c: c, mode: mode, tok: c.tok}
 	rc.acquisition = acquisition{ch: s.ch, to: newAddressee(c.tok, newCallID(), s.c.notify.inboxFor(c.owned)), ttl: s.cfg.ttl, timed: mode == modeWrite}
 	// A read hold's id is no fencing token: read grants are not ordered.
@@ -199,10 +205,15 @@ func (s *rwScripts) unlockFloor(ctx context.Context, mode string, tok any, id st
 	if name != argNone {
 		return s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, id, s.chArg, name, argNone, floor, fenceIdleArg).Int64()
 	}
-	return unnamedRelease(&s.c.clock, "rwmutex unlock", func(bound any) *redis.Cmd {
+	r, ended, err := unnamedRelease(&s.c.clock, "rwmutex unlock", func(bound any) *redis.Cmd {
 		return s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, id, s.chArg, name, argNone, floor, fenceIdleArg,
 			argNone, argNone, argNone, argNone, argNone, bound)
 	})
+	if t, ok := tok.(string); ok && ended != 0 {
+		// A write hold (see mutexScripts.unlockFloor).
+		s.c.ownerEnded(holdKey{s.keys[0], t}, ended)
+	}
+	return r, err
 }
 
 // renewSpec describes the renewal of tok's hold in mode, named by fence

@@ -161,8 +161,8 @@ func (s *Semaphore) acquire(ctx context.Context, n int64, wait bool) (bool, erro
 		// A release of the owner that ends the holding this call's
 		// permits go into, answered before this call, is noted for it.
 		k := holdKey{s.keys[0], tok}
-		s.c.semFlightBegin(k)
-		defer s.c.semFlightEnd(k)
+		s.c.ownerFlightBegin(k)
+		defer s.c.ownerFlightEnd(k)
 	} else {
 		// The same for the handle.
 		s.flightBegin(&sc.fl)

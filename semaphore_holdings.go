@@ -155,7 +155,7 @@ func (s *Semaphore) flightEnd(f *handleFlight) {
 func (s *Semaphore) ended(owned bool, tok string, fence uint64, n int64) {
 	if owned {
 		k := holdKey{s.keys[0], tok}
-		s.c.semEnded(k, fence)
+		s.c.ownerEnded(k, fence)
 		if h := s.c.lookupHold(k); h != nil && h.fence == fence {
 			s.c.dropHold(k, h, n)
 			h.release()

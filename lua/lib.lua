@@ -362,6 +362,22 @@ local function tagged(id, hold)
   return id .. '>' .. hold
 end
 
+-- The hold (its fencing token, a string) that the release id, which
+-- named none, ended, as the release noted it with its own id:
+-- tagged(id, token), with id's score, so that a repeat of the release
+-- answers with it as the first run did. nil if it noted none. Looked for
+-- among the ids noted in the same ms, 1000 at most (foreign data).
+local function ended_by(key, id)
+  local s = redis.call('ZSCORE', key, id)
+  local p = tagged(id, '')
+  for _, m in ipairs(s and redis.call('ZRANGEBYSCORE', key, s, s, 'LIMIT', '0', '1000') or {}) do
+    if string.sub(m, 1, #p) == p then
+      return string.sub(m, #p + 1)
+    end
+  end
+  return nil
+end
+
 -- Whether the call id took effect on the hold named hold (its fencing
 -- token, or a read hold's id; false or nil for none) whose list of applied
 -- calls is list: the id is in the list, or was pushed out of it by later

@@ -38,7 +38,12 @@
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it, {4, fencing token}
 --        released and passed (ARGV[9..12]) with that token; {6, server
---        time ms} past its bound (ARGV[13]), nothing changed.
+--        time ms} past its bound (ARGV[13]), nothing changed. An Unlock
+--        that names no hold and releases one answers {1, fencing token}
+--        with that hold's token, and so does a repeat of it: a Lock call of
+--        the holder that was granted that hold, and learns of it only
+--        later, so knows that the hold has ended (see reentry.go's
+--        ownerFlight).
 
 local tok, id, ch, idle, guard = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
@@ -70,6 +75,13 @@ if guard == '' and named then
 end
 if not fresh then
   local done = recall(KEYS[5], id)
+  if done == 1 and guard == '' and not named then
+    -- As the first run of an Unlock that names no hold answered (below).
+    local f = tonumber(ended_by(KEYS[5], id))
+    if f then
+      return { 1, f }
+    end
+  end
   if done then
     return done
   end
@@ -186,20 +198,28 @@ if guard == '' and ptok and ptok ~= '' then
     end
   end
 end
+local released = 1
 if guard == '' then
-  note(KEYS[5], id, now_ms, 1)
+  local f = not named and tonumber(cur[4])
+  if f then
+    -- An Unlock that names no hold: its reply, and a repeat's, say which.
+    note_all(KEYS[5], { id, 1, tagged(id, cur[4]), 1 }, now_ms)
+    released = { 1, f }
+  else
+    note(KEYS[5], id, now_ms, 1)
+  end
 end
 -- No one waits (':w' unset): the queue has no live place, since every
 -- call that queues finds the lock held by another and sets ':w', or finds
 -- it free behind a live head, whose hold then begins with ':w' set.
 if not cur[3] then
-  return 1
+  return released
 end
 
 local h, ttl, cid, secret = head()
 if not h then
   redis.call('PUBLISH', ch, '')
-  return 1
+  return released
 end
 
 -- Hand over: the head owns the lock now, with its own TTL and its Lock
@@ -207,10 +227,10 @@ end
 local f = next_token(redis.call('HMGET', KEYS[2], 'n', 'e'), idle)
 if not f then
   redis.call('PUBLISH', ch, '')
-  return 1
+  return released
 end
 note(KEYS[5], cid, now_ms, 1)
 redis.call('HSET', KEYS[1], h, '1', ':f', f, ':c', cid, ':p', prune_mark[KEYS[5]], ':w', '1')
 redis.call('PEXPIRE', KEYS[1], ttl)
 publish_handover(ch, cid, h, f, secret)
-return 1
+return released

@@ -52,7 +52,9 @@
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it, {4, fencing token}
 --        released and passed (ARGV[10..13]) with that token; {6, server
---        time ms} past its bound (ARGV[14]), nothing changed. A repeat
+--        time ms} past its bound (ARGV[14]), nothing changed. A write
+--        Unlock that names no hold and releases one answers {1, fencing
+--        token} with that hold's token (see mutex_unlock.lua). A repeat
 --        within the replay window answers as the first run did (1 for a
 --        pass) and changes nothing.
 --
@@ -76,12 +78,20 @@ if ARGV[7] and ARGV[7] ~= '' then
   end
 end
 
+-- A write Unlock that names no hold: the token of the hold it ended, which
+-- it answers with, and notes for its repeats (see lib.lua's ended_by).
+local ended
+
 -- The answer of an unlock (not of a clean-up, whose id is new each time),
 -- remembered. A named unlock that found no hold needs no memory: the hold
 -- it names can never come back.
 local function answer(code)
   if guard == '' and (code ~= 0 or not named) then
     noted(id, code)
+  end
+  if code == 1 and ended then
+    noted(tagged(id, ended), 1)
+    return out({ 1, tonumber(ended) })
   end
   return out(code)
 end
@@ -103,6 +113,12 @@ if guard == '' then
     cached_mark(X, wcur[5], now)
   else
     local done = recall(X, id)
+    if done == 1 and mode == 'w' and not named then
+      local f = tonumber(ended_by(X, id))
+      if f then
+        return { 1, f }
+      end
+    end
     if done then
       return done
     end
@@ -236,6 +252,9 @@ if cnt > 1 then
   return answer(2)
 end
 redis.call('DEL', W)
+if guard == '' and not named and tonumber(cur[2]) then
+  ended = cur[2]
+end
 
 local ptok, pid = ARGV[10], ARGV[11]
 if guard == '' and ptok and ptok ~= '' then

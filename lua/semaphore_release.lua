@@ -38,13 +38,10 @@ if done == 0 then
 elseif done == 1 then
   if name == '' then
     -- A release that named no holding and ended one noted its token
-    -- with it, as '<id>><token>' with the same score (below); among the
-    -- ids noted in the same ms, bounded against foreign data.
-    local s = redis.call('ZSCORE', KEYS[6], id)
-    for _, m in ipairs(s and redis.call('ZRANGEBYSCORE', KEYS[6], s, s, 'LIMIT', '0', '1000') or {}) do
-      if string.sub(m, 1, #id + 1) == id .. '>' then
-        return { 1, 0, tonumber(string.sub(m, #id + 2)) or 0 }
-      end
+    -- with it (below; see lib.lua's ended_by).
+    local f = ended_by(KEYS[6], id)
+    if f then
+      return { 1, 0, tonumber(f) or 0 }
     end
   end
   return { 1, 0, tonumber(name) or 0 }
