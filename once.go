@@ -465,6 +465,16 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 		}
 	}
 
+	if hl, ok := h.lease.(*renew.Hold); ok && !time.Now().Before(hl.Deadline()) {
+		// The grant came back after the run lease's conservative deadline
+		// (a stall longer than the TTL): another call may run f by now,
+		// and the renewer has not told the lease yet. f is not called.
+		h.lease.MarkLost()
+		err := fmt.Errorf("%w: the run lease ran out before f could start", ErrLeaseLost)
+		o.fail(ctx, tok, h, err)
+		return nil, err
+	}
+
 	// f's ctx ends with ctx or with the lease.
 	fctx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup
@@ -526,7 +536,8 @@ func (o *Once) run(ctx context.Context, tok string, start time.Time, f func(cont
 var errPanicked = errors.New("dsync: f panicked")
 
 // fail ends the run tok, held as h, that failed with err before f
-// returned (f panicked, or the run lease did not reach the replicas): it
+// returned (f panicked, the run lease did not reach the replicas, or it
+// ran out before f could start): it
 // frees the run for the next call, in the background once ctx ends, as
 // an Unlock does (see settle). After Close the run lease is left to
 // expire, as if the process had died.

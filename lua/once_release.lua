@@ -25,7 +25,8 @@
 --        (nothing changed but the call ids); for 'done', {4,
 --        value} the call did not hold the run lease and another call has
 --        made the Once done since, with that value (nothing changed but
---        the call ids); {6, server time ms} a 'done' past its bound
+--        the call ids; also a late copy of such a 'done' while that
+--        call's mark is there); {6, server time ms} a 'done' past its bound
 --        (ARGV[6]), nothing changed.
 
 local tok, mode, ch = ARGV[1], ARGV[2], ARGV[5]
@@ -54,11 +55,20 @@ end
 -- remembered as ABANDONED, and its repeat finds the run not its own
 -- again); 'done' set the done mark (1) if its mark is still there
 -- (answered above) or, gone since (a Reset, the end of the period), if
--- it was remembered as having set it (DONE_BY, below).
+-- it was remembered as having set it (DONE_BY, below); 'done' found the
+-- Once done by another call ({4, value}) if it was remembered so, tagged
+-- with that call's token, and that call's mark is still there (a mark
+-- set since by another run has another token).
 local DONE_BY = tagged(tok, 'done')
 if mode ~= 'abandon' and recall(KEYS[3], tok) == ENDED then
   if mode == 'fail' or (mode == 'done' and redis.call('ZSCORE', KEYS[3], DONE_BY)) then
     return 1
+  end
+  if mode == 'done' then
+    local d = redis.call('HMGET', KEYS[2], 'v', 't')
+    if d[1] and d[2] and redis.call('ZSCORE', KEYS[3], tagged(tok, d[2])) then
+      return { 4, d[1] }
+    end
   end
   return 0
 end
@@ -72,15 +82,17 @@ end
 local t = redis.call('HGET', KEYS[1], 't')
 
 -- A 'done' whose lease was lost: v, the value of the call that has made
--- the Once done since, if any. marks: this 'done' sets the done mark (it
--- holds the run, or its lease was lost and nobody runs f or has made the
--- Once done since: f's success still counts, it ran once).
-local v, marks = false, false
+-- the Once done since, if any, and by, that call's token. marks: this
+-- 'done' sets the done mark (it holds the run, or its lease was lost and
+-- nobody runs f or has made the Once done since: f's success still
+-- counts, it ran once).
+local v, by, marks = false, false, false
 if mode == 'done' then
   if t == tok then
     marks = true
   else
-    v = redis.call('HGET', KEYS[2], 'v')
+    local d = redis.call('HMGET', KEYS[2], 'v', 't')
+    v, by = d[1], d[2]
     marks = not v and not t and redis.call('EXISTS', KEYS[2]) == 0
   end
 end
@@ -92,6 +104,9 @@ if mode == 'abandon' or (mode == 'fail' and t ~= tok) then
   note(KEYS[3], tok, now(), ABANDONED)
 elseif marks then
   note_all(KEYS[3], { tok, ENDED, DONE_BY, ENDED }, now())
+elseif v and by then
+  -- Found done by call by: a repeat answers with its value (see above).
+  note_all(KEYS[3], { tok, ENDED, tagged(tok, by), ENDED }, now())
 else
   note(KEYS[3], tok, now(), ENDED)
 end
@@ -108,6 +123,10 @@ if t ~= tok then
     -- Waiters may sleep until the expired lease's TTL: wake them.
     redis.call('PUBLISH', ch, '')
     return 1
+  end
+  if mode == 'fail' and not t then
+    -- f failed and nobody runs it: the same, so that one of them runs f.
+    redis.call('PUBLISH', ch, '')
   end
   return 0
 end
