@@ -120,7 +120,22 @@ type conn struct {
 func (c *conn) register(fs *flag.FlagSet, what string) {
 	fs.StringVar(&c.url, "redis", "", "Redis `URL` (redis://[[user]:password@]host[:port][/db], rediss:// for TLS); default $"+envURL+", else "+what)
 	fs.BoolVar(&c.cluster, "cluster", false, "treat the URL as a Redis Cluster seed (extra seeds as ?addr=host:port)")
-	fs.StringVar(&c.prefix, "prefix", dsync.DefaultPrefix, "key `prefix` of the locks (dsync.Prefix)")
+	c.prefix = dsync.DefaultPrefix
+	fs.Var((*prefixFlag)(&c.prefix), "prefix", "key `prefix` of the locks (dsync.Prefix)")
+}
+
+// A prefixFlag is the -prefix flag: not empty, as dsync.Prefix wants (a
+// bad usage, before anything is sent).
+type prefixFlag string
+
+func (p *prefixFlag) String() string { return string(*p) }
+
+func (p *prefixFlag) Set(s string) error {
+	if s == "" {
+		return errors.New("empty prefix")
+	}
+	*p = prefixFlag(s)
+	return nil
 }
 
 // resolved returns the URL to use: the flag, else $REDIS_URL, else def.
@@ -208,12 +223,17 @@ func newFlagSet(name, head, tail string, stdout io.Writer) *flag.FlagSet {
 // parse parses args into fs. It reports a code to exit with when parsing
 // ends the command: 0 after -h, exitUsage on a bad flag.
 func parse(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
+	// Parse calls fs.Usage itself, on -h and on a bad flag: the help is
+	// printed here instead, once, and for -h only.
+	help := fs.Usage
+	fs.Usage = func() {}
 	err := fs.Parse(args)
+	fs.Usage = help
 	switch {
 	case err == nil:
 		return 0, false
 	case errors.Is(err, flag.ErrHelp):
-		fs.Usage()
+		help()
 		return exitOK, true
 	default:
 		fmt.Fprintf(stderr, "%s: %v (%s -h for help)\n", fs.Name(), err, fs.Name())

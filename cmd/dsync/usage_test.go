@@ -1,0 +1,49 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// A subcommand's -h prints its help once, on stdout; a bad flag is one
+// line on stderr and nothing on stdout, with the usage exit code (as for
+// every other usage error: a script that reads stdout gets no help text).
+func TestSubcommandHelpOnceBadFlagOneLine(t *testing.T) {
+	for _, sub := range []string{"demo", "run", "inspect", "list"} {
+		var stdout, stderr bytes.Buffer
+		if code := Main([]string{sub, "-h"}, &stdout, &stderr); code != exitOK {
+			t.Errorf("dsync %s -h: code %d, want %d", sub, code, exitOK)
+		}
+		if n := strings.Count(stdout.String(), "Usage: dsync "+sub); n != 1 || stderr.Len() != 0 {
+			t.Errorf("dsync %s -h: the help %d times on stdout, stderr %q; want once, nothing", sub, n, stderr.String())
+		}
+		stdout.Reset()
+		stderr.Reset()
+		if code := Main([]string{sub, "-no-such-flag"}, &stdout, &stderr); code != exitUsage {
+			t.Errorf("dsync %s -no-such-flag: code %d, want %d", sub, code, exitUsage)
+		}
+		if stdout.Len() != 0 || strings.Count(stderr.String(), "\n") != 1 {
+			t.Errorf("dsync %s -no-such-flag: stdout %q, stderr %q; want nothing and one line", sub, stdout.String(), stderr.String())
+		}
+	}
+}
+
+// An empty -prefix, which dsync.Prefix rejects, is a bad usage of every
+// subcommand (exit 2, one line on stderr), found before anything is sent:
+// not a Redis error after connecting (run, demo), nor an inspection of
+// keys no Client writes (inspect, list).
+func TestEmptyPrefixIsBadUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"demo", "-prefix", "", "-for", "0"},
+		{"run", "-prefix", "", "-redis", "redis://127.0.0.1:1", "x", "--", "true"},
+		{"inspect", "-prefix", "", "-redis", "redis://127.0.0.1:1", "x"},
+		{"list", "-prefix", "", "-redis", "redis://127.0.0.1:1"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := Main(args, &stdout, &stderr)
+		if code != exitUsage || stdout.Len() != 0 || strings.Count(stderr.String(), "\n") != 1 {
+			t.Errorf("dsync %q: code %d, stdout %q, stderr %q; want %d, nothing, one line", args, code, stdout.String(), stderr.String(), exitUsage)
+		}
+	}
+}
