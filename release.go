@@ -137,6 +137,10 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 			b.dropHold(k, h, 0)
 			h.release()
 		}
+		if lostBefore {
+			// A level of a hold reported lost: so is the Unlock of each.
+			return ErrLeaseLost
+		}
 		return nil
 	case 0:
 		b.dropHold(k, h, 1)

@@ -348,7 +348,9 @@ func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) 
 	if h == nil {
 		return ErrNotHeld
 	}
-	id, _ := h.unlockCall()
+	// As in base.unlockSlot: a lease reported lost before the release
+	// stays lost.
+	id, lostBefore := h.unlockCall()
 	h.beginRelease()
 	defer h.endRelease()
 	r, err := run(ctx, h.tok, id, h)
@@ -368,14 +370,14 @@ func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) 
 		return err
 	}
 	h.unlocked()
-	switch r {
-	case 1:
+	switch {
+	case r == 1 && !lostBefore:
 		h.release()
 		return nil
-	case 0:
+	case r == 0 || r == 1:
 		h.lease.MarkLost()
 		return ErrLeaseLost
-	case 2:
+	case r == 2:
 		// Still held.
 		rw.restoreRead(h)
 		return nil

@@ -68,6 +68,14 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time, fl *ha
 		return
 	}
 	if s.cur != nil && s.cur.fence == fence {
+		if s.cur.lost() && s.releasing == 0 {
+			// Reported lost, but Redis kept the holding, which this grant
+			// joined and extended: its permits are held under a new lease,
+			// renewed again, as an owner's are (see base.ownerHoldLocked).
+			// The lost lease stays lost.
+			s.cur, s.curN = newHold(), s.curN+n
+			return
+		}
 		s.curN += n // added to the holding
 		return
 	}

@@ -3,6 +3,7 @@ package renew
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -23,6 +24,10 @@ const (
 	// usual wait is a tenth of the interval.
 	minBackoff = 10 * time.Millisecond
 )
+
+// errMaxHold is the outcome of a renewal not sent because it would have
+// extended its hold past MaxHold.
+var errMaxHold = errors.New("renew: MaxHold reached")
 
 func init() {
 	renewhook.SetStall = func(r any, f func()) { r.(*Renewer).setStall(f) }
@@ -220,6 +225,10 @@ func (r *Renewer) send(hs []*Hold) {
 			// when the holder may already have been given up on.
 			h.endLocked(lost)
 			continue
+		case rs.err == errMaxHold:
+			// MaxHold was reached while its script loaded: let it run out.
+			h.fixed = true
+			h.when = h.lostAt()
 		case rs.err == nil && rs.val == 1:
 			h.deadline = rs.sent + h.ttl
 			h.when = min(rs.sent+h.interval, h.lostAt())
@@ -286,6 +295,23 @@ func contains(ss []*redis.Script, s *redis.Script) bool {
 // outcomes in res[idx]. Holds with a Batch script share one command per
 // script (and, on a cluster, per hash slot).
 func (r *Renewer) exec(ctx context.Context, hs []*Hold, idx []int, res []result) {
+	// Checked against MaxHold as sent, not before the script loads that
+	// may have taken a round trip since send checked it: the server
+	// extends the hold from when the renewal gets there.
+	sent := r.now()
+	r.mu.Lock()
+	send := make([]int, 0, len(idx))
+	for _, i := range idx {
+		if hs[i].mayRenew(sent) {
+			send = append(send, i)
+		} else {
+			res[i] = result{sent: sent, err: errMaxHold}
+		}
+	}
+	r.mu.Unlock()
+	if idx = send; len(idx) == 0 {
+		return
+	}
 	pipe := r.c.Pipeline()
 	type group struct {
 		cmd  *redis.Cmd
@@ -346,7 +372,6 @@ func (r *Renewer) exec(ctx context.Context, hs []*Hold, idx []int, res []result)
 		g.cmd = redis.NewCmd(ctx, a...)
 		_ = pipe.Process(ctx, g.cmd)
 	}
-	sent := r.now()
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	for j, i := range idx {
 		if cmds[j] == nil {
