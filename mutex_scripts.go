@@ -192,7 +192,7 @@ func (s *mutexScripts) unlockFloor(ctx context.Context, tok any, id string, floo
 	})
 	if t, ok := tok.(string); ok && ended != 0 {
 		// (tok, naming no hold, is the holder token as it came.)
-		s.c.ownerEnded(holdKey{s.keys[0], t}, ended)
+		s.c.unnamedEnded(s.cfg, s.keys[0], t, ended)
 	}
 	return r, err
 }

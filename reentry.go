@@ -155,6 +155,28 @@ func (b *base) ownerEnded(k holdKey, fence uint64) {
 	}
 }
 
+// unnamedEnded notes that an Unlock of the owner whose holder token is
+// tok, naming no hold (the owner had none on record when it was sent),
+// ended the hold with fencing token fence of the lock whose first key is
+// key: the calls of the owner in flight are told (see ownerEnded), and a
+// hold with that token that a Lock of the owner recorded meanwhile (its
+// reply came before the Unlock's) is over in Redis: its lease is lost,
+// rather than reported live while another owner may hold the name (its
+// Unlock then names it and returns ErrLeaseLost).
+func (b *base) unnamedEnded(cfg *config, key, tok string, fence uint64) {
+	b.ownerEnded(holdKey{key, tok}, fence)
+	otok := tok
+	if cfg.local {
+		// The owner's token, without this Client's (see holderToken).
+		if n := len(tok) - len(b.id) - 1; n > 0 && tok[n] == '@' && tok[n+1:] == b.id {
+			otok = tok[:n]
+		}
+	}
+	if h := b.lookupHold(holdKey{key, otok}); h != nil && h.fence == fence && !h.lost() {
+		h.lease.MarkLost()
+	}
+}
+
 // ownerHoldLocked is ownerHold with b.mu held.
 func (b *base) ownerHoldLocked(k holdKey, fence uint64, newHold func() *hold, w *callWatch, rel uint64) (*hold, error) {
 	if w != nil && w.rel != rel {

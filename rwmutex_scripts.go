@@ -211,7 +211,7 @@ func (s *rwScripts) unlockFloor(ctx context.Context, mode string, tok any, id st
 	})
 	if t, ok := tok.(string); ok && ended != 0 {
 		// A write hold (see mutexScripts.unlockFloor).
-		s.c.ownerEnded(holdKey{s.keys[0], t}, ended)
+		s.c.unnamedEnded(s.cfg, s.keys[0], t, ended)
 	}
 	return r, err
 }
