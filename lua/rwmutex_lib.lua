@@ -54,12 +54,23 @@ local function prune()
 end
 
 -- A zset (and its companion hash) expires with its furthest deadline, so no
--- key outlives the leases or places it records. Reports whether z has any
+-- key outlives the leases or places it records; but never later than the
+-- expiry dsync's own writes gave it, so that an entry dsync did not write
+-- (foreign data: a deadline years off) never keeps a key alive past that:
+-- the name recovers once such a key expires. Every write of an entry's
+-- deadline is followed by grow, which makes the key last at least until
+-- that deadline; fit, after entries were removed, only ever shortens the
+-- key's life, to its furthest deadline left. Reports whether z has any
 -- entry left. top, if given, is z's last entry as just read.
 local function fit(z, h, top)
   top = top or redis.call('ZRANGE', z, '-1', '-1', 'WITHSCORES')
   if top[2] then
-    local d = num(math.max(tonumber(top[2]) - now, 1))
+    local d = math.max(tonumber(top[2]) - now, 1)
+    local p = redis.call('PTTL', z)
+    if p > 0 and p < d then
+      d = p
+    end
+    d = num(d)
     redis.call('PEXPIRE', z, d)
     if h then
       redis.call('PEXPIRE', h, d)
@@ -69,6 +80,20 @@ local function fit(z, h, top)
     redis.call('DEL', h)
   end
   return false
+end
+
+-- After this script gave an entry of z (and of its companion hash h) a
+-- deadline ms (a number) from now: z lasts until then at least, and h as
+-- long as z.
+local function grow(z, h, ms)
+  local p = redis.call('PTTL', z)
+  if p < ms then
+    redis.call('PEXPIRE', z, num(ms))
+    p = ms
+  end
+  if h then
+    redis.call('PEXPIRE', h, num(p))
+  end
 end
 
 -- Calls to remember (see note_all in lib.lua), written once, by out, when

@@ -139,7 +139,7 @@ if mode == 'r' then
     local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
     if now + ttl > s then
       redis.call('ZADD', R, num(now + ttl), tok)
-      fit(R, RC)
+      grow(R, RC, ttl)
     end
     noted(id, 1)
     return out({ 1, tonumber(rid) })
@@ -194,7 +194,7 @@ if mode == 'r' then
   local rid = hold_id(id)
   write_rec(tok, 1, num(rid), id)
   redis.call('ZADD', R, num(now + ttl), tok)
-  fit(R, RC)
+  grow(R, RC, ttl)
   noted(id, 1)
   return out({ 1, rid })
 end
@@ -229,7 +229,7 @@ local function enqueue()
   -- refreshed by every attempt; while it lives, new readers wait.
   local place = place_ms(ARGV[3])
   redis.call('ZADD', WW, num(now + tonumber(place)), tok)
-  fit(WW)
+  grow(WW, nil, tonumber(place))
   if ARGV[8] == '1' or redis.call('EXISTS', WQ) == 1 then
     -- Starving, or behind writers that starve: keep the arrival order. The
     -- queue keys outlive every place in them; each place lapses alone.

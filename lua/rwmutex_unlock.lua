@@ -281,7 +281,7 @@ if guard == '' and ptok and ptok ~= '' then
     -- process. Its next attempt keeps the place; if the call gives up
     -- instead, its abandon drops it (see cohort.go), else it lapses.
     redis.call('ZADD', WW, num(now + tonumber(ARGV[12])), ptok)
-    fit(WW)
+    grow(WW, nil, tonumber(ARGV[12]))
   end
 end
 
@@ -296,7 +296,8 @@ prune()
 -- the call's next attempt finds the hold and changes nothing; writers that
 -- wait wait for these readers.
 local q = redis.call('HGETALL', RQ)
-local admitted = 0
+-- The furthest lease given here (ms from now).
+local admitted, longest = 0, 0
 for i = 1, #q, 2 do
   local rt = q[i]
   local dl, rttl, cid = string.match(q[i + 1], '^(%d+) (%d+) (%S+)$')
@@ -313,6 +314,7 @@ for i = 1, #q, 2 do
       local s = tonumber(redis.call('ZSCORE', R, rt) or 0)
       if now + tonumber(rttl) > s then
         redis.call('ZADD', R, num(now + tonumber(rttl)), rt)
+        longest = math.max(longest, tonumber(rttl))
       end
       noted(cid, 1)
       admitted = admitted + 1
@@ -321,7 +323,13 @@ for i = 1, #q, 2 do
 end
 if #q > 0 then
   redis.call('DEL', RQ)
-  fit(R, RC)
+  if longest > 0 then
+    grow(R, RC, longest)
+  elseif admitted > 0 then
+    -- Readers re-entered with leases that reach no further than they
+    -- did: the hash got records, the keys' expiries stand.
+    fit(R, RC)
+  end
 end
 -- With no reader waiting, and none left (the owner may keep a read hold: a
 -- downgrade), the first queued writer gets the lock.
