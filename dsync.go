@@ -42,8 +42,12 @@ const (
 type Client struct {
 	base // defaults, bad input, closed state, owners' holds (see base.go)
 
-	rdb    redis.UniversalClient
-	renew  *renew.Renewer
+	rdb   redis.UniversalClient
+	renew *renew.Renewer
+	// quorum, if not nil, is the Quorum whose member master this Client
+	// is, the member-th (see Quorum.memberEnded).
+	quorum *Quorum
+	member int
 	notify *notifier
 	// cohorts of the Mutex and RWMutex write Lock calls waiting in this
 	// process (cohort.go)

@@ -130,9 +130,19 @@ func (s *mutexScripts) lockCmd(tok any, id, secret string, queue bool) []any {
 	return scriptCall(mutexLock, s.kargs, tok, s.ttlArg, id, flagArg(queue), fenceIdleArg, s.localArg, secret, argNone)
 }
 
-// attempt runs the lock script once (see lockCmd).
-func (s *mutexScripts) attempt(ctx context.Context, tok, id, secret string, queue bool) (grant, error) {
-	return s.attemptCmd(ctx, s.lockCmd(tok, id, secret, queue))
+// argWaits is the lock script's ARGV[4] for a Lock that waits without a
+// place in the queue (quorum mode).
+var argWaits any = "2"
+
+// attemptUnqueued runs the lock script once for a call that takes no place
+// in the queue (quorum mode): a Lock (wait), whose refusal has the release
+// notify the waiters, or a TryLock.
+func (s *mutexScripts) attemptUnqueued(ctx context.Context, tok any, id string, wait bool) (grant, error) {
+	w := argNo
+	if wait {
+		w = argWaits
+	}
+	return s.attemptCmd(ctx, scriptCall(mutexLock, s.kargs, tok, s.ttlArg, id, w, fenceIdleArg, s.localArg, "", argNone))
 }
 
 // attemptCmd runs a command made by lockCmd.
@@ -192,7 +202,10 @@ func (s *mutexScripts) unlockFloor(ctx context.Context, tok any, id string, floo
 	})
 	if t, ok := tok.(string); ok && ended != 0 {
 		// (tok, naming no hold, is the holder token as it came.)
-		s.c.unnamedEnded(s.cfg, s.keys[0], t, ended)
+		s.c.unnamedEnded(s.cfg, s.keys[0], t, ended, true)
+		if q := s.c.quorum; q != nil {
+			q.memberEnded(s.c.member, s.cfg, s.keys[0], t, ended)
+		}
 	}
 	return r, err
 }

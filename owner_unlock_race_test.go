@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
 )
@@ -100,6 +102,173 @@ func TestOwnerHoldEndedByUnlockWhoseReplyCameAfterTheLock(t *testing.T) {
 						t.Errorf("a third owner got in: A's Unlock ended the other owner's hold")
 					}
 				})
+			})
+		}
+	}
+}
+
+// The read-hold kin of TestOwnerHoldEndedByUnlockWhoseReplyCameAfterTheLock:
+// an owner O's RLock call A is granted a read hold R1 (its reply held
+// back); an RUnlock B of O, sent while O has nothing on record, names no
+// hold and ends R1 (its reply held back too). lockFirst: A's reply comes
+// first, A returns holding R1 on record, then B's reply says it ended R1:
+// A's read Lease must not report R1 live while a writer of another owner
+// holds the name, and A's RUnlock says ErrLeaseLost. Otherwise B's reply
+// comes first: A's grant is of a hold that has ended, and A takes the read
+// lock afresh (a writer is then refused), rather than return with a read
+// hold that Redis does not have.
+func TestOwnerReadHoldEndedByUnnamedRUnlock(t *testing.T) {
+	for _, lockFirst := range []bool{true, false} {
+		for _, mode := range reentrancyModes {
+			order := "runlock-reply-first"
+			if lockFirst {
+				order = "rlock-reply-first"
+			}
+			t.Run(order+"/"+mode.name, func(t *testing.T) {
+				eachBackend(t, func(t *testing.T, b redistest.Backend) {
+					ctx, name := ctxT(t), redistest.Key(t)
+					octx := dsync.WithOwner(ctx)
+					hk := newOnceHook()
+					c, _ := hookedClient(t, b, hk, mode.opts...)
+					other := newClient(t, b)
+					h, x := c.RWMutex(name), other.RWMutex(name)
+					// Load the scripts.
+					must(t, h.RLock(octx))
+					must(t, h.RUnlock(octx))
+
+					ranL, relL := hk.holdReply(t, "rwmutex_lock")
+					aIn := async(func() error { return h.RLock(octx) })
+					ranL("A's rlock")
+					ranU, relU := hk.holdReply(t, "rwmutex_unlock")
+					bOut := async(func() error { return h.RUnlock(octx) })
+					ranU("B's runlock")
+					if !lockFirst {
+						relU()
+						recvNil(t, bOut, 10*time.Second, "B's RUnlock did not return")
+					}
+					relL()
+					recvNil(t, aIn, 10*time.Second, "A's RLock did not return")
+					l, err := h.RLease(octx)
+					must(t, err)
+					if !lockFirst {
+						if err := l.Err(); err != nil {
+							t.Fatalf("A's read Lease after a fresh read: %v", err)
+						}
+						ok, err := x.TryLock(dsync.WithOwner(ctx))
+						must(t, err)
+						if ok {
+							t.Fatalf("a writer of another owner got in while A's RLock returned with a read hold (A holds nothing in Redis)")
+						}
+						must(t, h.RUnlock(octx))
+						return
+					}
+					relU()
+					recvNil(t, bOut, 10*time.Second, "B's RUnlock did not return")
+					ok, err := x.TryLock(dsync.WithOwner(ctx))
+					must(t, err)
+					if !ok {
+						t.Fatalf("a writer of another owner refused: B's RUnlock did not end R1?")
+					}
+					if err := l.Err(); err == nil {
+						t.Errorf("A's read Lease of R1 reports live (Err nil) after B's RUnlock reply said it ended R1, while another owner writes")
+					}
+					checkIs(t, h.RUnlock(octx), dsync.ErrLeaseLost, "A's RUnlock of R1: %v, want ErrLeaseLost")
+				})
+			})
+		}
+	}
+}
+
+// TestOwnerHoldEndedByUnlockWhoseReplyCameAfterTheLock and its read-hold
+// kin in quorum mode (3 masters): A's Lock (or RLock) is granted on every
+// master, its replies held back; B's Unlock (RUnlock), naming no hold,
+// ends the hold on every master, its replies held back too; A's replies
+// come first. Once B's replies say which member holds they ended, A's
+// Lease is lost, and its Unlock says ErrLeaseLost.
+func TestQuorumOwnerHoldEndedByUnnamedUnlock(t *testing.T) {
+	for _, kind := range []string{"mutex", "write", "read"} {
+		for _, mode := range reentrancyModes {
+			t.Run(kind+"/"+mode.name, func(t *testing.T) {
+				bs, _, _ := miniQuorumEnv(t)
+				var rdbs, plain []redis.UniversalClient
+				var hooks []*onceHook
+				for _, b := range bs {
+					r := b.NewClient(t)
+					hk := newOnceHook()
+					r.AddHook(hk)
+					rdbs, hooks = append(rdbs, r), append(hooks, hk)
+					plain = append(plain, b.NewClient(t))
+				}
+				q, other := newQuorum(t, rdbs, mode.opts...), newQuorum(t, plain)
+				ctx, name := ctxT(t), redistest.Key(t)
+				octx := dsync.WithOwner(ctx)
+				lockScript, unlockScript := "rwmutex_lock", "rwmutex_unlock"
+				var lock, unlock func(context.Context) error
+				var lease func(context.Context) (*dsync.Lease, error)
+				x := other.RWMutex(name)
+				switch kind {
+				case "mutex":
+					m := q.Mutex(name)
+					lock, unlock, lease = m.Lock, m.Unlock, m.Lease
+					lockScript, unlockScript = "mutex_lock", "mutex_unlock"
+				case "write":
+					rw := q.RWMutex(name)
+					lock, unlock, lease = rw.Lock, rw.Unlock, rw.Lease
+				default:
+					rw := q.RWMutex(name)
+					lock, unlock, lease = rw.RLock, rw.RUnlock, rw.RLease
+				}
+				writerIn := func() (bool, error) {
+					if kind == "mutex" {
+						return other.Mutex(name).TryLock(dsync.WithOwner(ctx))
+					}
+					return x.TryLock(dsync.WithOwner(ctx))
+				}
+				// Load the scripts.
+				must(t, lock(octx))
+				must(t, unlock(octx))
+
+				var relLs, relUs []func()
+				var ranLs, ranUs []func(string)
+				for _, hk := range hooks {
+					ran, rel := hk.holdReply(t, lockScript)
+					ranLs, relLs = append(ranLs, ran), append(relLs, rel)
+				}
+				aIn := async(func() error { return lock(octx) })
+				for _, ran := range ranLs {
+					ran("A's lock")
+				}
+				for _, hk := range hooks {
+					ran, rel := hk.holdReply(t, unlockScript)
+					ranUs, relUs = append(ranUs, ran), append(relUs, rel)
+				}
+				bOut := async(func() error { return unlock(octx) })
+				for _, ran := range ranUs {
+					ran("B's unlock")
+				}
+				for _, rel := range relLs {
+					rel()
+				}
+				recvNil(t, aIn, 10*time.Second, "A's lock did not return")
+				l, err := lease(octx)
+				must(t, err)
+				for _, rel := range relUs {
+					rel()
+				}
+				recvNil(t, bOut, 10*time.Second, "B's unlock did not return")
+				ok, err := writerIn()
+				must(t, err)
+				if !ok {
+					t.Fatalf("another owner's writer refused: B's unlock did not end A's hold")
+				}
+				select {
+				case <-l.Done():
+				case <-time.After(5 * time.Second):
+				}
+				if err := l.Err(); err == nil {
+					t.Errorf("A's Lease reports live after B's unlock replies said they ended its member holds, while another owner writes")
+				}
+				checkIs(t, unlock(octx), dsync.ErrLeaseLost, "A's unlock: %v, want ErrLeaseLost")
 			})
 		}
 	}

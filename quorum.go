@@ -102,10 +102,28 @@ func NewQuorum(clients []redis.UniversalClient, opts ...Option) *Quorum {
 		return q
 	}
 	q.need = len(clients)/2 + 1
-	for _, rdb := range clients {
-		q.members = append(q.members, New(rdb, opts...))
+	for i, rdb := range clients {
+		c := New(rdb, opts...)
+		c.quorum, c.member = q, i
+		q.members = append(q.members, c)
 	}
 	return q
+}
+
+// memberEnded notes that an unlock of the owner whose holder token is tok,
+// naming no hold (the owner had none on record when it was sent), ended on
+// master i the hold with fencing token (or read hold id) fence of the
+// lock whose holds are recorded under key. If that is the member hold
+// there of the quorum hold the owner has on record (a Lock of the owner
+// recorded it meanwhile: its reply came before the unlock's), the member
+// hold is over, and once fewer than a majority of them live, the quorum
+// hold's lease is lost (see watch), rather than reported live while
+// another owner may hold the name.
+func (q *Quorum) memberEnded(i int, cfg *config, key, tok string, fence uint64) {
+	h := q.lookupHold(holdKey{key, q.ownerOf(cfg, tok)})
+	if m := memberHold(h, i); m != nil && m.fence == fence && !m.lost() {
+		m.lease.MarkLost()
+	}
 }
 
 var errQuorumReplicas = fmt.Errorf("%w: WaitReplicas in quorum mode", ErrInvalid)

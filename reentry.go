@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -79,7 +80,7 @@ func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, c lockCa
 	if h := b.holds[k]; c.ordered && h != nil && fence < h.fence && !h.lost() {
 		return nil, errSuperseded
 	}
-	if f, ok := b.ownerFlights[holdKey{k.key, c.tok}]; c.ordered && ok && fence <= f.gone {
+	if f, ok := b.ownerFlights[holdKey{k.key, c.tok}]; ok && f.ended(fence, c.ordered) {
 		return nil, errSuperseded
 	}
 	return b.ownerHoldLocked(k, fence, newHold, c.w, c.rel)
@@ -107,9 +108,10 @@ func (b *base) ownerHolding(k holdKey, fence uint64, newHold func() *hold) *hold
 }
 
 // An ownerFlight counts the calls of an owner that take a hold on one
-// deployment in flight in this process (Semaphore Acquires, Mutex and
-// write Locks), by the primitive's first key and the holder token the
-// scripts see, and keeps the fencing token of the owner's last hold
+// deployment in flight in this process (Semaphore Acquires, Mutex Locks,
+// RWMutex Locks and RLocks), by the key its holds are recorded under (a
+// primitive's first key; an RWMutex's readers key for RLocks) and the
+// holder token the scripts see, and keeps the fencing token of the owner's last hold
 // (holding) that a release ended meanwhile, told by the release's reply:
 // a call granted that hold (permits in that holding), whose reply came
 // after the release's, holds nothing of it (a Semaphore handle keeps the
@@ -118,9 +120,30 @@ func (b *base) ownerHolding(k holdKey, fence uint64, newHold func() *hold) *hold
 // be one that a Lock in flight was granted. A grant with a token no
 // larger than one ended is of a hold that has ended (a holder's tokens
 // rise). Kept by value: an owner's Lock allocates nothing for it.
+//
+// Read holds carry ids, not ordered tokens: an RUnlock that names no hold
+// tells the id of the read hold it ended, and the flight keeps the last
+// few such ids (goneReads, nil until an RUnlock tells one while RLock
+// calls of the owner are in flight), a grant of one of which holds nothing.
 type ownerFlight struct {
-	n    int
-	gone uint64
+	n         int
+	gone      uint64
+	goneReads []uint64
+}
+
+// maxGoneReads bounds ownerFlight.goneReads: an owner whose RUnlocks end
+// more read holds than this while its RLock calls are in flight is told
+// of the earlier ones by their leases' renewals (as before the ids were
+// kept), not at once.
+const maxGoneReads = 8
+
+// ended reports whether a grant with fencing token (or, unordered, read
+// hold id) fence is of a hold that a release told f of has ended.
+func (f ownerFlight) ended(fence uint64, ordered bool) bool {
+	if ordered {
+		return fence <= f.gone
+	}
+	return slices.Contains(f.goneReads, fence)
 }
 
 // ownerFlightBegin counts a call of owner k in flight; ownerFlightEnd
@@ -155,6 +178,20 @@ func (b *base) ownerEnded(k holdKey, fence uint64) {
 	}
 }
 
+// readEnded notes that an RUnlock ended owner k's read hold with id rid,
+// for the RLock calls of k in flight (see ownerFlight).
+func (b *base) readEnded(k holdKey, rid uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if f, ok := b.ownerFlights[k]; ok {
+		if len(f.goneReads) == maxGoneReads {
+			f.goneReads = slices.Delete(f.goneReads, 0, 1)
+		}
+		f.goneReads = append(f.goneReads, rid)
+		b.ownerFlights[k] = f
+	}
+}
+
 // unnamedEnded notes that an Unlock of the owner whose holder token is
 // tok, naming no hold (the owner had none on record when it was sent),
 // ended the hold with fencing token fence of the lock whose first key is
@@ -163,18 +200,27 @@ func (b *base) ownerEnded(k holdKey, fence uint64) {
 // reply came before the Unlock's) is over in Redis: its lease is lost,
 // rather than reported live while another owner may hold the name (its
 // Unlock then names it and returns ErrLeaseLost).
-func (b *base) unnamedEnded(cfg *config, key, tok string, fence uint64) {
-	b.ownerEnded(holdKey{key, tok}, fence)
-	otok := tok
-	if cfg.local {
-		// The owner's token, without this Client's (see holderToken).
-		if n := len(tok) - len(b.id) - 1; n > 0 && tok[n] == '@' && tok[n+1:] == b.id {
-			otok = tok[:n]
-		}
+func (b *base) unnamedEnded(cfg *config, key, tok string, fence uint64, ordered bool) {
+	if ordered {
+		b.ownerEnded(holdKey{key, tok}, fence)
+	} else {
+		b.readEnded(holdKey{key, tok}, fence)
 	}
-	if h := b.lookupHold(holdKey{key, otok}); h != nil && h.fence == fence && !h.lost() {
+	if h := b.lookupHold(holdKey{key, b.ownerOf(cfg, tok)}); h != nil && h.fence == fence && !h.lost() {
 		h.lease.MarkLost()
 	}
+}
+
+// ownerOf returns the owner token of holder token tok of a handle with
+// configuration cfg: under client reentrancy, tok without b's id (see
+// holderToken).
+func (b *base) ownerOf(cfg *config, tok string) string {
+	if cfg.local {
+		if n := len(tok) - len(b.id) - 1; n > 0 && tok[n] == '@' && tok[n+1:] == b.id {
+			return tok[:n]
+		}
+	}
+	return tok
 }
 
 // ownerHoldLocked is ownerHold with b.mu held.

@@ -66,9 +66,10 @@ func (s *rwScripts) lock(ctx context.Context, rw *RWMutex, mode string, c lockCa
 		return false, ErrClosed
 	}
 	defer s.c.end()
-	if c.owned && mode == modeWrite {
-		// As for a Mutex (see mutexScripts.lock).
-		k := holdKey{s.keys[0], c.tok}
+	if c.owned {
+		// As for a Mutex (see mutexScripts.lock); an owner's RLock calls
+		// are told of the read holds its RUnlocks end.
+		k := holdKey{s.modeKey(mode), c.tok}
 		s.c.ownerFlightBegin(k)
 		defer s.c.ownerFlightEnd(k)
 	}
@@ -210,10 +211,23 @@ func (s *rwScripts) unlockFloor(ctx context.Context, mode string, tok any, id st
 			argNone, argNone, argNone, argNone, argNone, bound)
 	})
 	if t, ok := tok.(string); ok && ended != 0 {
-		// A write hold (see mutexScripts.unlockFloor).
-		s.c.unnamedEnded(s.cfg, s.keys[0], t, ended)
+		// As for a Mutex (see mutexScripts.unlockFloor); a read hold is
+		// named by its id, recorded under the readers key.
+		s.c.unnamedEnded(s.cfg, s.modeKey(mode), t, ended, mode == modeWrite)
+		if q := s.c.quorum; q != nil {
+			q.memberEnded(s.c.member, s.cfg, s.modeKey(mode), t, ended)
+		}
 	}
 	return r, err
+}
+
+// modeKey returns the key under which the holds in mode are recorded:
+// the writer hash's, or the readers zset's (see RWMutex.modeKey).
+func (s *rwScripts) modeKey(mode string) string {
+	if mode == modeRead {
+		return s.keys[2]
+	}
+	return s.keys[0]
 }
 
 // renewSpec describes the renewal of tok's hold in mode, named by fence

@@ -52,9 +52,10 @@
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it, {4, fencing token}
 --        released and passed (ARGV[10..13]) with that token; {6, server
---        time ms} past its bound (ARGV[14]), nothing changed. A write
+--        time ms} past its bound (ARGV[14]), nothing changed. An
 --        Unlock that names no hold and releases one answers {1, fencing
---        token} with that hold's token (see mutex_unlock.lua). A repeat
+--        token} with that hold's token (see mutex_unlock.lua), an RUnlock
+--        that names none and ends a read hold {1, hold id}. A repeat
 --        within the replay window answers as the first run did (1 for a
 --        pass) and changes nothing.
 --
@@ -78,8 +79,9 @@ if ARGV[7] and ARGV[7] ~= '' then
   end
 end
 
--- A write Unlock that names no hold: the token of the hold it ended, which
--- it answers with, and notes for its repeats (see lib.lua's ended_by).
+-- An Unlock or RUnlock that names no hold: the fencing token of the write
+-- hold, or the id of the read hold, it ended, which it answers with, and
+-- notes for its repeats (see lib.lua's ended_by).
 local ended
 
 -- The answer of an unlock (not of a clean-up, whose id is new each time),
@@ -113,7 +115,7 @@ if guard == '' then
     cached_mark(X, wcur[5], now)
   else
     local done = recall(X, id)
-    if done == 1 and mode == 'w' and not named then
+    if done == 1 and not named then
       local f = tonumber(ended_by(X, id))
       if f then
         return { 1, f }
@@ -207,6 +209,9 @@ if mode == 'r' then
     return answer(2)
   end
   redis.call('ZREM', R, tok)
+  if guard == '' and not named and tonumber(rid) < 9007199254740992 then
+    ended = rid
+  end
   local top = redis.call('ZRANGE', R, '-1', '-1', 'WITHSCORES')
   if top[2] then
     -- Other readers hold. The record goes before the expiries are fitted:
