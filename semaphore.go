@@ -411,7 +411,17 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		} else {
 			s.mu.Lock()
 			if s.cur == h {
-				s.curN = max(s.curN-n, 0)
+				if s.curN = max(s.curN-n, 0); s.curN == 0 {
+					// Redis keeps permits of the holding that the handle
+					// does not count: those a Release with an unknown
+					// outcome was sent for (not owed, see unsurePart),
+					// or those of an Acquire whose reply is still to
+					// come (which then records the holding afresh). The
+					// handle holds nothing of it: it is no longer
+					// renewed, and what is left runs out at its TTL.
+					h.release()
+					s.cur = nil
+				}
 			}
 			for i := range s.pending {
 				if s.pending[i].h == h {

@@ -138,3 +138,45 @@ func TestSemaphoreReleaseAfterAnotherLostItsReply(t *testing.T) {
 		}
 	})
 }
+
+// A handle holds 2 permits; a Release(1) fails before its outcome is known
+// (counted released: its permit is not owed), and a Release(1) of the rest
+// succeeds, the server answering that 1 permit is left (the first Release
+// never ran). The handle holds nothing it counts: it stops renewing the
+// holding, and the permit left runs out at the holding's TTL (before, the
+// Client renewed it for as long as it lived, and the Semaphore stayed a
+// permit short).
+func TestSemaphorePartialReleaseUnknownThenRestRunsOut(t *testing.T) {
+	eachRealName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		rel := scriptFaults("semaphore_release")
+		c, _ := hookedClient(t, b, rel, dsync.TTL(time.Second))
+		s := c.Semaphore(name, 2)
+		must(t, s.Acquire(ctx, 1))
+		must(t, s.Release(ctx, 1)) // the script loaded
+		must(t, s.Acquire(ctx, 2))
+		rel.FailNext(1, errors.New("i/o timeout"))
+		if err := s.Release(ctx, 1); err == nil {
+			t.Fatal("a Release(1) whose command failed returned nil")
+		}
+		must(t, s.Release(ctx, 1))
+		if used, _ := semHeld(t, b.NewClient(t), name); used != 1 {
+			t.Fatalf("%d permits in use after the second Release, want the 1 the failed Release did not release", used)
+		}
+		time.Sleep(3 * time.Second) // 3 TTLs
+		if used, holders := semHeld(t, b.NewClient(t), name); used != 0 {
+			t.Errorf("3 TTLs after the handle released all it counts: %d permits in use by %d holders (renewed by the Client)", used, holders)
+		}
+		o := newClient(t, b).Semaphore(name, 2)
+		ok, err := o.TryAcquire(ctx, 2)
+		if err != nil || !ok {
+			t.Fatalf("another Client's TryAcquire(2) = %v, %v; want true", ok, err)
+		}
+		must(t, o.Release(ctx, 2))
+		// The handle acquires and releases as before.
+		must(t, s.Acquire(ctx, 2))
+		must(t, s.Release(ctx, 2))
+		if used, _ := semHeld(t, b.NewClient(t), name); used != 0 {
+			t.Errorf("%d permits in use after the handle's Acquire(2) and Release(2)", used)
+		}
+	})
+}
