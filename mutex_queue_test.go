@@ -279,3 +279,32 @@ func TestQueueOrderHoldsPastAForeignTail(t *testing.T) {
 		})
 	}
 }
+
+// A refused TryLock leaves no trace in the hold: not the mark that someone
+// waits (':w'), which would make the holder's Unlock look for a queue head
+// and notify every waiter of the name, and count the in-process passes of
+// its cohort as if others waited in Redis. A refused Lock sets it.
+func TestRefusedTryLockLeavesNoWaitMark(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		a, o := newClient(t, b).Mutex(name), newClient(t, b).Mutex(name)
+		must(t, a.Lock(ctx))
+		rdb := b.NewClient(t)
+		ok, err := o.TryLock(ctx)
+		must(t, err)
+		if ok {
+			t.Fatal("TryLock took a held lock")
+		}
+		if w, _ := rdb.HExists(ctx, mutexKeys(name).Lock, ":w").Result(); w {
+			t.Errorf("a refused TryLock set ':w' on the holder's hash")
+		}
+		wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		if err := o.Lock(wctx); err == nil {
+			t.Fatal("Lock took a held lock")
+		}
+		if w, _ := rdb.HExists(ctx, mutexKeys(name).Lock, ":w").Result(); !w {
+			t.Errorf("a refused Lock did not set ':w' on the holder's hash")
+		}
+		must(t, a.Unlock(ctx))
+	})
+}

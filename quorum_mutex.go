@@ -30,7 +30,7 @@ func (qm *quorumMutex) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 			// No hand-overs: a quorum waiter takes no queue place (each
 			// master would order its queue by the arrivals it saw and
 			// hand the lock to different waiters, splitting the grants).
-			g, err := qm.subs[i].attempt(ctx, tok, id, "", false)
+			g, err := qm.subs[i].attemptUnqueued(ctx, tok, id, wait)
 			return vote(g, err, int64(g.fence))
 		},
 		undo: func(ctx context.Context, i int, id string) error { return qm.subs[i].abandon(ctx, tok, id) },

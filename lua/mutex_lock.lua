@@ -19,7 +19,9 @@
 -- ARGV[2] lease TTL (ms)
 -- ARGV[3] call id (the same for every attempt of one Lock call)
 -- ARGV[4] '1' when the caller waits (Lock): refused, it takes (or keeps) a
---         place in the queue; '0' (TryLock, quorum mode) never queues
+--         place in the queue; '2' when it waits without one (a Lock in
+--         quorum mode): refused, it has the release notify the waiters;
+--         '0' (TryLock) never queues and leaves no trace in the hold
 -- ARGV[5] idle expiry of the fence hash (ms)
 -- ARGV[6] '1' when the owner counts re-entries itself (client reentrancy):
 --         a re-entry then leaves the count in Redis at 1 (its call id is
@@ -150,7 +152,9 @@ if cur[3] then
     -- and write nothing: the name works again once the key is removed.
     return { 3, 0 }
   end
-  if not cur[4] then
+  if not cur[4] and ARGV[4] ~= '0' then
+    -- Someone waits: the release is to notify (or hand over). A try does
+    -- not wait.
     redis.call('HSET', KEYS[1], ':w', '1')
   end
   if ARGV[4] == '1' then
