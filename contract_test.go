@@ -754,6 +754,7 @@ func contractBadInput(t *testing.T, op *contractOp, e contractEnv, _ context.Con
 		"empty name":        p.handle(c, ""),
 		"zero TTL":          p.handle(c, "x", dsync.TTL(0)),
 		"negative TTL":      p.handle(c, "x", dsync.TTL(-time.Second)),
+		"TTL past MaxTTL":   p.handle(c, "x", dsync.TTL(dsync.MaxTTL+time.Millisecond)),
 		"nil client":        p.handle(nilc, "x"),
 		"bad client option": p.handle(badc, "x"),
 	}

@@ -233,10 +233,19 @@ func (cfg *config) fail(format string, args ...any) {
 
 // TTL sets the lease of every hold (default [DefaultTTL], 30 s). While a hold
 // lives it is renewed every TTL/3, so the TTL is how long a hold survives its
-// holder's death. It must be at least 1 ms.
+// holder's death. It must be at least 1 ms and at most [MaxTTL].
 func TTL(d time.Duration) Option {
+	if d > MaxTTL {
+		return func(cfg *config) { cfg.fail("TTL %v, want at most %v", d, MaxTTL) }
+	}
 	return durationOption("TTL", d, func(cfg *config) *time.Duration { return &cfg.ttl })
 }
+
+// MaxTTL is the longest lease [TTL] accepts, 24 h. The scripts take a
+// waiting call's place with a longer TTL for data dsync did not write, and
+// drop it, so that no foreign entry can be handed a hold that outlives
+// the keys it came from.
+const MaxTTL = 24 * time.Hour
 
 // durationOption returns the Option called name that sets the duration
 // field(cfg) to d, which must be at least 1 ms.

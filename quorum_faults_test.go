@@ -307,11 +307,12 @@ func TestQuorumReentryMemberCountsForLease(t *testing.T) {
 
 // A TTL that Redlock's validity (TTL − elapsed − TTL/100 − 2 ms) leaves no
 // time of is refused in quorum mode, on the Quorum and on a handle, before
-// anything is sent; a TTL of 5 ms and a huge one are taken.
+// anything is sent; a TTL of 5 ms and the largest one ([dsync.MaxTTL]) are
+// taken (one past it is refused as on a single deployment).
 func TestQuorumRefusesATTLTooShortToBeGranted(t *testing.T) {
 	rdbs := miniMasters(t, 3)
 	ctx := ctxT(t)
-	for _, ttl := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond} {
+	for _, ttl := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond, dsync.MaxTTL + time.Millisecond} {
 		name := redistest.Key(t)
 		mustIs(t, newQuorum(t, rdbs, dsync.TTL(ttl)).Mutex(name).Lock(ctx), dsync.ErrInvalid, "Lock on a Quorum with TTL "+ttl.String())
 		_, err := newQuorum(t, rdbs).RWMutex(name, dsync.TTL(ttl)).TryRLock(ctx)
@@ -322,7 +323,7 @@ func TestQuorumRefusesATTLTooShortToBeGranted(t *testing.T) {
 			}
 		}
 	}
-	for _, ttl := range []time.Duration{5 * time.Millisecond, time.Duration(1<<63 - 1)} {
+	for _, ttl := range []time.Duration{5 * time.Millisecond, dsync.MaxTTL} {
 		m := newQuorum(t, rdbs, dsync.TTL(ttl)).Mutex(redistest.Key(t))
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := m.Lock(cctx)

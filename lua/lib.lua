@@ -158,14 +158,23 @@ local function stale(bound)
   return not b or b < now_ms or b > now_ms + VALID_MS
 end
 
+-- The longest lease TTL a Client sends (ms; dsync.MaxTTL, 24 h).
+local MAX_TTL_MS = 86400000
+
 -- Whether a waiting place that lapses at dl (server ms, a number), of a
 -- waiter whose TTL is ttl (ms, a string), lasts longer than any place that
 -- waiter takes (place_ms(ttl) from its last attempt), by more than
--- VALID_MS, allowed for a server clock that stepped back since. Only
--- foreign data does: every waiter's attempt keeps the queue's keys alive,
--- and such a place would stay first in line for good, so it is dropped as
--- garbage is.
+-- VALID_MS, allowed for a server clock that stepped back since; or
+-- whether ttl is no TTL a Client sends (below 1 ms, above MAX_TTL_MS).
+-- Only foreign data does either: every waiter's attempt keeps the queue's
+-- keys alive, and such a place would stay first in line for good (or be
+-- handed a hold for its TTL, which the hold's key would take as its
+-- expiry), so it is dropped as garbage is.
 local function too_far(dl, ttl)
+  local t = tonumber(ttl)
+  if not t or t < 1 or t > MAX_TTL_MS then
+    return true
+  end
   clock()
   return dl > now_ms + tonumber(place_ms(ttl)) + VALID_MS
 end
@@ -192,7 +201,10 @@ end
 local function set_fence(key, n, e, idle)
   clock()
   local ms = tonumber(idle)
-  if (tonumber(e) or 0) - now_ms >= ms / 2 then
+  local left = (tonumber(e) or 0) - now_ms
+  -- An 'e' further off than a whole idle period is none the scripts
+  -- wrote (foreign data, a hash kept without expiry): rewritten too.
+  if left >= ms / 2 and left <= ms then
     redis.call('HSET', key, 'n', n)
     return e
   end

@@ -306,7 +306,10 @@ local admitted, longest = 0, 0
 for i = 1, #q, 2 do
   local rt = q[i]
   local dl, rttl, cid = string.match(q[i + 1], '^(%d+) (%d+) (%S+)$')
-  if dl and tonumber(dl) > now and not recall(X, cid) then
+  -- A place too far off, or a TTL no Client sends (foreign data, see
+  -- lib.lua's too_far), admits nobody: the readers' keys would take that
+  -- TTL as their expiry.
+  if dl and tonumber(dl) > now and not too_far(tonumber(dl), rttl) and not recall(X, cid) then
     local c, rid, ids = 0, num(hold_id(cid)), ''
     local rec = redis.call('HGET', RC, rt)
     if rec then

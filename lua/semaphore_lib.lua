@@ -265,8 +265,9 @@ local function grant(ch, idle, self, first)
       dl, ttl, n, secret, tok = string.match(d, '^(%d+) (%d+) (%d+) (%S+) (.+)$')
     end
     -- Garbage, a lapsed place and one too far off (see lib.lua's
-    -- too_far) are dropped.
-    if not dl or tonumber(dl) <= now_ms or too_far(tonumber(dl), ttl) then
+    -- too_far) are dropped; so is a holder token that begins with ':'
+    -- (no owner token does: it would name a field of the state hash).
+    if not dl or tonumber(dl) <= now_ms or too_far(tonumber(dl), ttl) or string.sub(tok, 1, 1) == ':' then
       unqueue(h)
     elseif used + tonumber(n) > (in_force or 0) then
       break
