@@ -217,10 +217,13 @@ func settle[A any](b *base, ctx context.Context, a A, rl *settler[A]) error {
 	case ctx.Done() == nil:
 		return f(ctx, a)
 	case !b.releases.add():
-		// Closed: the release is not left to the background.
-		dctx, cancel := detached(ctx)
-		defer cancel()
-		return f(dctx, a)
+		// Closed (after the call's own check: Close came in between).
+		// Nothing runs in the Client's background any more, so the
+		// release runs on its own, bounded as a detached release is, and
+		// the caller waits for it as long as its ctx lets it (and
+		// cleanupGrace), not for that bound: with Redis silent, it
+		// returns at its deadline, and the release ends at the bound.
+		return settleClosed(ctx, a, f)
 	}
 	r, _ := rl.calls.Get().(*releaseCall[A])
 	if r == nil {
@@ -251,6 +254,32 @@ func settle[A any](b *base, ctx context.Context, a A, rl *settler[A]) error {
 		// more to send, and is over in a moment.
 		<-r.done
 		return r.reuse()
+	}
+}
+
+// settleClosed is settle for a Client closed after the call began: f runs
+// in a goroutine of its own, on a detached ctx (releaseTimeout), and the
+// caller has its outcome if it comes before ctx ends, or within
+// cleanupGrace after.
+func settleClosed[A any](ctx context.Context, a A, f func(context.Context, A) error) error {
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		dctx, cancel := detached(ctx)
+		defer cancel()
+		err = f(dctx, a)
+	}()
+	if awaitCall(ctx, done) {
+		return err
+	}
+	t := getTimer(cleanupGrace)
+	defer putTimer(t)
+	select {
+	case <-done:
+		return err
+	case <-t.C:
+		return ctx.Err()
 	}
 }
 
