@@ -160,6 +160,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // with ContextTimeoutEnabled). A call in progress whose command the server
 // holds returns when that command does or its ctx ends, whichever is
 // first, not at Close; its clean-up then runs on its own, 5 s at most.
+// So does a release (Unlock, RUnlock, Release, the end of a Once run)
+// that began before Close and reaches Redis after it: it runs on its own,
+// 5 s at most, and its caller returns by its ctx deadline.
 func (c *Client) Close() error {
 	c.once.Do(func() {
 		close(c.closed)
