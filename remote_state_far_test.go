@@ -25,7 +25,7 @@ func TestRemoteStateFarForeignWaitingWriterExpires(t *testing.T) {
 		k := rwk(name)
 		far := rsMs(rsNow(t, rdb).Add(10 * 365 * 24 * time.Hour))
 		must(t, rdb.Do(ctx, "zadd", k.WaitingWriters, far, "foreign-writer").Err())
-		must(t, rdb.PExpire(ctx, k.WaitingWriters, time.Second).Err())
+		expireIn(t, rdb, time.Second, k.WaitingWriters)
 
 		c := newClient(t, b)
 		rw := c.RWMutex(name, dsync.TTL(time.Second))
@@ -67,9 +67,7 @@ func TestRemoteStateFarForeignReaderExpires(t *testing.T) {
 		far := rsMs(rsNow(t, rdb).Add(10 * 365 * 24 * time.Hour))
 		must(t, rdb.Do(ctx, "zadd", k.Readers, far, "foreign-reader").Err())
 		must(t, rdb.HSet(ctx, k.ReaderData, "foreign-reader", "1 7 x").Err())
-		for _, key := range []string{k.Readers, k.ReaderData} {
-			must(t, rdb.PExpire(ctx, key, time.Second).Err())
-		}
+		expireIn(t, rdb, time.Second, k.Readers, k.ReaderData)
 
 		c := newClient(t, b)
 		rw := c.RWMutex(name, dsync.TTL(time.Second))

@@ -35,7 +35,7 @@ func foreignTTLs(t *testing.T, f func(t *testing.T, b redistest.Backend, fttl st
 func checkNoForeignExpiry(t *testing.T, rdb redis.UniversalClient, key string, limit time.Duration) {
 	t.Helper()
 	p := rdb.PTTL(context.Background(), key).Val()
-	if p == -1*time.Nanosecond || p == -1 || p > limit {
+	if p == -1 || p > limit {
 		t.Errorf("%s: PTTL %v (limit %v): expiry copied from a foreign TTL field", key, p, limit)
 	}
 }
@@ -58,20 +58,14 @@ func TestRemoteStateForeignTTLMutexHandOver(t *testing.T) {
 		now := rsNow(t, rdb)
 		must(t, rdb.ZAdd(ctx, k.Queue, redis.Z{Score: rsUs(now.Add(-time.Second)), Member: "foreign"}).Err())
 		must(t, rdb.HSet(ctx, k.QueueData, "foreign", rsMs(now.Add(time.Second))+" "+fttl+" farcall secret").Err())
-		for _, key := range []string{k.Queue, k.QueueData} {
-			must(t, rdb.PExpire(ctx, key, time.Second).Err())
-		}
+		expireIn(t, rdb, time.Second, k.Queue, k.QueueData)
 		err := m.Unlock(a)
 		t.Logf("Unlock: %v", err)
 		checkNoForeignExpiry(t, rdb, k.Lock, 2*time.Second)
 		if b.Mini != nil {
 			return
 		}
-		lctx, cancel2 := context.WithTimeout(dsync.WithOwner(ctxT(t)), 4*time.Second)
-		defer cancel2()
-		if err := m.Lock(lctx); err != nil {
-			t.Errorf("Lock within 4 s after the foreign place's keys expired: %v", err)
-		}
+		takesWithin(t, 4*time.Second, dsync.WithOwner(ctxT(t)), "Lock after the foreign place's keys expired", func(ctx context.Context) error { return m.Lock(ctx) })
 	})
 }
 
@@ -88,20 +82,14 @@ func TestRemoteStateForeignTTLRWMutexHandOver(t *testing.T) {
 		must(t, rdb.Do(ctx, "zadd", k.WaitingWriters, rsMs(now.Add(time.Second)), "foreign").Err())
 		must(t, rdb.ZAdd(ctx, k.WriterQueue, redis.Z{Score: rsUs(now), Member: "foreign"}).Err())
 		must(t, rdb.HSet(ctx, k.WriterQueueData, "foreign", fttl+" farcall secret").Err())
-		for _, key := range []string{k.WaitingWriters, k.WriterQueue, k.WriterQueueData} {
-			must(t, rdb.PExpire(ctx, key, time.Second).Err())
-		}
+		expireIn(t, rdb, time.Second, k.WaitingWriters, k.WriterQueue, k.WriterQueueData)
 		err := rw.Unlock(a)
 		t.Logf("Unlock: %v", err)
 		checkNoForeignExpiry(t, rdb, k.Writer, 2*time.Second)
 		if b.Mini != nil {
 			return
 		}
-		lctx, cancel := context.WithTimeout(dsync.WithOwner(ctxT(t)), 4*time.Second)
-		defer cancel()
-		if err := rw.Lock(lctx); err != nil {
-			t.Errorf("Lock within 4 s after the foreign place's keys expired: %v", err)
-		}
+		takesWithin(t, 4*time.Second, dsync.WithOwner(ctxT(t)), "Lock after the foreign place's keys expired", func(ctx context.Context) error { return rw.Lock(ctx) })
 	})
 }
 
@@ -116,7 +104,7 @@ func TestRemoteStateForeignTTLRWMutexWaitingReader(t *testing.T) {
 		must(t, rw.Lock(a))
 		now := rsNow(t, rdb)
 		must(t, rdb.HSet(ctx, k.WaitingReaders, "foreign-reader", rsMs(now.Add(time.Second))+" "+fttl+" farcall").Err())
-		must(t, rdb.PExpire(ctx, k.WaitingReaders, time.Second).Err())
+		expireIn(t, rdb, time.Second, k.WaitingReaders)
 		err := rw.Unlock(a)
 		t.Logf("Unlock: %v", err)
 		checkNoForeignExpiry(t, rdb, k.Readers, 2*time.Second)
@@ -124,11 +112,7 @@ func TestRemoteStateForeignTTLRWMutexWaitingReader(t *testing.T) {
 		if b.Mini != nil {
 			return
 		}
-		lctx, cancel := context.WithTimeout(dsync.WithOwner(ctxT(t)), 4*time.Second)
-		defer cancel()
-		if err := rw.Lock(lctx); err != nil {
-			t.Errorf("Lock within 4 s after the foreign waiting reader's key expired: %v", err)
-		}
+		takesWithin(t, 4*time.Second, dsync.WithOwner(ctxT(t)), "Lock after the foreign waiting reader's key expired", func(ctx context.Context) error { return rw.Lock(ctx) })
 	})
 }
 
@@ -144,9 +128,7 @@ func TestRemoteStateForeignTTLSemaphoreGrant(t *testing.T) {
 		now := rsNow(t, rdb)
 		must(t, rdb.ZAdd(ctx, k.Queue, redis.Z{Score: rsUs(now.Add(-time.Second)), Member: "farcall"}).Err())
 		must(t, rdb.HSet(ctx, k.QueueData, "farcall", rsMs(now.Add(time.Second))+" "+fttl+" 1 secret foreign-tok").Err())
-		for _, key := range []string{k.Queue, k.QueueData} {
-			must(t, rdb.PExpire(ctx, key, time.Second).Err())
-		}
+		expireIn(t, rdb, time.Second, k.Queue, k.QueueData)
 		err := s.Release(a, 2)
 		t.Logf("Release: %v", err)
 		checkNoForeignExpiry(t, rdb, k.Holders, 2*time.Second)
@@ -154,19 +136,15 @@ func TestRemoteStateForeignTTLSemaphoreGrant(t *testing.T) {
 		if b.Mini != nil {
 			return
 		}
-		actx, cancel := context.WithTimeout(ctxT(t), 4*time.Second)
-		defer cancel()
-		if err := s.Acquire(actx, 2); err != nil {
-			t.Errorf("Acquire(2) within 4 s after the foreign place's keys expired: %v", err)
-		}
+		takesWithin(t, 4*time.Second, ctxT(t), "Acquire(2) after the foreign place's keys expired", func(ctx context.Context) error { return s.Acquire(ctx, 2) })
 	})
 }
 
 // A foreign queue head whose place deadline and TTL field are both ten
-// years off passes too_far (which trusts the entry's own TTL): it stays
-// first in line, and each waiter's attempt extends the queue keys, which
-// were to expire in 1 s. A free Mutex is then never taken while someone
-// waits.
+// years off is dropped (its TTL is none a Client sends): a free Mutex is
+// taken. Before, it passed too_far (which trusted the entry's own TTL),
+// stayed first in line, and each waiter's attempt extended the queue keys
+// that were to expire in 1 s.
 func TestRemoteStateForeignFarHeadWithFarTTLMutex(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		if b.Mini != nil {
@@ -179,9 +157,7 @@ func TestRemoteStateForeignFarHeadWithFarTTLMutex(t *testing.T) {
 		far := rsMs(now.Add(10 * 365 * 24 * time.Hour))
 		must(t, rdb.ZAdd(ctx, k.Queue, redis.Z{Score: rsUs(now), Member: "foreign"}).Err())
 		must(t, rdb.HSet(ctx, k.QueueData, "foreign", far+" "+fsTenYearsMs+" farcall secret").Err())
-		for _, key := range []string{k.Queue, k.QueueData} {
-			must(t, rdb.PExpire(ctx, key, time.Second).Err())
-		}
+		expireIn(t, rdb, time.Second, k.Queue, k.QueueData)
 		c := newClient(t, b)
 		m := c.Mutex(name, dsync.TTL(time.Second))
 		lctx, cancel := context.WithTimeout(dsync.WithOwner(ctxT(t)), 4*time.Second)
@@ -193,9 +169,10 @@ func TestRemoteStateForeignFarHeadWithFarTTLMutex(t *testing.T) {
 }
 
 // A foreign Semaphore queue entry whose holder token begins with ':' is
-// granted permits; prune later drops its holders-zset member "alone"
-// (holder tokens never begin with ':'), without giving its permits back:
-// while any other holding keeps the state hash alive, the permit is gone.
+// dropped, not granted permits. Before, it was granted them, and prune
+// later dropped its holders-zset member alone (holder tokens never begin
+// with ':') without giving the permit back: while another holding kept the
+// state hash alive, the permit was gone.
 func TestRemoteStateForeignColonTokenSemaphoreGrant(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		if b.Mini != nil {
@@ -212,9 +189,7 @@ func TestRemoteStateForeignColonTokenSemaphoreGrant(t *testing.T) {
 		now := rsNow(t, rdb)
 		must(t, rdb.ZAdd(ctx, k.Queue, redis.Z{Score: rsUs(now.Add(-time.Second)), Member: "farcall"}).Err())
 		must(t, rdb.HSet(ctx, k.QueueData, "farcall", rsMs(now.Add(time.Second))+" 300 1 secret :x").Err())
-		for _, key := range []string{k.Queue, k.QueueData} {
-			must(t, rdb.PExpire(ctx, key, time.Second).Err())
-		}
+		expireIn(t, rdb, time.Second, k.Queue, k.QueueData)
 		must(t, s.Release(a, 1)) // grants 1 permit to ":x" for 300 ms
 		time.Sleep(1500 * time.Millisecond)
 		t.Logf("state after the foreign lease ran out: %v; holders %v", rdb.HGetAll(ctx, k.State).Val(), rdb.ZRangeWithScores(ctx, k.Holders, 0, -1).Val())
@@ -227,8 +202,8 @@ func TestRemoteStateForeignColonTokenSemaphoreGrant(t *testing.T) {
 }
 
 // A fence hash without expiry whose 'e' (when the scripts last set its
-// expiry) is far off: set_fence trusts 'e' and never gives the key an
-// expiry, while writing 'n' into it with every fresh hold.
+// expiry) is far off gets an expiry from the next fresh hold. Before,
+// set_fence trusted 'e' and wrote 'n' into the key for good.
 func TestRemoteStateForeignFenceFarExpiryMark(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		name, ctx := redistest.Key(t), context.Background()
@@ -248,9 +223,9 @@ func TestRemoteStateForeignFenceFarExpiryMark(t *testing.T) {
 }
 
 // The RWMutex writers' queue: a foreign queued writer whose place and TTL
-// field are ten years off is never dropped (too_far trusts its TTL), and
-// each waiting writer's attempt keeps the keys alive that were to expire
-// in 1 s.
+// field are ten years off is dropped, and a free RWMutex is taken. Before,
+// too_far trusted its TTL, and each waiting writer's attempt kept alive
+// the keys that were to expire in 1 s.
 func TestRemoteStateForeignFarHeadWithFarTTLRWMutex(t *testing.T) {
 	eachBackend(t, func(t *testing.T, b redistest.Backend) {
 		if b.Mini != nil {
@@ -264,9 +239,7 @@ func TestRemoteStateForeignFarHeadWithFarTTLRWMutex(t *testing.T) {
 		must(t, rdb.Do(ctx, "zadd", k.WaitingWriters, far, "foreign").Err())
 		must(t, rdb.ZAdd(ctx, k.WriterQueue, redis.Z{Score: rsUs(now), Member: "foreign"}).Err())
 		must(t, rdb.HSet(ctx, k.WriterQueueData, "foreign", fsTenYearsMs+" farcall secret").Err())
-		for _, key := range []string{k.WaitingWriters, k.WriterQueue, k.WriterQueueData} {
-			must(t, rdb.PExpire(ctx, key, time.Second).Err())
-		}
+		expireIn(t, rdb, time.Second, k.WaitingWriters, k.WriterQueue, k.WriterQueueData)
 		c := newClient(t, b)
 		rw := c.RWMutex(name, dsync.TTL(time.Second))
 		lctx, cancel := context.WithTimeout(dsync.WithOwner(ctxT(t)), 4*time.Second)
@@ -312,4 +285,23 @@ func TestRemoteStateWaitersReturnByDeadlineOnFarTTL(t *testing.T) {
 			}
 		}
 	})
+}
+
+// expireIn gives each of keys the expiry d, as their writer would have.
+func expireIn(t *testing.T, rdb redis.UniversalClient, d time.Duration, keys ...string) {
+	t.Helper()
+	for _, key := range keys {
+		must(t, rdb.PExpire(context.Background(), key, d).Err())
+	}
+}
+
+// takesWithin fails unless take, on a ctx derived from parent that ends
+// after d, succeeds: the name recovered from foreign data, as what says.
+func takesWithin(t *testing.T, d time.Duration, parent context.Context, what string, take func(ctx context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(parent, d)
+	defer cancel()
+	if err := take(ctx); err != nil {
+		t.Errorf("%s within %v: %v", what, d, err)
+	}
 }
