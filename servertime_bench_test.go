@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -31,6 +32,15 @@ import (
 //   - <operation>-µs/pair: INFO commandstats with SLOWLOG off, the server's
 //     time for the scripts (or commands) of one Lock+Unlock pair of the
 //     operation (Do for a Once on a new name).
+//
+// Two more operations split a Mutex pair's time into its parts: noop
+// runs two scripts that return at once, called with the KEYS and ARGV
+// of an uncontended Mutex Lock and Unlock (what any script with those
+// arguments costs), and bare runs two scripts that make the same
+// redis.calls as that pair, on keys of the same shape, with none of the
+// scripts' checks (what the commands cost). The rest of the mutex
+// figure is the scripts' own Lua: the definitions each call makes and
+// the checks.
 //
 // Each round runs every operation in turn, serverTimeCalls pairs each;
 // a round's figure is the mean of the middle half of its calls (SLOWLOG
@@ -76,6 +86,12 @@ func BenchmarkServerTime(b *testing.B) {
 	}
 	del := redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 	scripts[del.Hash()] = "floor_del"
+	for _, s := range []struct {
+		name string
+		s    *redis.Script
+	}{{"noop_lock", noopLock}, {"noop_unlock", noopUnlock}, {"bare_lock", bareLock}, {"bare_unlock", bareUnlock}} {
+		scripts[s.s.Hash()] = s.name
+	}
 
 	type variant struct {
 		prefix string
@@ -121,6 +137,8 @@ func BenchmarkServerTime(b *testing.B) {
 			must(del.Run(ctx, rdb, []string{floorKey}, "token").Err())
 		}},
 		{"mutex", "", func() { must(m.Lock(ctx)); must(m.Unlock(ctx)) }},
+		{"noop", "", func() { must(mutexShaped(ctx, rdb, base+":noop", noopLock, noopUnlock)) }},
+		{"bare", "", func() { must(mutexShaped(ctx, rdb, base+":bare", bareLock, bareUnlock)) }},
 		{"rwmutex(w)", "(w)", func() { must(rw.Lock(ctx)); must(rw.Unlock(ctx)) }},
 		{"rwmutex(r)", "(r)", func() { must(rw.RLock(ctx)); must(rw.RUnlock(ctx)) }},
 		{"semaphore", "", func() { must(sem.Acquire(ctx, 1)); must(sem.Release(ctx, 1)) }},
@@ -159,7 +177,7 @@ func BenchmarkServerTime(b *testing.B) {
 					switch {
 					case len(e.Args) >= 2 && strings.EqualFold(e.Args[0], "evalsha"):
 						name = scripts[e.Args[1]]
-						if name == "floor_del" {
+						if name == "floor_del" || strings.HasPrefix(name, "noop_") || strings.HasPrefix(name, "bare_") {
 							name = v.prefix + name
 						}
 					case len(e.Args) >= 2 && strings.EqualFold(e.Args[0], "set") && e.Args[1] == floorKey:
@@ -257,4 +275,63 @@ func median(xs []float64) float64 {
 		return xs[n/2]
 	}
 	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+// Scripts for the parts of a Mutex pair's server time (see
+// BenchmarkServerTime): noop returns at once; bare makes the redis.calls
+// of an uncontended Mutex Lock and Unlock (as MONITOR shows them: the
+// lock reads the hold, looks its call id up, reads the queue's head and
+// the fence, writes the fence, notes its id and writes the hold; the
+// unlock reads the hold, deletes it and notes its id) and nothing else.
+var (
+	noopLock   = redis.NewScript(`return {1, 1}`)
+	noopUnlock = redis.NewScript(`return 1`)
+	bareLock   = redis.NewScript(`
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_ms = math.floor(now_us / 1000)
+redis.call('HMGET', KEYS[1], ARGV[1], ':c', ':f', ':w')
+redis.call('ZMSCORE', KEYS[5], ARGV[3], ':p')
+redis.call('ZRANGE', KEYS[3], '0', '0')
+local fence = redis.call('HMGET', KEYS[2], 'n', 'e')
+local f = string.format('%d', math.max((tonumber(fence[1]) or 0) + 1, now_us))
+redis.call('HSET', KEYS[2], 'n', f)
+redis.call('ZADD', KEYS[5], string.format('%d', (now_ms + 60000) * 4 + 1), ARGV[3])
+redis.call('PEXPIRE', KEYS[5], '60000')
+redis.call('HSET', KEYS[1], ARGV[1], '1', ':f', f, ':c', ARGV[3], ':p', string.format('%d', (now_ms + 5000) * 4))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, tonumber(f)}`)
+	bareUnlock = redis.NewScript(`
+redis.call('HMGET', KEYS[1], ARGV[1], ':c', ':w', ':f', ':d', ':p', ':k')
+local t = redis.call('TIME')
+local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+redis.call('DEL', KEYS[1])
+redis.call('ZADD', KEYS[5], string.format('%d', (now_ms + 60000) * 4 + 1), ARGV[2])
+redis.call('PEXPIRE', KEYS[5], '60000')
+return 1`)
+)
+
+// shapedCalls numbers the calls of mutexShaped.
+var shapedCalls int
+
+// mutexShaped runs lock and then unlock with the KEYS and ARGV an
+// uncontended Mutex Lock and Unlock of a name under prefix send: the
+// five keys, a holder token, TTL, call id, wait flag, fence idle time,
+// reentrancy flag, secret and bound; then the token, call id, channel,
+// idle time, two empty fields and the hold's fencing token.
+func mutexShaped(ctx context.Context, rdb redis.UniversalClient, prefix string, lock, unlock *redis.Script) error {
+	h := "{" + prefix + "}"
+	keys := []string{h, h + ":f", h + ":q", h + ":qd", h + ":x"}
+	tok := "bench/1/00000000-0000-4000-8000-000000000000"
+	shapedCalls++
+	id := fmt.Sprintf("l%012d", shapedCalls)
+	bound := strconv.FormatInt(time.Now().Add(20*time.Second).UnixMilli(), 10)
+	r, err := lock.Run(ctx, rdb, keys, tok, "30000", id, "1", "86400000", "0", "0123456789abcdef0123456789abcdef", bound).Slice()
+	if err != nil {
+		return err
+	}
+	if len(r) != 2 {
+		return fmt.Errorf("lock replied %v", r)
+	}
+	return unlock.Run(ctx, rdb, keys, tok, fmt.Sprintf("u%012d", shapedCalls), h, "86400000", "", "", fmt.Sprint(r[1])).Err()
 }

@@ -123,7 +123,11 @@ cat <<EOT
 Each hot script called alone in a loop (BenchmarkServerTime: SLOWLOG per
 call, median over interleaved rounds), next to the raw floor's SET NX PX and
 compare-and-delete; a pair is the server's time for the scripts of one
-Lock+Unlock (INFO commandstats).
+Lock+Unlock (INFO commandstats). Two rows split the Mutex pair: noop, two
+scripts that return at once called with the Mutex's KEYS and ARGV (what
+calling any script with them costs), and bare, two scripts that make the
+pair's redis.calls with none of its checks (what its commands cost); the
+rest of the mutex pair is the scripts' own Lua.
 
 | script or pair | server µs |
 |---|--:|
