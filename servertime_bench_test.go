@@ -38,7 +38,10 @@ import (
 // of an uncontended Mutex Lock and Unlock (what any script with those
 // arguments costs), and bare runs two scripts that make the same
 // redis.calls as that pair, on keys of the same shape, with none of the
-// scripts' checks (what the commands cost). The rest of the mutex
+// scripts' checks (what the commands cost); bare_noids makes them but
+// for the call ids' (the lock's look-up of its id, and each script's
+// note of its id and the expiry that goes with it), so that bare less
+// bare_noids is what the call-id records cost. The rest of the mutex
 // figure is the scripts' own Lua: the definitions each call makes and
 // the checks.
 //
@@ -89,7 +92,8 @@ func BenchmarkServerTime(b *testing.B) {
 	for _, s := range []struct {
 		name string
 		s    *redis.Script
-	}{{"noop_lock", noopLock}, {"noop_unlock", noopUnlock}, {"bare_lock", bareLock}, {"bare_unlock", bareUnlock}} {
+	}{{"noop_lock", noopLock}, {"noop_unlock", noopUnlock}, {"bare_lock", bareLock}, {"bare_unlock", bareUnlock},
+		{"bare_noids_lock", bareNoIDsLock}, {"bare_noids_unlock", bareNoIDsUnlock}} {
 		scripts[s.s.Hash()] = s.name
 	}
 
@@ -139,6 +143,7 @@ func BenchmarkServerTime(b *testing.B) {
 		{"mutex", "", func() { must(m.Lock(ctx)); must(m.Unlock(ctx)) }},
 		{"noop", "", func() { must(mutexShaped(ctx, rdb, base+":noop", noopLock, noopUnlock)) }},
 		{"bare", "", func() { must(mutexShaped(ctx, rdb, base+":bare", bareLock, bareUnlock)) }},
+		{"bare_noids", "", func() { must(mutexShaped(ctx, rdb, base+":bare_noids", bareNoIDsLock, bareNoIDsUnlock)) }},
 		{"rwmutex(w)", "(w)", func() { must(rw.Lock(ctx)); must(rw.Unlock(ctx)) }},
 		{"rwmutex(r)", "(r)", func() { must(rw.RLock(ctx)); must(rw.RUnlock(ctx)) }},
 		{"semaphore", "", func() { must(sem.Acquire(ctx, 1)); must(sem.Release(ctx, 1)) }},
@@ -282,11 +287,12 @@ func median(xs []float64) float64 {
 // of an uncontended Mutex Lock and Unlock (as MONITOR shows them: the
 // lock reads the hold, looks its call id up, reads the queue's head and
 // the fence, writes the fence, notes its id and writes the hold; the
-// unlock reads the hold, deletes it and notes its id) and nothing else.
+// unlock reads the hold, deletes it and notes its id) and nothing else;
+// bare_noids the same but for the calls on the call ids' key (KEYS[5]).
 var (
-	noopLock   = redis.NewScript(`return {1, 1}`)
-	noopUnlock = redis.NewScript(`return 1`)
-	bareLock   = redis.NewScript(`
+	noopLock    = redis.NewScript(`return {1, 1}`)
+	noopUnlock  = redis.NewScript(`return 1`)
+	bareLockSrc = `
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
@@ -300,16 +306,32 @@ redis.call('ZADD', KEYS[5], string.format('%d', (now_ms + 60000) * 4 + 1), ARGV[
 redis.call('PEXPIRE', KEYS[5], '60000')
 redis.call('HSET', KEYS[1], ARGV[1], '1', ':f', f, ':c', ARGV[3], ':p', string.format('%d', (now_ms + 5000) * 4))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {1, tonumber(f)}`)
-	bareUnlock = redis.NewScript(`
+return {1, tonumber(f)}`
+	bareUnlockSrc = `
 redis.call('HMGET', KEYS[1], ARGV[1], ':c', ':w', ':f', ':d', ':p', ':k')
 local t = redis.call('TIME')
 local now_ms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
 redis.call('DEL', KEYS[1])
 redis.call('ZADD', KEYS[5], string.format('%d', (now_ms + 60000) * 4 + 1), ARGV[2])
 redis.call('PEXPIRE', KEYS[5], '60000')
-return 1`)
+return 1`
 )
+
+var (
+	bareLock, bareUnlock           = redis.NewScript(bareLockSrc), redis.NewScript(bareUnlockSrc)
+	bareNoIDsLock, bareNoIDsUnlock = redis.NewScript(withoutKey(bareLockSrc, "KEYS[5]")), redis.NewScript(withoutKey(bareUnlockSrc, "KEYS[5]"))
+)
+
+// withoutKey returns the script src without its lines that name key.
+func withoutKey(src, key string) string {
+	var keep []string
+	for _, l := range strings.Split(src, "\n") {
+		if !strings.Contains(l, key) {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
 
 // shapedCalls numbers the calls of mutexShaped.
 var shapedCalls int

@@ -126,8 +126,10 @@ compare-and-delete; a pair is the server's time for the scripts of one
 Lock+Unlock (INFO commandstats). Two rows split the Mutex pair: noop, two
 scripts that return at once called with the Mutex's KEYS and ARGV (what
 calling any script with them costs), and bare, two scripts that make the
-pair's redis.calls with none of its checks (what its commands cost); the
-rest of the mutex pair is the scripts' own Lua.
+pair's redis.calls with none of its checks (what its commands cost), and
+bare_noids, the same less the calls on the call ids' key (bare less
+bare_noids: what the call-id records cost); the rest of the mutex pair is
+the scripts' own Lua.
 
 | script or pair | server µs |
 |---|--:|
