@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,10 +39,14 @@ lock's name), DSYNC_FENCE (the hold's fencing token: larger than that of
 every earlier hold of NAME, for storage that rejects stale writers) and
 DSYNC_OWNER (the owner token, HOST/PID/RANDOM, as "dsync inspect" shows it).
 
-SIGINT, SIGTERM and SIGHUP sent to dsync are passed on to CMD. If the lease
-is lost while CMD runs (Redis lost the key, or could not be reached to renew
+SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dsync are passed on to CMD.
+SIGTSTP (Ctrl-Z) stops CMD and then dsync, and SIGCONT continues both; the
+lease is not renewed while dsync is stopped. If dsync dies of SIGKILL, CMD
+is killed too (on Linux, CMD itself: not its children). If the lease is
+lost while CMD runs (Redis lost the key, or could not be reached to renew
 it before the lease ran out), another process may hold NAME already: dsync
-says so on stderr, sends CMD SIGTERM, then SIGKILL after -grace, and exits 75.
+says so on stderr, sends CMD SIGTERM, then SIGKILL after -grace, and exits
+75.
 
 CMD runs in a process group of its own, so signals reach its children too;
 -foreground keeps it in dsync's group instead, so that it can read from the
@@ -119,7 +124,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	// Signals are caught from the start: one that comes while waiting
 	// stops the wait; one that comes while CMD runs is passed on.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sigs, passedSignals...)
 	defer signal.Stop(sigs)
 
 	r := &runner{
@@ -144,6 +149,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	return r.runHeld(ctx, rest, *grace, *foreground)
 }
+
+// passedSignals are the signals that stop the wait for the lock and are
+// passed on to CMD while it runs.
+var passedSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
 
 type runner struct {
 	name, prefix, owner string
@@ -294,6 +303,17 @@ func (r *runner) runHeld(ctx context.Context, argv []string, grace time.Duration
 		"DSYNC_FENCE="+strconv.FormatUint(lease.Token(), 10),
 		"DSYNC_OWNER="+r.owner)
 	group := !foreground && setGroup(cmd)
+	setDeathSignal(cmd)
+	// The death signal is bound to the thread that starts CMD: it stays
+	// this goroutine's until CMD has exited.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	// Job control: Ctrl-Z stops CMD with dsync, not dsync alone.
+	jobs := make(chan os.Signal, 4)
+	if len(jobSignals) > 0 {
+		signal.Notify(jobs, jobSignals...)
+		defer signal.Stop(jobs)
+	}
 	if err := cmd.Start(); err != nil {
 		r.unlock(ctx)
 		code := exitCannot
@@ -314,6 +334,8 @@ func (r *runner) runHeld(ctx context.Context, argv []string, grace time.Duration
 		select {
 		case s := <-r.sigs:
 			_ = signalChild(cmd.Process, s, group)
+		case s := <-jobs:
+			jobControl(cmd.Process, s, group)
 		case <-leased:
 			leased = nil
 			if lost = lease.Err(); lost == nil {

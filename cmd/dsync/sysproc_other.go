@@ -18,3 +18,8 @@ func signalChild(p *os.Process, sig os.Signal, _ bool) error {
 	}
 	return nil
 }
+
+// jobSignals: no job control.
+var jobSignals []os.Signal
+
+func jobControl(*os.Process, os.Signal, bool) bool { return false }
