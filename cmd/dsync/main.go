@@ -15,7 +15,7 @@
 // usage. run exits with CMD's status (128+n if CMD died of signal n, 126 if
 // it could not be started, 127 if it was not found), 73 if the lock stayed
 // held by another owner for the whole -wait, 75 if the lease was lost while
-// CMD ran, and 128+n if dsync got signal n while waiting for the lock.
+// CMD ran, and 128+n if dsync got signal n before CMD started.
 package main
 
 import (
@@ -174,7 +174,17 @@ func (c *conn) dial(ctx context.Context, url string) (redis.UniversalClient, str
 	}
 	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
-	if err := rdb.Ping(pctx).Err(); err != nil {
+	// go-redis notices a cancelled ctx only between reads: the PING that
+	// a server holds is left to run out, and the client closed.
+	ping := make(chan error, 1)
+	go func() { ping <- rdb.Ping(pctx).Err() }()
+	var err error
+	select {
+	case err = <-ping:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
 		_ = rdb.Close()
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within %v", pingTimeout)

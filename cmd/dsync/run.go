@@ -39,14 +39,15 @@ lock's name), DSYNC_FENCE (the hold's fencing token: larger than that of
 every earlier hold of NAME, for storage that rejects stale writers) and
 DSYNC_OWNER (the owner token, HOST/PID/RANDOM, as "dsync inspect" shows it).
 
-SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dsync are passed on to CMD.
-SIGTSTP (Ctrl-Z) stops CMD and then dsync, and SIGCONT continues both; the
-lease is not renewed while dsync is stopped. If dsync dies of SIGKILL, CMD
-is killed too (on Linux, CMD itself: not its children). If the lease is
-lost while CMD runs (Redis lost the key, or could not be reached to renew
-it before the lease ran out), another process may hold NAME already: dsync
-says so on stderr, sends CMD SIGTERM, then SIGKILL after -grace, and exits
-75.
+SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to dsync are passed on to CMD; one
+that comes before CMD starts stops dsync (CMD is not started, the lock is
+not kept). SIGTSTP (Ctrl-Z) stops CMD and then dsync, and SIGCONT continues
+both; the lease is not renewed while dsync is stopped. If dsync dies of
+SIGKILL, CMD is killed too (on Linux, CMD itself: not its children). If the
+lease is lost while CMD runs (Redis lost the key, or could not be reached to
+renew it before the lease ran out), another process may hold NAME already:
+dsync says so on stderr, sends CMD SIGTERM, then SIGKILL after -grace, and
+exits 75.
 
 CMD runs in a process group of its own, so signals reach its children too;
 -foreground keeps it in dsync's group instead, so that it can read from the
@@ -56,7 +57,8 @@ directly as well as through dsync).
 
 const runTail = `Exit status:
   CMD's status     CMD ran and the lease held throughout
-  128+n            CMD died of signal n, or dsync got signal n while waiting
+  128+n            CMD died of signal n, or dsync got signal n before CMD
+                   started (connecting, trying or waiting for NAME)
   73               NAME stayed held by another owner for the whole -wait
   75               the lease was lost while CMD ran
   126, 127         CMD could not be started, or was not found
@@ -121,8 +123,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		return usageErr(stderr, "run", "-grace %v, want ≥ 0", *grace)
 	}
 
-	// Signals are caught from the start: one that comes while waiting
-	// stops the wait; one that comes while CMD runs is passed on.
+	// Signals are caught from the start: one that comes before CMD starts
+	// (while connecting, trying or waiting) stops dsync; one that comes
+	// while CMD runs is passed on.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, passedSignals...)
 	defer signal.Stop(sigs)
@@ -131,26 +134,59 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		name: name, prefix: c.prefix, wait: wait.d, quiet: *quiet,
 		stdout: stdout, stderr: stderr, sigs: sigs,
 	}
-	ctx := context.Background()
-	rdb, code := c.open(ctx, "run", stderr)
-	if rdb == nil {
-		return code
+	r.owner = ownerToken()
+	ctx := dsync.WithOwnerToken(context.Background(), r.owner)
+	// Until CMD starts, a signal cancels actx: the connection, the
+	// attempt and the wait end at once.
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var gotSig os.Signal
+	stopWatch, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case gotSig = <-sigs:
+			cancel()
+		case <-stopWatch:
+		}
+	}()
+	endWatch := func() os.Signal {
+		close(stopWatch)
+		<-watched
+		return gotSig
+	}
+	signalled := func(s os.Signal) int {
+		r.say("%v before %s started; not running it", s, rest[0])
+		return exitSignal + sigNum(s)
+	}
+
+	rdb, _, err := c.dial(actx, c.resolved(defaultURL))
+	if err != nil {
+		if s := endWatch(); s != nil {
+			return signalled(s)
+		}
+		return fail(stderr, "run", exitError, err)
 	}
 	defer rdb.Close()
 	r.rdb = rdb
 	client := dsync.New(rdb, dsync.TTL(*ttl), dsync.Prefix(c.prefix))
 	defer client.Close()
 	r.m = client.Mutex(name)
-	r.owner = ownerToken()
-	ctx = dsync.WithOwnerToken(ctx, r.owner)
 
-	if code, ok := r.acquire(ctx); !ok {
+	code, ok := r.acquire(ctx, actx)
+	if s := endWatch(); s != nil {
+		if ok {
+			r.unlock(ctx)
+		}
+		return signalled(s)
+	}
+	if !ok {
 		return code
 	}
 	return r.runHeld(ctx, rest, *grace, *foreground)
 }
 
-// passedSignals are the signals that stop the wait for the lock and are
+// passedSignals are the signals that stop dsync before CMD starts and are
 // passed on to CMD while it runs.
 var passedSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
 
@@ -187,16 +223,20 @@ func (r *runner) say(format string, args ...any) {
 	fmt.Fprintf(r.stderr, "dsync run: "+format+"\n", args...)
 }
 
-// acquire takes the lock. It returns ok, or the exit code.
-func (r *runner) acquire(ctx context.Context) (int, bool) {
-	ok, err := r.m.TryLock(ctx)
-	if err != nil {
+// acquire takes the lock. ctx carries the owner; actx is ctx, cancelled
+// when dsync gets a signal. It returns ok, or the exit code.
+func (r *runner) acquire(ctx, actx context.Context) (int, bool) {
+	ok, err := r.m.TryLock(actx)
+	switch {
+	case err != nil && actx.Err() != nil:
+		return exitError, false // a signal: the caller reports it
+	case err != nil:
 		return fail(r.stderr, "run", exitError, err), false
 	}
 	if ok {
 		return 0, true
 	}
-	holder := r.holder(ctx)
+	holder := r.holder(actx)
 	if r.wait == 0 {
 		r.say("%q is held%s", r.name, holder)
 		return exitHeld, false
@@ -209,16 +249,13 @@ func (r *runner) acquire(ctx context.Context) (int, bool) {
 		r.say("%q is held%s; waiting %s", r.name, holder, how)
 	}
 
-	lctx, cancel := context.WithCancel(ctx)
+	lctx, cancel := context.WithCancel(actx)
 	defer cancel()
 	if r.wait > 0 {
 		lctx, cancel = context.WithTimeout(lctx, r.wait)
 		defer cancel()
 	}
-	var (
-		wg     sync.WaitGroup
-		gotSig os.Signal
-	)
+	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -228,10 +265,6 @@ func (r *runner) acquire(ctx context.Context) (int, bool) {
 		for {
 			select {
 			case <-lctx.Done():
-				return
-			case s := <-r.sigs:
-				gotSig = s
-				cancel()
 				return
 			case <-t.C:
 				if h := r.holder(lctx); h != last && h != "" && lctx.Err() == nil {
@@ -249,13 +282,12 @@ func (r *runner) acquire(ctx context.Context) (int, bool) {
 	wg.Wait()
 	switch {
 	case err == nil:
-		if !r.quiet {
+		if !r.quiet && actx.Err() == nil {
 			r.say("took %q after %v", r.name, time.Since(start).Round(time.Millisecond))
 		}
 		return 0, true
-	case gotSig != nil:
-		r.say("%v while waiting for %q", gotSig, r.name)
-		return exitSignal + sigNum(gotSig), false
+	case actx.Err() != nil:
+		return exitError, false // a signal: the caller reports it
 	case errors.Is(err, context.DeadlineExceeded):
 		r.say("%q still held after %v%s", r.name, r.wait, r.holder(ctx))
 		return exitHeld, false

@@ -3,7 +3,9 @@
 package main
 
 import (
+	"context"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -136,4 +138,70 @@ func TestRunCMDDoesNotOutliveDsync(t *testing.T) {
 			t.Errorf("CMD %d still runs after dsync was killed", pid)
 		}
 	})
+}
+
+// TestRunSignalBeforeCMDStarts: a signal that comes before CMD starts
+// stops dsync at once, with 128+n, and CMD is never started, also while
+// Redis does not answer. The server's clients are paused (CLIENT PAUSE):
+// ALL holds the connection's PING, WRITE the lock attempt, for 12 s.
+//
+// Before: the signal waited in a channel until Redis answered. Paused
+// connecting, dsync exited 1 ("no answer within 5s"); paused trying, it
+// took the lock when the pause ended (12 s), started CMD and passed it the
+// old signal, exit 130 after CMD may have begun its work. After: exit 130
+// within a second of the signal, connecting, and within the 5 s that
+// dsync's Client gives the abandoned attempt's clean-up, trying; CMD not
+// started.
+func TestRunSignalBeforeCMDStarts(t *testing.T) {
+	bin := binary(t)
+	srv := redistest.StartStandalone(t)
+	url := "redis://" + srv.Addr()
+	// WRITE comes first: a pause of ALL holds CLIENT UNPAUSE too, and
+	// ends only when it runs out.
+	for _, mode := range []string{"WRITE", "ALL"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			// One connection pauses and unpauses: a new one would be
+			// held by the pause.
+			rdb := srv.Client(t).Conn()
+			defer rdb.Close()
+			const pause = 12 * time.Second
+			if err := rdb.Do(ctx, "CLIENT", "PAUSE", pause.Milliseconds(), mode).Err(); err != nil {
+				t.Fatal(err)
+			}
+			unpause := func() {
+				if mode == "WRITE" {
+					if err := rdb.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			defer unpause()
+			file := filepath.Join(t.TempDir(), "ran")
+			p := start(t, bin, "run", "-redis", url, redistest.Key(t), "--", "sh", "-c", `echo ran > "$1"`, "sh", file)
+			time.Sleep(time.Second)
+			if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+				t.Fatal(err)
+			}
+			t0 := time.Now()
+			code := p.wait(t)
+			// Paused while trying, the abandoned attempt's clean-up has
+			// up to 5 s when the Client closes.
+			bound := 3 * time.Second
+			if mode == "WRITE" {
+				bound = 8 * time.Second
+			}
+			if d := time.Since(t0); d > bound {
+				t.Errorf("dsync exited %v after SIGINT", d)
+			}
+			if code != exitSignal+int(syscall.SIGINT) {
+				t.Errorf("code %d, want %d; stderr %q", code, exitSignal+int(syscall.SIGINT), p.stderr)
+			}
+			unpause()
+			if _, err := os.Stat(file); err == nil {
+				t.Errorf("CMD ran after the signal; stderr %q", p.stderr)
+			}
+		})
+	}
 }
