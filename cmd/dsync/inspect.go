@@ -98,8 +98,10 @@ Keys are found with SCAN (on every master of a cluster), never KEYS: at most
 `
 
 const listTail = `Exit status: 0, 1 on an error, 2 on bad usage; a note on stderr says when
-the list was cut short. -json prints an array of the objects "dsync inspect
--json" prints.
+the list was cut short. A name whose keys cannot be read (data dsync did not
+write, such as a key of the wrong type) is reported on stderr, one line
+each, and the others are listed; the exit status is then 1. -json prints
+an array of the objects "dsync inspect -json" prints.
 `
 
 func cmdList(args []string, stdout, stderr io.Writer) int {
@@ -133,10 +135,14 @@ func cmdList(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, "list", exitError, err)
 	}
 	sts := []*lockState{}
+	code = exitOK
 	for _, n := range names {
 		got, err := inspect(ctx, rdb, c.prefix, n)
 		if err != nil {
-			return fail(stderr, "list", exitError, fmt.Errorf("%s: %w", n, err))
+			// Foreign data under one name (a wrong type, ...) hides
+			// none of the others.
+			code = fail(stderr, "list", exitError, fmt.Errorf("%q: %w", n, err))
+			continue
 		}
 		for _, st := range got {
 			busy := st.State == "held" || st.State == "running" || st.WaitersTotal > 0
@@ -153,8 +159,8 @@ func cmdList(args []string, stdout, stderr io.Writer) int {
 		if err := writeJSON(stdout, sts); err != nil {
 			return fail(stderr, "list", exitError, err)
 		}
-		return exitOK
+		return code
 	}
 	writeTable(stdout, sts)
-	return exitOK
+	return code
 }

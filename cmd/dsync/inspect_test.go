@@ -262,3 +262,41 @@ func TestInspectGlobMatchesRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestListSkipsForeignData: a name whose keys hold data dsync did not
+// write (here a string where the lock hash belongs) is reported on stderr
+// and the other names are still listed, with exit status 1.
+//
+// Before: list stopped at the first such name and printed nothing else
+// (exit 1, stdout empty), so one foreign key hid every lock. After: the
+// held lock is listed, stderr names the bad one.
+func TestListSkipsForeignData(t *testing.T) {
+	b, ok := redistest.Real(t)
+	if !ok {
+		t.Skip("no redis-server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rdb := b.NewClient(t)
+	prefix := redistest.Key(t)
+	c := dsync.New(rdb, dsync.Prefix(prefix))
+	defer c.Close()
+	m := c.Mutex("b-held")
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Unlock(ctx)
+	bad := keys.ForMutex(prefix, "a-foreign").Lock
+	if err := rdb.Set(ctx, bad, "not a hash", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"list"}, {"list", "-json"}} {
+		var stdout, stderr bytes.Buffer
+		code := Main(append(args, "-redis", "redis://"+b.Addrs[0], "-prefix", prefix), &stdout, &stderr)
+		if code != exitError || !strings.Contains(stdout.String(), "b-held") ||
+			strings.Count(stderr.String(), "\n") != 1 || !strings.Contains(stderr.String(), "a-foreign") {
+			t.Errorf("dsync %q: code %d, stdout %q, stderr %q; want %d, b-held listed, one line on a-foreign",
+				args, code, stdout.String(), stderr.String(), exitError)
+		}
+	}
+}
