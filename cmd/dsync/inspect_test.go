@@ -300,3 +300,38 @@ func TestListSkipsForeignData(t *testing.T) {
 		}
 	}
 }
+
+// TestInspectReportsForeignTypes: a key of a name that holds the wrong
+// type is reported (exit 1), also when a key read before it in the same
+// pipeline does not exist.
+//
+// Before: the pipeline's first failure, redis.Nil of the missing fence
+// hash or runner field, was taken for the only one: a list where the Mutex
+// queue belongs read as "free, 0 queued" and a string where a Once's done
+// mark belongs as "idle", exit 0. After: both are errors naming the type.
+func TestInspectReportsForeignTypes(t *testing.T) {
+	b, ok := redistest.Real(t)
+	if !ok {
+		t.Skip("no redis-server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rdb := b.NewClient(t)
+	prefix := redistest.Key(t)
+	if err := rdb.RPush(ctx, keys.ForMutex(prefix, "q").Queue, "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, keys.ForOnce(prefix, "o").Done, "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		rdb.Del(context.Background(), keys.ForMutex(prefix, "q").Queue, keys.ForOnce(prefix, "o").Done)
+	})
+	for _, name := range []string{"q", "o"} {
+		var stdout, stderr bytes.Buffer
+		code := Main([]string{"inspect", "-redis", "redis://" + b.Addrs[0], "-prefix", prefix, name}, &stdout, &stderr)
+		if code != exitError || !strings.Contains(stderr.String(), "WRONGTYPE") {
+			t.Errorf("inspect %q: code %d, stdout %q, stderr %q; want %d and WRONGTYPE", name, code, stdout.String(), stderr.String(), exitError)
+		}
+	}
+}

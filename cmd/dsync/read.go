@@ -124,11 +124,18 @@ func queued(zs []redis.Z, ids []string, data []any, nowUS int64, more func(w *wa
 
 // execRead runs pipe, a pipeline of reads, and returns the server's time
 // (µs) as the pipeline ends, read with it: a key that does not exist is no
-// error.
+// error. Every read is checked: Exec reports only the first failure, and a
+// missing key's redis.Nil must not hide a wrong type after it.
 func execRead(ctx context.Context, pipe redis.Pipeliner) (nowUS int64, err error) {
 	now := pipe.Time(ctx)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	cmds, err := pipe.Exec(ctx)
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return 0, err
+	}
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return 0, err
+		}
 	}
 	return now.Val().UnixMicro(), nil
 }
