@@ -95,7 +95,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	var c conn
 	fs := newFlagSet("run", runHead, runTail, stdout)
 	c.register(fs, defaultURL)
-	ttl := fs.Duration("ttl", dsync.DefaultTTL, "lease `TTL`: how long the lock outlives a dsync that dies; renewed every TTL/3")
+	ttl := fs.Duration("ttl", dsync.DefaultTTL, "lease `TTL` (1ms to 24h): how long the lock outlives a dsync that dies; renewed every TTL/3")
 	wait := waitFlag{d: -1}
 	fs.Var(&wait, "wait", "how long to wait for the lock (`duration` or forever); 0 fails at once if held")
 	grace := fs.Duration("grace", defaultGrace, "after a lost lease, how long CMD has to exit after SIGTERM before SIGKILL")
@@ -117,8 +117,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		return usageErr(stderr, "run", "empty NAME")
 	case len(rest) == 0:
 		return usageErr(stderr, "run", "missing CMD after NAME")
-	case *ttl < time.Millisecond:
-		return usageErr(stderr, "run", "-ttl %v, want at least 1ms", *ttl)
+	case *ttl < time.Millisecond || *ttl > dsync.MaxTTL:
+		return usageErr(stderr, "run", "-ttl %v, want 1ms to %v", *ttl, dsync.MaxTTL)
 	case *grace < 0:
 		return usageErr(stderr, "run", "-grace %v, want ≥ 0", *grace)
 	}

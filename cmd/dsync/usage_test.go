@@ -47,3 +47,19 @@ func TestEmptyPrefixIsBadUsage(t *testing.T) {
 		}
 	}
 }
+
+// A -ttl outside what dsync.TTL accepts (1 ms to dsync.MaxTTL) is a bad
+// usage of run, found before anything is sent.
+//
+// Before: -ttl 25h connected, and the lock attempt failed with
+// ErrInvalid: exit 1 ("cannot reach Redis" on a closed port). After:
+// exit 2 with the bounds.
+func TestRunTTLOutOfRangeIsBadUsage(t *testing.T) {
+	for _, ttl := range []string{"0", "25h"} {
+		var stdout, stderr bytes.Buffer
+		code := Main([]string{"run", "-ttl", ttl, "-redis", "redis://127.0.0.1:1", "x", "--", "true"}, &stdout, &stderr)
+		if code != exitUsage || stdout.Len() != 0 || strings.Count(stderr.String(), "\n") != 1 || !strings.Contains(stderr.String(), "-ttl") {
+			t.Errorf("dsync run -ttl %s: code %d, stdout %q, stderr %q; want %d, nothing, one line on -ttl", ttl, code, stdout.String(), stderr.String(), exitUsage)
+		}
+	}
+}
