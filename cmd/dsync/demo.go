@@ -319,6 +319,11 @@ func (d *demo) contention(ctx context.Context, dur time.Duration, workers int) e
 	wg.Wait()
 	stop()
 	<-progressDone
+	// The name is this run's own: its fencing counter, which dsync keeps
+	// for a day after the last hold, is of no use to anyone now.
+	dctx, cancel := context.WithTimeout(ctx, unlockWait)
+	_ = d.rdbs[0].Del(dctx, keys.ForMutex(d.prefix, name).Fence).Err()
+	cancel()
 	if firstErr != nil {
 		return firstErr
 	}

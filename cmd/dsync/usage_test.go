@@ -2,8 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/dsync-go/dsync/internal/redistest"
 )
 
 // A subcommand's -h prints its help once, on stdout; a bad flag is one
@@ -60,6 +64,36 @@ func TestRunTTLOutOfRangeIsBadUsage(t *testing.T) {
 		code := Main([]string{"run", "-ttl", ttl, "-redis", "redis://127.0.0.1:1", "x", "--", "true"}, &stdout, &stderr)
 		if code != exitUsage || stdout.Len() != 0 || strings.Count(stderr.String(), "\n") != 1 || !strings.Contains(stderr.String(), "-ttl") {
 			t.Errorf("dsync run -ttl %s: code %d, stdout %q, stderr %q; want %d, nothing, one line on -ttl", ttl, code, stdout.String(), stderr.String(), exitUsage)
+		}
+	}
+}
+
+// TestDemoKeysExpireWithinAnHour: "dsync demo -h" promises that the
+// demo's keys expire within an hour.
+//
+// Before: the contention Mutex's fencing counter was left with dsync's idle
+// expiry of 12 to 24 hours. After: the demo deletes it when the run ends;
+// every key left expires within demoKeyLife.
+func TestDemoKeysExpireWithinAnHour(t *testing.T) {
+	b, ok := redistest.Real(t)
+	if !ok {
+		t.Skip("no redis-server")
+	}
+	prefix := redistest.Key(t)
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"demo", "-redis", "redis://" + b.Addrs[0], "-prefix", prefix, "-replicas", "2", "-for", "300ms"}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("demo: code %d, stderr %q", code, stderr.String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rdb := b.NewClient(t)
+	ks, err := rdb.Keys(ctx, prefix+":*").Result()
+	if err != nil || len(ks) == 0 {
+		t.Fatalf("keys of the demo: %q, %v; want some", ks, err)
+	}
+	for _, k := range ks {
+		if d, err := rdb.PTTL(ctx, k).Result(); err != nil || d < 0 || d > demoKeyLife {
+			t.Errorf("key %q: PTTL %v, %v; want at most %v", k, d, err, demoKeyLife)
 		}
 	}
 }
