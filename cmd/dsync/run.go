@@ -97,7 +97,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	c.register(fs, defaultURL)
 	ttl := fs.Duration("ttl", dsync.DefaultTTL, "lease `TTL` (1ms to 24h): how long the lock outlives a dsync that dies; renewed every TTL/3")
 	wait := waitFlag{d: -1}
-	fs.Var(&wait, "wait", "how long to wait for the lock (`duration` or forever); 0 fails at once if held")
+	fs.Var(&wait, "wait", "how long to wait for the lock (`duration` or forever); 0 fails at once if held. With a duration, Redis not answering the first attempt within it (5s at least) is an error")
 	grace := fs.Duration("grace", defaultGrace, "after a lost lease, how long CMD has to exit after SIGTERM before SIGKILL")
 	foreground := fs.Bool("foreground", false, "keep CMD in dsync's process group (it may read the terminal)")
 	quiet := fs.Bool("q", false, "say nothing on stderr while waiting")
@@ -226,10 +226,21 @@ func (r *runner) say(format string, args ...any) {
 // acquire takes the lock. ctx carries the owner; actx is ctx, cancelled
 // when dsync gets a signal. It returns ok, or the exit code.
 func (r *runner) acquire(ctx, actx context.Context) (int, bool) {
-	ok, err := r.m.TryLock(actx)
+	// With a -wait, the first attempt is bounded too: by the wait, or by
+	// pingTimeout when that is longer. A server that holds the attempt
+	// (paused, busy with a script) is then reported as not answering,
+	// and no CMD starts when it answers much later.
+	tctx, cancel := actx, context.CancelFunc(func() {})
+	if r.wait >= 0 {
+		tctx, cancel = context.WithTimeout(actx, max(r.wait, pingTimeout))
+	}
+	ok, err := r.m.TryLock(tctx)
+	cancel()
 	switch {
 	case err != nil && actx.Err() != nil:
 		return exitError, false // a signal: the caller reports it
+	case err != nil && errors.Is(err, context.DeadlineExceeded):
+		return fail(r.stderr, "run", exitError, fmt.Errorf("no answer from Redis within %v", max(r.wait, pingTimeout))), false
 	case err != nil:
 		return fail(r.stderr, "run", exitError, err), false
 	}

@@ -205,3 +205,46 @@ func TestRunSignalBeforeCMDStarts(t *testing.T) {
 		})
 	}
 }
+
+// TestRunWaitBoundsTheFirstAttempt: with -wait 0, a server that holds the
+// lock attempt (its clients paused for writes) is reported as not
+// answering within 5 s, exit 1, and CMD never starts. Before, the attempt
+// waited until go-redis gave up on it (25 s: exit 1, "i/o timeout"), or
+// for the pause to end when that came first, then took the lock and ran
+// CMD, against the help's "0 fails at once".
+func TestRunWaitBoundsTheFirstAttempt(t *testing.T) {
+	bin := binary(t)
+	srv := redistest.StartStandalone(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rdb := srv.Client(t).Conn()
+	defer rdb.Close()
+	if err := rdb.Do(ctx, "CLIENT", "PAUSE", (40 * time.Second).Milliseconds(), "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := rdb.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+			t.Error(err)
+		}
+	}()
+	file := filepath.Join(t.TempDir(), "ran")
+	t0 := time.Now()
+	p := start(t, bin, "run", "-wait", "0", "-redis", "redis://"+srv.Addr(), redistest.Key(t), "--", "sh", "-c", `echo ran > "$1"`, "sh", file)
+	code := p.wait(t)
+	// 5 s for the attempt, and up to 5 s for the Client's clean-up of it
+	// at Close; go-redis alone gives up after 25 s.
+	d := time.Since(t0)
+	t.Logf("dsync exited after %v", d)
+	if d > 20*time.Second {
+		t.Errorf("dsync exited %v after it started, want within 20 s", d)
+	}
+	if code != exitError {
+		t.Errorf("code %d, want %d; stderr %q", code, exitError, p.stderr)
+	}
+	if !strings.Contains(p.stderr.String(), "no answer") {
+		t.Errorf("stderr %q, want it to say Redis did not answer", p.stderr)
+	}
+	if _, err := os.Stat(file); err == nil {
+		t.Error("CMD ran")
+	}
+}
