@@ -146,16 +146,26 @@ func (c *Client) take(ctx context.Context, a *acquisition, op acquirer, wait boo
 // pause of restartPause, as take does after a grant of kind over; it
 // returns ctx's error, or ErrClosed, if that comes first.
 func (c *Client) restartCall(ctx context.Context, op acquirer) error {
+	if err := c.restartWait(ctx); err != nil {
+		return err
+	}
+	op.restart()
+	return nil
+}
+
+// restartWait waits restartPause before a call starts again (see
+// restartCall, quorumLock.lock); it returns ctx's error, or ErrClosed, if
+// that comes first.
+func (b *base) restartWait(ctx context.Context) error {
 	t := getTimer(restartPause)
 	defer putTimer(t)
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-c.closed:
+	case <-b.closed:
 		return ErrClosed
 	case <-t.C:
 	}
-	op.restart()
 	return nil
 }
 

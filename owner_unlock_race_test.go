@@ -2,6 +2,10 @@ package dsync_test
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -271,5 +275,144 @@ func TestQuorumOwnerHoldEndedByUnnamedUnlock(t *testing.T) {
 				checkIs(t, unlock(octx), dsync.ErrLeaseLost, "A's unlock: %v, want ErrLeaseLost")
 			})
 		}
+	}
+}
+
+// The other reply order of TestQuorumOwnerHoldEndedByUnnamedUnlock: A's
+// Lock (or RLock) is granted on every master, its replies held back; B's
+// Unlock (RUnlock) of the owner, naming no hold, ends A's grant on every
+// master, its replies held back too; B's replies come first, on every
+// master or on a majority (the last one's after A returned). A's grants
+// are then of member holds that have ended where B's reply came first, so
+// A takes the lock again, as on one deployment, rather than return with a
+// quorum hold Redis does not have. Judged by Redis-side truth: A's Lease,
+// if live, is of a hold the owner has on a majority of the masters, which
+// keeps other owners out; and A's Unlock of it releases it.
+func TestQuorumOwnerGrantEndedByUnnamedUnlockReplyFirst(t *testing.T) {
+	for _, kind := range []string{"mutex", "write", "read"} {
+		for _, mode := range reentrancyModes {
+			for _, first := range []int{3, 2} {
+				t.Run(fmt.Sprintf("%s/%s/unlock-replies-first=%d", kind, mode.name, first), func(t *testing.T) {
+					testQuorumGrantEndedByUnlockReplyFirst(t, kind, mode.opts, first)
+				})
+			}
+		}
+	}
+}
+
+func testQuorumGrantEndedByUnlockReplyFirst(t *testing.T, kind string, opts []dsync.Option, first int) {
+	bs, _, _ := miniQuorumEnv(t)
+	var rdbs, plain []redis.UniversalClient
+	var hooks []*onceHook
+	for _, b := range bs {
+		r := b.NewClient(t)
+		hk := newOnceHook()
+		r.AddHook(hk)
+		rdbs, hooks = append(rdbs, r), append(hooks, hk)
+		plain = append(plain, b.NewClient(t))
+	}
+	q, other := newQuorum(t, rdbs, opts...), newQuorum(t, plain)
+	ctx, name := ctxT(t), redistest.Key(t)
+	octx := dsync.WithOwner(ctx)
+	otok := dsync.OwnerToken(octx)
+	lockScript, unlockScript := "rwmutex_lock", "rwmutex_unlock"
+	var lock, unlock func(context.Context) error
+	var lease func(context.Context) (*dsync.Lease, error)
+	writerIn := func() (bool, error) { return other.RWMutex(name).TryLock(dsync.WithOwner(ctx)) }
+	switch kind {
+	case "mutex":
+		m := q.Mutex(name)
+		lock, unlock, lease = m.Lock, m.Unlock, m.Lease
+		lockScript, unlockScript = "mutex_lock", "mutex_unlock"
+		writerIn = func() (bool, error) { return other.Mutex(name).TryLock(dsync.WithOwner(ctx)) }
+	case "write":
+		rw := q.RWMutex(name)
+		lock, unlock, lease = rw.Lock, rw.Unlock, rw.Lease
+	default:
+		rw := q.RWMutex(name)
+		lock, unlock, lease = rw.RLock, rw.RUnlock, rw.RLease
+	}
+	// heldOn counts the masters where the owner holds the name in Redis.
+	heldOn := func() int {
+		n := 0
+		for _, rdb := range plain {
+			var holders []string
+			switch kind {
+			case "mutex":
+				holders = slices.Collect(maps.Keys(rdb.HGetAll(ctx, mutexKeys(name).Lock).Val()))
+			case "write":
+				holders = slices.Collect(maps.Keys(rdb.HGetAll(ctx, rwKeys(name).Writer).Val()))
+			default:
+				holders = rdb.ZRange(ctx, rwKeys(name).Readers, 0, -1).Val()
+			}
+			if slices.ContainsFunc(holders, func(h string) bool { return h == otok || strings.HasPrefix(h, otok+"@") }) {
+				n++
+			}
+		}
+		return n
+	}
+	// Load the scripts.
+	must(t, lock(octx))
+	must(t, unlock(octx))
+
+	var relLs, relUs []func()
+	var ranLs, ranUs []func(string)
+	for _, hk := range hooks {
+		ran, rel := hk.holdReply(t, lockScript)
+		ranLs, relLs = append(ranLs, ran), append(relLs, rel)
+	}
+	aIn := async(func() error { return lock(octx) })
+	for _, ran := range ranLs {
+		ran("A's lock")
+	}
+	for _, hk := range hooks {
+		ran, rel := hk.holdReply(t, unlockScript)
+		ranUs, relUs = append(ranUs, ran), append(relUs, rel)
+	}
+	bOut := async(func() error { return unlock(octx) })
+	for _, ran := range ranUs {
+		ran("B's unlock")
+	}
+	if n := heldOn(); n != 0 {
+		t.Fatalf("the owner holds the name on %d masters after B's unlock ran everywhere; want 0", n)
+	}
+	for _, rel := range relUs[:first] {
+		rel()
+	}
+	recvNil(t, bOut, 10*time.Second, "B's unlock did not return")
+	for _, rel := range relLs {
+		rel()
+	}
+	recvNil(t, aIn, 10*time.Second, "A's lock did not return")
+	for _, rel := range relUs[first:] {
+		rel()
+	}
+	l, err := lease(octx)
+	must(t, err)
+	// Let the late replies and the watcher of A's Lease do their part
+	// (member renewals, at TTL/3, do not come within this).
+	select {
+	case <-l.Done():
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("A's Lease after A's Lock returned (with the lock taken again): %v", err)
+	}
+	if n := heldOn(); n < 2 {
+		t.Fatalf("A's Lease reports live, but the owner holds the name on %d of 3 masters in Redis", n)
+	}
+	ok, err := writerIn()
+	must(t, err)
+	if ok {
+		t.Fatalf("another owner got in while A's Lease reports live")
+	}
+	must(t, unlock(octx))
+	if n := heldOn(); n != 0 {
+		t.Errorf("the owner holds the name on %d masters after A's unlock; want 0", n)
+	}
+	ok, err = writerIn()
+	must(t, err)
+	if !ok {
+		t.Errorf("another owner refused after A's unlock")
 	}
 }

@@ -118,7 +118,9 @@ func NewQuorum(clients []redis.UniversalClient, opts ...Option) *Quorum {
 // recorded it meanwhile: its reply came before the unlock's), the member
 // hold is over, and once fewer than a majority of them live, the quorum
 // hold's lease is lost (see watch), rather than reported live while
-// another owner may hold the name.
+// another owner may hold the name. (Where the unlock's reply comes first,
+// the member Client tells the Lock in flight instead: see
+// quorumLock.lock.)
 func (q *Quorum) memberEnded(i int, cfg *config, key, tok string, fence uint64) {
 	h := q.lookupHold(holdKey{key, q.ownerOf(cfg, tok)})
 	if m := memberHold(h, i); m != nil && m.fence == fence && !m.lost() {

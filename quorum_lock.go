@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -41,11 +42,33 @@ type member[S any] func(sub S, tok any, f uint64) (*Client, *config, renew.Spec)
 // A grant that re-entered the owner's recorded hold (cur) on some master
 // is a re-entry of it, whatever tokens the other masters gave: a master
 // that had not granted the first call gives a fresh one.
-func (ql *quorumLock[S]) lock(ctx context.Context, k *quorumCall, c lockCall, wait bool, fence func(a answers) uint64, spec member[S],
+//
+// An owner's call is told, on each master, of the member holds there that
+// an unlock of the owner naming no hold ended (see ownerFlight: each
+// member Client notes them as for a call on its one deployment; key is
+// the key the holds are recorded under, ordered says that a master's
+// grants carry fencing tokens, not read hold ids). A master's grant of a
+// member hold so ended, the unlock's reply there coming first, holds
+// nothing: it does not count, and a call left without a majority of
+// grants starts again, as on one deployment (errSuperseded), rather than
+// return with a quorum hold that Redis does not have.
+func (ql *quorumLock[S]) lock(ctx context.Context, k *quorumCall, c lockCall, wait bool, key string, ordered bool, fence func(a answers) uint64, spec member[S],
 	cur func() *hold, held func(fence uint64, newHold func() *hold) (*hold, error)) (bool, error) {
 	k.channel = ql.ch
+	ended := func(int, uint64) bool { return false }
+	if c.owned {
+		fk := holdKey{key, c.tok}
+		for _, mc := range ql.q.members {
+			mc.ownerFlightBegin(fk)
+			defer mc.ownerFlightEnd(fk)
+		}
+		ended = func(i int, f uint64) bool { return ql.q.members[i].grantEnded(fk, f, ordered) }
+	}
 	// Recorded before the call returns, so that errRegrant undoes it.
 	k.accept = func(a answers, start time.Time) error {
+		if a = a.without(ended); a.hits < ql.q.need {
+			return errSuperseded
+		}
 		// A hold reported lost is not re-entered, even where a master
 		// still counts it: the grant is a fresh hold, with the largest
 		// token a master gave.
@@ -63,18 +86,59 @@ func (ql *quorumLock[S]) lock(ctx context.Context, k *quorumCall, c lockCall, wa
 			made = true
 			return ql.q.hold(c.tok, f, a, sub)
 		})
-		if err == nil && !made {
+		if err != nil {
+			return err
+		}
+		if !made {
 			if l, ok := h.lease.(*quorumLease); ok {
 				l.reenter(a, sub)
 			}
 		}
-		return err
+		// An unlock reply that came after the check above, and before the
+		// hold was recorded, found no member hold to mark lost (see
+		// Quorum.memberEnded): its member hold is lost now.
+		for i := range ql.subs {
+			if m := memberHold(h, i); m != nil && !m.lost() && ended(i, m.fence) {
+				m.lease.MarkLost()
+			}
+		}
+		return nil
 	}
-	a, _, err := ql.q.lock(ctx, k, wait)
-	if err != nil || a.v == nil {
-		return false, err
+	for {
+		a, _, err := ql.q.lock(ctx, k, wait)
+		if err == errSuperseded {
+			// Undone on every master: the call starts again.
+			if err := ql.q.restartWait(ctx); err != nil {
+				return false, err
+			}
+			continue
+		}
+		if err != nil || a.v == nil {
+			return false, err
+		}
+		return true, nil
 	}
-	return true, nil
+}
+
+// without returns a with the grants of the masters for which drop reports
+// true (given a master and its grant's token or read hold id) counted as
+// refusals (a itself if there are none).
+func (a answers) without(drop func(i int, v uint64) bool) answers {
+	var d answers
+	for i, v := range a.v {
+		if a.err[i] != nil || v <= 0 || !drop(i, uint64(v)) {
+			continue
+		}
+		if d.v == nil {
+			d = answers{v: slices.Clone(a.v), err: a.err}
+		}
+		d.v[i] = -1
+	}
+	if d.v == nil {
+		return a
+	}
+	d.tally()
+	return d
 }
 
 // reentered reports whether grant a re-entered quorum hold h on some

@@ -34,7 +34,7 @@ func (qm *quorumMutex) lock(ctx context.Context, m *Mutex, c lockCall, wait bool
 			return vote(g, err, int64(g.fence))
 		},
 		undo: func(ctx context.Context, i int, id string) error { return qm.subs[i].abandon(ctx, tok, id) },
-	}, c, wait, func(a answers) uint64 { return uint64(a.max) }, mutexMember, func() *hold {
+	}, c, wait, m.key, true, func(a answers) uint64 { return uint64(a.max) }, mutexMember, func() *hold {
 		if !c.owned {
 			return nil
 		}

@@ -51,7 +51,7 @@ func (qr *quorumRWMutex) lock(ctx context.Context, rw *RWMutex, mode string, c l
 		undo: func(ctx context.Context, i int, id string) error { return qr.subs[i].abandon(ctx, mode, tok, id) },
 		zero: ErrUpgrade,
 		keep: true,
-	}, c, wait, fence, func(s *rwScripts, tok any, f uint64) (*Client, *config, renew.Spec) {
+	}, c, wait, rw.modeKey(mode), mode == modeWrite, fence, func(s *rwScripts, tok any, f uint64) (*Client, *config, renew.Spec) {
 		return s.c, s.cfg, s.renewSpec(mode, tok, f)
 	}, func() *hold {
 		if !c.owned {

@@ -65,7 +65,8 @@ func (b *base) otherMode(otok, tok string, keys ...string) error {
 // holds afresh: the call takes the name again, rather than return with a
 // hold that Redis no longer has (reported lost, its Unlock ErrLeaseLost),
 // as it would do had it asked Redis after the Unlock (a grant of kind
-// over).
+// over). In quorum mode, so does a call whose grants, without those of
+// member holds so ended, are fewer than a majority (see quorumLock.lock).
 var errSuperseded = errors.New("dsync: grant older than the owner's hold in this process")
 
 // ownerHold records a hold (or a re-entry) of an owner carried in ctx,
@@ -80,10 +81,26 @@ func (b *base) ownerHold(k holdKey, fence uint64, newHold func() *hold, c lockCa
 	if h := b.holds[k]; c.ordered && h != nil && fence < h.fence && !h.lost() {
 		return nil, errSuperseded
 	}
-	if f, ok := b.ownerFlights[holdKey{k.key, c.tok}]; ok && f.ended(fence, c.ordered) {
+	if b.grantEndedLocked(holdKey{k.key, c.tok}, fence, c.ordered) {
 		return nil, errSuperseded
 	}
 	return b.ownerHoldLocked(k, fence, newHold, c.w, c.rel)
+}
+
+// grantEnded reports whether a grant with fencing token (or, unordered,
+// read hold id) fence to a call of owner k in flight is of a hold that a
+// release has ended, told by its reply (see ownerFlight). A quorum lock
+// call asks each member Client so of its master's grant (see
+// quorumLock.lock). grantEndedLocked is grantEnded with b.mu held.
+func (b *base) grantEnded(k holdKey, fence uint64, ordered bool) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.grantEndedLocked(k, fence, ordered)
+}
+
+func (b *base) grantEndedLocked(k holdKey, fence uint64, ordered bool) bool {
+	f, ok := b.ownerFlights[k]
+	return ok && f.ended(fence, ordered)
 }
 
 // ownerHolding is ownerHold for a grant of permits to a Semaphore owner,
@@ -109,7 +126,9 @@ func (b *base) ownerHolding(k holdKey, fence uint64, newHold func() *hold) *hold
 
 // An ownerFlight counts the calls of an owner that take a hold on one
 // deployment in flight in this process (Semaphore Acquires, Mutex Locks,
-// RWMutex Locks and RLocks), by the key its holds are recorded under (a
+// RWMutex Locks and RLocks; in quorum mode, each member Client counts the
+// quorum calls, whose grant on its master is one deployment's: see
+// quorumLock.lock), by the key its holds are recorded under (a
 // primitive's first key; an RWMutex's readers key for RLocks) and the
 // holder token the scripts see, and keeps the fencing token of the owner's last hold
 // (holding) that a release ended meanwhile, told by the release's reply:
