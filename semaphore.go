@@ -382,7 +382,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		case left && unknownOutcome(err):
 			s.unsettled(owned, tok, h, n)
 		case whole && unknownOutcome(err):
-			h.setUnsure(id, n, lostBefore)
+			s.recordOf(owned, h).setUnsure(id, n, lostBefore)
 		case h == nil && named != nil && unknownOutcome(err):
 			// The caller may repeat it: the repeat names the same
 			// holding (see base.reowe).
@@ -410,7 +410,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 			}
 		} else {
 			s.mu.Lock()
-			if s.cur == h {
+			if sameHolding(s.cur, h) {
 				if s.curN = max(s.curN-n, 0); s.curN == 0 {
 					// Redis keeps permits of the holding that the handle
 					// does not count: those a Release with an unknown
@@ -419,12 +419,12 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 					// come (which then records the holding afresh). The
 					// handle holds nothing of it: it is no longer
 					// renewed, and what is left runs out at its TTL.
-					h.release()
+					s.cur.release()
 					s.cur = nil
 				}
 			}
 			for i := range s.pending {
-				if s.pending[i].h == h {
+				if sameHolding(s.pending[i].h, h) {
 					s.pending[i].n = max(s.pending[i].n-n, 0)
 				}
 			}
@@ -435,7 +435,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		if h == nil {
 			return ErrNotHeld
 		}
-		uid, un, lostAtSend := h.takeUnsure()
+		uid, un, lostAtSend := s.recordOf(owned, h).takeUnsure()
 		if uid != "" && un == n {
 			// Perhaps a repeat of that Release (the same n): ask.
 			if f, ok := s.resolve(ctx, tok, h, uid, un); ok {

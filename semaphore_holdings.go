@@ -68,12 +68,20 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time, fl *ha
 		return
 	}
 	if s.cur != nil && s.cur.fence == fence {
-		if s.cur.lost() && s.releasing == 0 {
+		if s.cur.lost() {
 			// Reported lost, but Redis kept the holding, which this grant
 			// joined and extended: its permits are held under a new lease,
 			// renewed again, as an owner's are (see base.ownerHoldLocked).
-			// The lost lease stays lost.
+			// The lost lease stays lost. Releases in flight that name the
+			// holding by the lost one count for the new one: the
+			// handle's bookkeeping matches holdings by fencing token
+			// (see sameHolding), and so does a Release of all its permits
+			// with an unknown outcome recorded on it (see setUnsure).
+			old := s.cur
 			s.cur, s.curN = newHold(), s.curN+n
+			if id, un, lost := old.takeUnsure(); id != "" {
+				s.cur.setUnsure(id, un, lost)
+			}
 			return
 		}
 		s.curN += n // added to the holding
@@ -207,6 +215,15 @@ func (s *Semaphore) lostLocked(h *hold, n int64) {
 	s.owed += n
 }
 
+// sameHolding reports whether h and g (nil: none) are records of one
+// holding of the handle: the same fencing token. A holding reported lost
+// that an Acquire joined since (Redis kept it) is recorded afresh, with a
+// new lease (see held), and Releases sent for the earlier record end or
+// lower the holding of the new one.
+func sameHolding(h, g *hold) bool {
+	return h == g || h != nil && g != nil && h.fence == g.fence
+}
+
 // whole reports whether n is every permit of h (nil: none) that this
 // process knows of: those of the owner's holding h, or of the handle's.
 func (s *Semaphore) whole(owned bool, h *hold, n int64) bool {
@@ -218,15 +235,36 @@ func (s *Semaphore) whole(owned bool, h *hold, n int64) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cur == h {
+	if sameHolding(s.cur, h) {
 		return s.curN == n
 	}
 	for _, p := range s.pending {
-		if p.h == h {
+		if sameHolding(p.h, h) {
 			return p.n == n
 		}
 	}
 	return false
+}
+
+// recordOf returns the record of holding h (nil: none) that the holder's
+// bookkeeping keeps now: h itself for an owner, and for the handle its
+// current or pending record of the same holding (see sameHolding), or h if
+// it has none.
+func (s *Semaphore) recordOf(owned bool, h *hold) *hold {
+	if owned || h == nil {
+		return h
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sameHolding(s.cur, h) {
+		return s.cur
+	}
+	for _, p := range s.pending {
+		if sameHolding(p.h, h) {
+			return p.h
+		}
+	}
+	return h
 }
 
 // setUnsure records on h a Release of all its n permits, sent with call
@@ -259,12 +297,14 @@ func (s *Semaphore) lost(owned bool, tok string, h *hold, n int64) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cur == h {
+	if sameHolding(s.cur, h) {
+		s.cur.lease.MarkLost() // h's record afresh (see held)
 		s.owed += max(s.curN-n, 0)
 		s.cur, s.curN = nil, 0
 	}
 	s.pending = slices.DeleteFunc(s.pending, func(p pendingHolding) bool {
-		if p.h == h {
+		if sameHolding(p.h, h) {
+			p.h.lease.MarkLost()
 			s.owed += max(p.n-n, 0)
 			return true
 		}
@@ -291,20 +331,22 @@ func (s *Semaphore) unsettled(owned bool, tok string, h *hold, n int64) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cur == h {
+	if sameHolding(s.cur, h) {
 		if s.curN -= n; s.curN <= 0 {
 			h.lease.MarkLost()
+			s.cur.lease.MarkLost() // h's record afresh (see held)
 			s.cur, s.curN = nil, 0
 		}
 	}
 	for i := range s.pending {
-		if s.pending[i].h == h {
+		if sameHolding(s.pending[i].h, h) {
 			s.pending[i].n -= n
 		}
 	}
 	s.pending = slices.DeleteFunc(s.pending, func(p pendingHolding) bool {
-		if p.h == h && p.n <= 0 {
+		if sameHolding(p.h, h) && p.n <= 0 {
 			h.lease.MarkLost()
+			p.h.lease.MarkLost()
 			return true
 		}
 		return false
@@ -317,11 +359,11 @@ func (s *Semaphore) unsettled(owned bool, tok string, h *hold, n int64) {
 func (s *Semaphore) unsurePart(h *hold, n int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cur == h {
+	if sameHolding(s.cur, h) {
 		s.curN = max(s.curN-n, 0)
 	}
 	for i := range s.pending {
-		if s.pending[i].h == h {
+		if sameHolding(s.pending[i].h, h) {
 			s.pending[i].n = max(s.pending[i].n-n, 0)
 		}
 	}
