@@ -251,7 +251,14 @@ func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
 // when that Release was of every permit of the holding, a Release repeated
 // after it returns nil if the first one released them (and the holding's
 // Lease ends released, not lost, unless a renewal found the holding gone
-// before the repeat: a renewal cannot tell a release from a loss).
+// before the repeat: a renewal cannot tell a release from a loss). The
+// repeat is known as such only by the holding it finds: if permits were
+// acquired for the same holder before it (by another goroutine, through
+// the handle or for the owner), it is a Release of n of the permits then
+// held, as that goroutine's own Release would be, and if the first one
+// did release its permits, it releases n of those acquired since (their
+// own Release then finds fewer held). Repeat a Release only where no
+// Acquire of the holder can come in between.
 //
 // Without an owner, the permits of a holding of the handle that was lost
 // stay the handle's to release, as a sync.Mutex stays locked until its

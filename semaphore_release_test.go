@@ -321,3 +321,92 @@ func TestSemaphoreAcquireIntoALostHoldingDuringARelease(t *testing.T) {
 		}
 	})
 }
+
+// A holder's Release(1) of its 1 permit (A's) whose reply is lost, while
+// an Acquire(1) of another goroutine (B) for the same holder joins the
+// holding (the Release's script runs after it, lowering the holding) or
+// takes a fresh one (the Release's script ran first, ending the holding).
+// A then repeats its Release. It cannot be told from B's own Release(1):
+// as the Release godoc says, it is a Release of the permit held, B's,
+// and returns nil; B's Release then finds none (ErrNotHeld). Redis holds
+// what the holder counts throughout: nothing at the end. Without an owner
+// (the handle) and with one.
+func TestSemaphoreRepeatAfterAnAcquireReleasesItsPermits(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		for _, owned := range []bool{false, true} {
+			for _, joined := range []bool{true, false} {
+				testRepeatAfterAnAcquire(t, b, ctx, fmt.Sprintf("%s-%v-%v", name, owned, joined), owned, joined)
+			}
+		}
+	})
+}
+
+func testRepeatAfterAnAcquire(t *testing.T, b redistest.Backend, ctx context.Context, name string, owned, joined bool) {
+	t.Helper()
+	if owned {
+		ctx = dsync.WithOwner(ctx)
+	}
+	what := fmt.Sprintf("owned %v, joined %v", owned, joined)
+	hk := newOnceHook()
+	c, _ := hookedClient(t, b, hk)
+	rdb := b.NewClient(t)
+	s := c.Semaphore(name, 2)
+	must(t, s.Acquire(ctx, 1))
+	must(t, s.Release(ctx, 1)) // the scripts loaded
+	must(t, s.Acquire(ctx, 1)) // A's
+	l, err := s.Lease(ctx)
+	must(t, err)
+
+	entered, open := make(chan struct{}), make(chan struct{})
+	hk.on("semaphore_release", func(run func() error) error {
+		close(entered)
+		if joined {
+			<-open
+		}
+		_ = run()
+		return errors.New("i/o timeout")
+	})
+	aIn := async(func() error { return s.Release(ctx, 1) })
+	<-entered
+	if !joined {
+		if err := recvErr(t, aIn, "A's Release"); err == nil {
+			t.Fatalf("%s: A's Release with its reply lost = nil", what)
+		}
+	}
+	must(t, s.Acquire(ctx, 1)) // B's
+	lb, err := s.Lease(ctx)
+	must(t, err)
+	if joined {
+		if lb.Token() != l.Token() {
+			t.Fatalf("%s: B's Acquire took a fresh holding, want it to join A's", what)
+		}
+		close(open)
+		if err := recvErr(t, aIn, "A's Release"); err == nil {
+			t.Fatalf("%s: A's Release with its reply lost = nil", what)
+		}
+	} else if lb.Token() == l.Token() {
+		t.Fatalf("%s: B's Acquire joined A's holding, which A's Release ended", what)
+	}
+	if used, _ := semHeld(t, rdb, name); used != 1 {
+		t.Fatalf("%s: Redis holds %d permits after A's Release ran and B's Acquire, want 1", what, used)
+	}
+
+	if err := s.Release(ctx, 1); err != nil {
+		t.Errorf("%s: A's repeated Release = %v, want nil", what, err)
+	}
+	if used, holders := semHeld(t, rdb, name); used != 0 || holders != 0 {
+		t.Errorf("%s: %d permits in use by %d holders after the repeat, want none (it releases the permit held)", what, used, holders)
+	}
+	if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Errorf("%s: B's Release after the repeat = %v, want ErrNotHeld", what, err)
+	}
+	if _, err := s.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Errorf("%s: Lease at the end = %v, want ErrNotHeld", what, err)
+	}
+	// The holder acquires and releases as before.
+	must(t, s.Acquire(ctx, 2))
+	must(t, s.Release(ctx, 2))
+	if used, holders := semHeld(t, rdb, name); used != 0 || holders != 0 {
+		t.Errorf("%s: %d permits in use by %d holders at the end, want none", what, used, holders)
+	}
+}
