@@ -87,3 +87,50 @@ func TestConcurrentHandleUnlocksOneSucceeds(t *testing.T) {
 		}
 	})
 }
+
+// An RWMutex handle without an owner holds a read; the RUnlock of it gets
+// no reply (the script ran: the hold is gone in Redis) and returns the
+// error, its ctx still open. Another goroutine's RLock through the handle
+// comes in between, and then the RUnlock is repeated, as a caller does
+// after an error whose outcome is unknown. The repeat must settle the first
+// RUnlock (its call id, its hold), not end the read hold the RLock just
+// took: the handle then holds one read, in Redis as in its records, and a
+// writer of another process waits for it. (Before, the repeat ended the
+// new hold: Redis held no reader, the handle's RLease reported its first,
+// ended hold live until a renewal found it gone, and another process's
+// TryLock took the write lock.)
+func TestRWMutexHandleRUnlockRetryAfterAnotherRLock(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		f := scriptFaults("rwmutex_unlock")
+		c, _ := hookedClient(t, b, f)
+		rw := c.RWMutex(name)
+		// The scripts are loaded: the lost reply is of one that ran.
+		must(t, rw.RLock(ctx))
+		must(t, rw.RUnlock(ctx))
+		must(t, rw.RLock(ctx))
+		f.DropReplyNext(1, nil)
+		if err := rw.RUnlock(ctx); !errors.Is(err, redistest.ErrInjected) {
+			t.Fatalf("RUnlock whose reply is lost = %v, want the injected error", err)
+		}
+		// Another goroutine of the handle reads meanwhile.
+		must(t, rw.RLock(ctx))
+		// The repeat of the RUnlock whose outcome was unknown.
+		must(t, rw.RUnlock(ctx))
+		l, err := rw.RLease(ctx)
+		if err != nil {
+			t.Fatalf("RLease with one read hold left = %v", err)
+		}
+		n, err := b.NewClient(t).ZCard(ctx, rwk(name).Readers).Result()
+		must(t, err)
+		other := newClient(t, b).RWMutex(name)
+		if ok, err := other.TryLock(ctx); err != nil || ok {
+			if ok {
+				must(t, other.Unlock(ctx))
+			}
+			t.Fatalf("another process's TryLock while the handle holds a read (its Lease: %v; readers in Redis: %d) = %v, %v; want false", l.Err(), n, ok, err)
+		}
+		must(t, rw.RUnlock(ctx))
+		checkIs(t, rw.RUnlock(ctx), dsync.ErrNotHeld, "extra RUnlock = %v, want ErrNotHeld")
+		assertRWReleased(t, b, name)
+	})
+}

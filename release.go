@@ -29,6 +29,14 @@ func (h *hold) unlockCall() (string, bool) {
 	return h.unlockID, h.lostAtSend
 }
 
+// unlockPending reports whether an unlock of h got no reply: its outcome
+// is unknown, and a repeat of it reuses its id (see unlockCall).
+func (h *hold) unlockPending() bool {
+	h.idMu.Lock()
+	defer h.idMu.Unlock()
+	return h.unlockID != ""
+}
+
 // unlocked forgets the id of an unlock of h that got its reply.
 func (h *hold) unlocked() {
 	h.idMu.Lock()

@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/dsync-go/dsync/internal/keys"
@@ -67,6 +68,9 @@ type RWMutex struct {
 	slot  slot // the handle's write hold, without an owner in ctx
 	mu    sync.Mutex
 	reads []*hold // the handle's read holds, without an owner, latest last
+	// How many of reads an RUnlock gave back with its outcome unknown (see
+	// takeRead).
+	unsettled int
 }
 
 // An rwImpl takes and releases the holds of an RWMutex: on one deployment
@@ -228,8 +232,13 @@ func (rw *RWMutex) held(mode string, c lockCall, fence uint64, newHold func() *h
 	return h, nil
 }
 
-// takeRead removes the handle's latest read hold so that no other unlock
-// releases it too.
+// takeRead removes the read hold the handle's next RUnlock releases, so
+// that no other unlock releases it too: one whose RUnlock had an unknown
+// outcome, if any, else the latest. An RUnlock that got no reply may have
+// ended its hold in Redis; its repeat must settle that hold under the same
+// call id, not end a read hold taken through the handle meanwhile (which
+// would leave the handle a hold that Redis no longer has, reported live
+// until a renewal finds it gone, while a writer takes the name).
 func (rw *RWMutex) takeRead() *hold {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
@@ -237,18 +246,31 @@ func (rw *RWMutex) takeRead() *hold {
 	if n == 0 {
 		return nil
 	}
-	h := rw.reads[n-1]
-	rw.reads[n-1] = nil
-	rw.reads = rw.reads[:n-1]
+	i := n - 1
+	if rw.unsettled > 0 {
+		rw.unsettled--
+		for j := n - 1; j >= 0; j-- {
+			if rw.reads[j].unlockPending() {
+				i = j
+				break
+			}
+		}
+	}
+	h := rw.reads[i]
+	rw.reads = slices.Delete(rw.reads, i, i+1)
 	return h
 }
 
-// restoreRead gives back a read hold taken by takeRead whose unlock had an
-// unknown outcome.
-func (rw *RWMutex) restoreRead(h *hold) {
+// restoreRead gives back a read hold taken by takeRead that its unlock did
+// not end; unsettled: the unlock failed (its outcome may be unknown), and a
+// repeat of it takes h again, under the same call id (see takeRead).
+func (rw *RWMutex) restoreRead(h *hold, unsettled bool) {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
 	rw.reads = append(rw.reads, h)
+	if unsettled {
+		rw.unsettled++
+	}
 }
 
 // RUnlock releases one read hold: one level of an owner's re-entry, or the
@@ -366,7 +388,7 @@ func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) 
 	}
 	if err != nil {
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
-		rw.restoreRead(h)
+		rw.restoreRead(h, true)
 		return err
 	}
 	h.unlocked()
@@ -379,10 +401,10 @@ func (rw *RWMutex) unlockHandle(ctx context.Context, mode string, run releaser) 
 		return ErrLeaseLost
 	case r == 2:
 		// Still held.
-		rw.restoreRead(h)
+		rw.restoreRead(h, false)
 		return nil
 	}
-	rw.restoreRead(h)
+	rw.restoreRead(h, false)
 	return replyError("unlock", r)
 }
 
