@@ -134,3 +134,70 @@ func TestRWMutexHandleRUnlockRetryAfterAnotherRLock(t *testing.T) {
 		assertRWReleased(t, b, name)
 	})
 }
+
+// An owner's Unlock (RUnlock) gets no reply: the script ran and ended the
+// owner's hold in Redis, and the call returns the error, its ctx still
+// open. Another goroutine of the owner locks meanwhile (a fresh hold in
+// Redis), and then the first goroutine repeats its Unlock, as a caller does
+// after an error whose outcome is unknown. The repeat must settle the
+// first Unlock (its call id, the hold it ended), not end a level of the
+// hold the other goroutine just took. (Before, the repeat was a new Unlock
+// that ended the new hold: its Lease was done as released, and another
+// owner took the name while the goroutine that locked it had not
+// unlocked.)
+func TestOwnerUnlockRetryAfterAnotherGoroutineLocked(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, kind := range []struct {
+			name, script string
+			calls        holdKind
+		}{
+			{"Mutex", "mutex_unlock", mutexHold},
+			{"RWMutex.Lock", "rwmutex_unlock", writeHold},
+			{"RWMutex.RLock", "rwmutex_unlock", readHold},
+		} {
+			t.Run(kind.name, func(t *testing.T) {
+				ctx := dsync.WithOwner(ctxT(t))
+				name := redistest.Key(t)
+				f := scriptFaults(kind.script)
+				c, _ := hookedClient(t, b, f)
+				h := kind.calls(c, name)
+				// The scripts are loaded: the lost reply is of one that ran.
+				must(t, h.lock(ctx))
+				must(t, h.unlock(ctx))
+				must(t, h.lock(ctx))
+				f.DropReplyNext(1, nil)
+				if err := h.unlock(ctx); !errors.Is(err, redistest.ErrInjected) {
+					t.Fatalf("unlock whose reply is lost = %v, want the injected error", err)
+				}
+				// Another goroutine of the owner locks meanwhile.
+				must(t, h.lock(ctx))
+				l, err := h.lease(ctx)
+				must(t, err)
+				// The repeat of the unlock whose outcome was unknown.
+				if err := h.unlock(ctx); err != nil && !errors.Is(err, dsync.ErrLeaseLost) {
+					t.Fatalf("repeated unlock = %v", err)
+				}
+				other := newClient(t, b).RWMutex(name)
+				try := other.TryLock
+				if kind.name == "Mutex" {
+					try = newClient(t, b).Mutex(name).TryLock
+				}
+				if ok, err := try(dsync.WithOwner(ctx)); err != nil || ok {
+					t.Fatalf("another owner's TryLock while the owner holds a level it took after the lost reply (its Lease done: %v, Err %v) = %v, %v; want false",
+						isDone(l), l.Err(), ok, err)
+				}
+				must(t, h.unlock(ctx))
+				checkIs(t, h.unlock(ctx), dsync.ErrNotHeld, "extra unlock = %v, want ErrNotHeld")
+			})
+		}
+	})
+}
+
+func isDone(l *dsync.Lease) bool {
+	select {
+	case <-l.Done():
+		return true
+	default:
+		return false
+	}
+}

@@ -124,6 +124,12 @@ type hold struct {
 	// Semaphore holding, whose levels are its permits.
 	owes    int64
 	holding bool
+	// Owner holds only, guarded by base.mu: the hold of the owner this one
+	// replaced whose unlock got no reply (its outcome unknown, its id kept
+	// for a repeat): the owner's next unlock is that repeat, and settles
+	// that unlock under its id and name (see unlockOwner), rather than end
+	// a level of this hold.
+	repeat *hold
 	// cohort: the hold was taken by a member of its Client's cohort of the
 	// name (see cohort.go), whose membership its first release or its loss
 	// ends (and clears cohort); co and coKey name that cohort.

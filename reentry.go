@@ -268,6 +268,14 @@ func (b *base) ownerHoldLocked(k holdKey, fence uint64, newHold func() *hold, w 
 		// The owner's releases of the levels of the hold it replaces end
 		// levels of this one, and once it ends, name it.
 		nh.owes = h.owes + h.levels()
+		// An unlock of the replaced hold that got no reply may have ended
+		// it (this hold is fresh): its repeat, the owner's next unlock,
+		// settles it under its own id (see unlockOwner).
+		if h.repeat != nil {
+			nh.repeat = h.repeat
+		} else if !h.holding && h.unlocking == 0 && h.unlockPending() {
+			nh.repeat = h
+		}
 	}
 	if e := b.owed[k]; e != nil {
 		nh.owes += e.n

@@ -80,6 +80,9 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	if !local {
 		if h = b.lockedHold(k); h != nil {
 			defer h.relMu.Unlock()
+			if rep := b.takeRepeat(h); rep != nil {
+				return b.repeatUnlock(ctx, h, rep, tok, run)
+			}
 		}
 	}
 	// A lease reported lost before the release (its local deadline passed)
@@ -153,6 +156,61 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 	case 0:
 		b.dropHold(k, h, 1)
 		h.lease.MarkLost()
+		return ErrLeaseLost
+	}
+	return replyError("unlock", r)
+}
+
+// takeRepeat returns the replaced hold whose unlock h, the owner's recorded
+// hold, is to repeat (see hold.repeat), and forgets it; nil if none.
+func (b *base) takeRepeat(h *hold) *hold {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	rep := h.repeat
+	h.repeat = nil
+	return rep
+}
+
+// repeatUnlock is the owner's unlock (on a ctx from settle) that repeats
+// the unlock of rep, a hold of the owner that h replaced, which got no
+// reply: it is sent again under its call id, naming rep, and answers as
+// that unlock's first run did, ending nothing else. The level it settles
+// is one of those h took over from rep (see owe).
+func (b *base) repeatUnlock(ctx context.Context, h, rep *hold, tok string, run releaser) error {
+	id, lostBefore := rep.unlockCall()
+	r, err := b.runRelease(ctx, false, func(ctx context.Context) (int64, error) { return run(ctx, tok, id, rep) })
+	if err != nil {
+		if !unknownOutcome(err) {
+			return err
+		}
+		if !callerLeft(ctx) {
+			// Still unknown: the owner's next unlock repeats it again.
+			b.mu.Lock()
+			if h.repeat == nil {
+				h.repeat = rep
+			}
+			b.mu.Unlock()
+			return err
+		}
+		// Its caller left, and no reply came however often it was sent:
+		// the level counts as released (see unsettledLevel).
+	}
+	rep.unlocked()
+	b.mu.Lock()
+	if h.owes > 0 {
+		h.owes--
+	}
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	switch r {
+	case 1, 2:
+		if lostBefore {
+			return ErrLeaseLost
+		}
+		return nil
+	case 0:
 		return ErrLeaseLost
 	}
 	return replyError("unlock", r)
