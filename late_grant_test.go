@@ -31,6 +31,30 @@ type firstGate struct {
 	passed int // attempts let through and not yet answered
 	open   chan struct{}
 	done   chan struct{} // closed once the held attempt got its reply
+	// unsent: the held attempt fails with context.Canceled once open, as
+	// a command does whose ctx ended before it was written (see drop).
+	unsent bool
+}
+
+// drop lets the held attempt, if any, fail unsent with context.Canceled,
+// as its caller's ctx had ended before it was written; later attempts
+// pass.
+func (g *firstGate) drop() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.open:
+	default:
+		g.unsent = true
+		close(g.open)
+	}
+}
+
+// dropped reports whether the held attempt is to fail unsent.
+func (g *firstGate) dropped() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.unsent
 }
 
 func newFirstGate(script string) *firstGate {
@@ -94,6 +118,10 @@ func (g *firstGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if held {
 			<-g.open
 			defer close(g.done)
+			if g.dropped() {
+				cmd.SetErr(context.Canceled)
+				return context.Canceled
+			}
 		} else if attempt {
 			defer g.answered(1)
 		}
@@ -115,6 +143,12 @@ func (g *firstGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		if hold {
 			<-g.open
 			defer close(g.done)
+			if g.dropped() {
+				for _, c := range cmds {
+					c.SetErr(context.Canceled)
+				}
+				return context.Canceled
+			}
 		}
 		return next(ctx, cmds)
 	}

@@ -87,8 +87,12 @@ func testJoinedHolding(t *testing.T, b redistest.Backend, ctx context.Context, n
 	s := c.Semaphore(name, size)
 
 	qMsgs := newHeldMessages()
-	qc := newClient(t, b)
+	// Q's attempts after the hand-over to it are held back: Q learns of
+	// it from none (nor from its notification, below) before it gives up.
+	qGate := newFirstGate("semaphore_acquire")
+	qc, _ := hookedClient(t, b, qGate)
 	t.Cleanup(qMsgs.release)
+	t.Cleanup(qGate.drop)
 	dsync.SetMessageHook(qc, qMsgs.hook)
 	q := qc.Semaphore(name, size)
 
@@ -125,6 +129,7 @@ func testJoinedHolding(t *testing.T, b redistest.Backend, ctx context.Context, n
 	waitFor(t, 10*time.Second, "B queued", queued(3))
 
 	qMsgs.arm() // Q does not hear of its hand-over
+	qGate.arm(t)
 	if late {
 		cMsgs.arm() // nor do A and B: they learn from their next attempts
 	}
@@ -141,7 +146,8 @@ func testJoinedHolding(t *testing.T, b redistest.Backend, ctx context.Context, n
 		}
 	})
 	time.Sleep(300 * time.Millisecond)
-	qcancel() // Q gives up; its abandon hands its permit to B
+	qcancel()    // Q gives up; its abandon hands its permit to B
+	qGate.drop() // an attempt of Q's held back fails unsent
 	if err := <-qIn; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Q = %v, want it cancelled", err)
 	}
