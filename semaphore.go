@@ -258,7 +258,11 @@ func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
 // held, as that goroutine's own Release would be, and if the first one
 // did release its permits, it releases n of those acquired since (their
 // own Release then finds fewer held). Repeat a Release only where no
-// Acquire of the holder can come in between.
+// Acquire of the holder can come in between. A Release of only some of
+// the holding's permits whose outcome is unknown counts as done: the
+// holder no longer counts those permits, and a repeat would release n
+// more (what Redis keeps of them, if it never ran, is given back when the
+// holding ends or its lease runs out).
 //
 // Without an owner, the permits of a holding of the handle that was lost
 // stay the handle's to release, as a sync.Mutex stays locked until its
