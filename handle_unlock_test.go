@@ -12,6 +12,7 @@ import (
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
+	"github.com/dsync-go/dsync/lua"
 )
 
 // A pairGate, once armed, holds the first script naming name until a
@@ -200,4 +201,122 @@ func isDone(l *dsync.Lease) bool {
 	default:
 		return false
 	}
+}
+
+// A replyGate, once armed, lets the next call of one script run on the
+// server, then holds its reply until opened, and loses it: the caller gets
+// redistest.ErrInjected, the script's work done.
+type replyGate struct {
+	sha  string
+	mu   sync.Mutex
+	arm  bool
+	ran  chan struct{} // closed once the held script ran
+	open chan struct{}
+}
+
+func newReplyGate(script string) *replyGate {
+	return &replyGate{sha: lua.Script(script).Hash(), ran: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (g *replyGate) armNext() {
+	g.mu.Lock()
+	g.arm = true
+	g.mu.Unlock()
+}
+
+func (g *replyGate) take(cmd redis.Cmder) bool {
+	a := cmd.Args()
+	if cmd.Name() != "evalsha" || len(a) < 2 || a[1] != g.sha {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	held := g.arm
+	g.arm = false
+	return held
+}
+
+func (g *replyGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *replyGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !g.take(cmd) {
+			return next(ctx, cmd)
+		}
+		_ = next(ctx, cmd)
+		close(g.ran)
+		select {
+		case <-g.open:
+		case <-time.After(20 * time.Second):
+		}
+		cmd.SetErr(redistest.ErrInjected)
+		return redistest.ErrInjected
+	}
+}
+
+func (g *replyGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// As in TestOwnerUnlockRetryAfterAnotherGoroutineLocked, an owner's Unlock
+// (RUnlock) ends its hold in Redis and its reply is lost, its ctx still
+// open; but the other goroutine's Lock takes its fresh hold, and learns of
+// it, while the Unlock is still waiting for its reply. The Unlock's repeat
+// must settle the first Unlock under its call id all the same, not end the
+// hold the other goroutine took.
+func TestOwnerUnlockRetryAfterALockDuringIt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, kind := range []struct {
+			name, script string
+			calls        holdKind
+		}{
+			{"Mutex", "mutex_unlock", mutexHold},
+			{"RWMutex.Lock", "rwmutex_unlock", writeHold},
+			{"RWMutex.RLock", "rwmutex_unlock", readHold},
+		} {
+			t.Run(kind.name, func(t *testing.T) {
+				ctx := dsync.WithOwner(ctxT(t))
+				name := redistest.Key(t)
+				g := newReplyGate(kind.script)
+				c, _ := hookedClient(t, b, g)
+				h := kind.calls(c, name)
+				// The scripts are loaded: the lost reply is of one that ran.
+				must(t, h.lock(ctx))
+				must(t, h.unlock(ctx))
+				must(t, h.lock(ctx))
+				g.armNext()
+				first := make(chan error, 1)
+				go func() { first <- h.unlock(ctx) }()
+				select {
+				case <-g.ran:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the unlock did not reach the server")
+				}
+				// Another goroutine of the owner locks while the unlock
+				// waits for its reply.
+				must(t, h.lock(ctx))
+				l, err := h.lease(ctx)
+				must(t, err)
+				close(g.open)
+				if err := <-first; !errors.Is(err, redistest.ErrInjected) {
+					t.Fatalf("unlock whose reply is lost = %v, want the injected error", err)
+				}
+				// The repeat of the unlock whose outcome was unknown.
+				if err := h.unlock(ctx); err != nil && !errors.Is(err, dsync.ErrLeaseLost) {
+					t.Fatalf("repeated unlock = %v", err)
+				}
+				other := newClient(t, b).RWMutex(name)
+				try := other.TryLock
+				if kind.name == "Mutex" {
+					try = newClient(t, b).Mutex(name).TryLock
+				}
+				if ok, err := try(dsync.WithOwner(ctx)); err != nil || ok {
+					t.Fatalf("another owner's TryLock while the owner holds a level it took during the unlock whose reply was lost (its Lease done: %v, Err %v) = %v, %v; want false",
+						isDone(l), l.Err(), ok, err)
+				}
+				must(t, h.unlock(ctx))
+				checkIs(t, h.unlock(ctx), dsync.ErrNotHeld, "extra unlock = %v, want ErrNotHeld")
+			})
+		}
+	})
 }

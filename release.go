@@ -116,6 +116,8 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 				b.unsettled(k, h)
 			case callerLeft(ctx):
 				b.unsettledLevel(k, h)
+			default:
+				b.keepRepeat(k, h)
 			}
 		}
 		// The outcome is unknown: keep the hold, and let a retry reuse id.
@@ -159,6 +161,21 @@ func (b *base) unlockOwner(ctx context.Context, k holdKey, tok string, run relea
 		return ErrLeaseLost
 	}
 	return replyError("unlock", r)
+}
+
+// keepRepeat notes that h, the owner's hold recorded under k when an
+// unlock of it was sent, got no reply to it, its caller still there: if
+// a later hold of the owner replaced h meanwhile (ownerHold, while the
+// unlock was in flight, found h ended in Redis: see hold.replaced), the
+// unlock may be what ended it, and the owner's next unlock, which finds
+// that later hold, is its repeat (see hold.repeat), as when the later hold
+// is taken after the unlock returned.
+func (b *base) keepRepeat(k holdKey, h *hold) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if nh := b.holds[k]; h.replaced && !h.holding && nh != nil && nh != h && nh.repeat == nil {
+		nh.repeat = h
+	}
 }
 
 // takeRepeat returns the replaced hold whose unlock h, the owner's recorded
