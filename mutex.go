@@ -161,9 +161,13 @@ func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, err
 // Unlock returns ctx's error then and the release completes in the
 // background, as if the caller had waited (it is not to be repeated). It
 // returns [ErrNotHeld] if the caller does not hold m and [ErrLeaseLost] if
-// the hold was lost before Unlock; in both cases nothing is changed. Unlock
-// never affects another owner's hold, and an Unlock retried after a lost
-// reply never affects a later hold of the same owner or handle. The
+// the hold was lost before Unlock; in both cases nothing is changed. After
+// a Redis error, its ctx still open, the outcome is unknown and the level
+// still counts: repeat the Unlock. The repeat is sent under the first
+// one's call id, naming its hold, and answers as it would have, also when
+// another goroutine of the owner locked in between. Unlock never affects
+// another owner's hold, and an Unlock retried after a lost reply never
+// affects a later hold of the same owner or handle. The
 // goroutines acting for one owner share its levels: once the owner holds
 // again after a loss, an Unlock by any of them ends a level of the new
 // hold, also one meant for a level of the lost hold. An owner's Unlock

@@ -278,7 +278,12 @@ func (rw *RWMutex) restoreRead(h *hold, unsettled bool) {
 // Unlock it runs even if ctx is already done, and completes in the
 // background if ctx ends while it is under way. It returns
 // [ErrNotHeld] if the caller holds no read lock on rw and [ErrLeaseLost] if
-// the hold was lost before RUnlock; in both cases nothing is changed.
+// the hold was lost before RUnlock; in both cases nothing is changed. After
+// a Redis error, its ctx still open, the outcome is unknown and the hold
+// still counts: repeat the RUnlock. The repeat is sent under the first
+// one's call id, for the read hold it was sent for (not the handle's most
+// recent one), and answers as it would have, also when another goroutine
+// took a read hold in between.
 func (rw *RWMutex) RUnlock(ctx context.Context) error {
 	return rw.unlock(ctx, modeRead)
 }
@@ -292,7 +297,8 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 // completes in the background, as if the caller had waited (it is not to
 // be repeated). It returns [ErrNotHeld] if the caller does not hold the
 // write lock and [ErrLeaseLost] if the hold was lost before Unlock; in both
-// cases nothing is changed.
+// cases nothing is changed. After a Redis error, its ctx still open, the
+// outcome is unknown: repeat the Unlock, as for [Mutex.Unlock].
 func (rw *RWMutex) Unlock(ctx context.Context) error {
 	return rw.unlock(ctx, modeWrite)
 }
