@@ -264,7 +264,18 @@ func (b *base) ownerHoldLocked(k holdKey, fence uint64, newHold func() *hold, w 
 		}
 	}
 	nh := newHold()
-	if h != nil {
+	if h != nil && h.holding && h.fence == fence {
+		// A Semaphore holding reported lost that Redis kept, which this
+		// grant joined: its permits are held under a new lease, and are
+		// the new record's, which Releases in flight for the lost one
+		// count for (see Semaphore.recordOf), and so does a Release of all
+		// its permits with an unknown outcome recorded on it.
+		nh.permits.Store(h.permits.Load())
+		nh.owes = h.owes
+		if id, un, lost := h.takeUnsure(); id != "" {
+			nh.setUnsure(id, un, lost)
+		}
+	} else if h != nil {
 		// The owner's releases of the levels of the hold it replaces end
 		// levels of this one, and once it ends, name it.
 		nh.owes = h.owes + h.levels()

@@ -393,7 +393,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		case left && unknownOutcome(err):
 			s.unsettled(owned, tok, h, n)
 		case whole && unknownOutcome(err):
-			s.recordOf(owned, h).setUnsure(id, n, lostBefore)
+			s.recordOf(owned, tok, h).setUnsure(id, n, lostBefore)
 		case h == nil && named != nil && unknownOutcome(err):
 			// The caller may repeat it: the repeat names the same
 			// holding (see base.reowe).
@@ -403,6 +403,10 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 			// not owed (they were sent for), as those of a Release of
 			// all are not (see lostLocked).
 			s.unsurePart(h, n)
+		case owned && h != nil && unknownOutcome(err):
+			// Some of the owner's permits of h: they count as released
+			// (see Release), as the handle's do.
+			s.ownerReleased(tok, h, n, -1)
 		}
 		return err
 	}
@@ -417,7 +421,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 			s.ended(owned, tok, uint64(r[2]), n)
 		} else if owned {
 			if h != nil && h.fence == uint64(r[2]) {
-				h.permits.Store(r[1])
+				s.ownerReleased(tok, h, n, r[1])
 			}
 		} else {
 			s.mu.Lock()
@@ -446,7 +450,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		if h == nil {
 			return ErrNotHeld
 		}
-		uid, un, lostAtSend := s.recordOf(owned, h).takeUnsure()
+		uid, un, lostAtSend := s.recordOf(owned, tok, h).takeUnsure()
 		if uid != "" && un == n {
 			// Perhaps a repeat of that Release (the same n): ask.
 			if f, ok := s.resolve(ctx, tok, h, uid, un); ok {

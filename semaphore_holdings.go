@@ -246,13 +246,20 @@ func (s *Semaphore) whole(owned bool, h *hold, n int64) bool {
 	return false
 }
 
-// recordOf returns the record of holding h (nil: none) that the holder's
-// bookkeeping keeps now: h itself for an owner, and for the handle its
-// current or pending record of the same holding (see sameHolding), or h if
-// it has none.
-func (s *Semaphore) recordOf(owned bool, h *hold) *hold {
-	if owned || h == nil {
+// recordOf returns the record of holding h (nil: none) of holder tok
+// (owned) or of the handle that the holder's bookkeeping keeps now: for
+// an owner, the holding recorded for it if it is of the same holding (an
+// Acquire joined h reported lost, see base.ownerHoldLocked), and for the
+// handle its current or pending record of the same holding (see
+// sameHolding); h if there is none.
+func (s *Semaphore) recordOf(owned bool, tok string, h *hold) *hold {
+	if h == nil {
 		return h
+	}
+	if owned {
+		s.c.mu.Lock()
+		defer s.c.mu.Unlock()
+		return s.ownerRecordLocked(tok, h)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -265,6 +272,34 @@ func (s *Semaphore) recordOf(owned bool, h *hold) *hold {
 		}
 	}
 	return h
+}
+
+// ownerRecordLocked is recordOf for owner tok, with s.c.mu held.
+func (s *Semaphore) ownerRecordLocked(tok string, h *hold) *hold {
+	if r := s.c.holds[holdKey{s.keys[0], tok}]; sameHolding(r, h) {
+		return r
+	}
+	return h
+}
+
+// ownerReleased notes a Release of n permits of h, owner tok's holding,
+// that left it with left permits in Redis (left < 0: its outcome is
+// unknown, and they count as released). If an Acquire joined h reported
+// lost meanwhile, the holding's record is a new one, which counts the
+// Acquire's permits whether its script ran before this Release's or after
+// it: n are taken from it, and the count Redis told is not kept.
+func (s *Semaphore) ownerReleased(tok string, h *hold, n, left int64) {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	if r := s.ownerRecordLocked(tok, h); r != h || left < 0 {
+		for {
+			p := r.permits.Load()
+			if r.permits.CompareAndSwap(p, max(p-n, 0)) {
+				return
+			}
+		}
+	}
+	h.permits.Store(left)
 }
 
 // setUnsure records on h a Release of all its n permits, sent with call

@@ -410,3 +410,160 @@ func testRepeatAfterAnAcquire(t *testing.T, b redistest.Backend, ctx context.Con
 		t.Errorf("%s: %d permits in use by %d holders at the end, want none", what, used, holders)
 	}
 }
+
+// The owner's counterpart of
+// TestSemaphoreAcquireIntoALostHoldingDuringARelease: ctx's owner holds 2
+// permits (holding F) whose lease was reported lost (the Client's renewals
+// held back past the TTL) while Redis kept F; a Release(1) of the owner is
+// in flight when an Acquire(1) of the owner joins F (the Release's script
+// ran first, or the Acquire's did), and the Release's reply then comes or
+// is lost. The Acquire's permit is held in Redis, so its nil must come
+// with a live Lease, renewed: F is held in Redis past the deadline it had
+// when the Acquire joined it. The owner counts the permits Redis holds: a
+// Release(2) of them, its reply lost, ends F, and its repeat returns nil
+// (the Release godoc), leaving the owner holding nothing, and owing
+// nothing: its next Acquire(1) and Release(1) leave nothing held.
+func TestSemaphoreOwnerAcquireIntoALostHoldingDuringARelease(t *testing.T) {
+	variants := []struct {
+		name           string
+		acquireFirst   bool // the Acquire's script runs before the Release's
+		releaseReplied bool // the Release's reply comes (else it is lost)
+	}{
+		{"release-first", false, true},
+		{"acquire-first", true, true},
+		{"release-first-reply-lost", false, false},
+	}
+	eachRealName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		for _, v := range variants {
+			name := name + "-" + v.name
+			t.Run(v.name, func(t *testing.T) {
+				octx := dsync.WithOwner(ctx)
+				hk := newOnceHook()
+				c, _ := hookedClient(t, b, hk, dsync.TTL(time.Second))
+				rdb := b.NewClient(t)
+				k := semKeys(name)
+				s := c.Semaphore(name, 4)
+				must(t, s.Acquire(octx, 1))
+				must(t, s.Release(octx, 1)) // the scripts loaded
+				must(t, s.Acquire(octx, 2)) // F
+				l1, err := s.Lease(octx)
+				must(t, err)
+
+				// Redis keeps F 3 s; the Client reports it lost after its
+				// 1 s TTL.
+				tm, err := rdb.Time(ctx).Result()
+				must(t, err)
+				keep := tm.Add(3 * time.Second)
+				holders, err := rdb.ZRange(ctx, k.Holders, 0, -1).Result()
+				must(t, err)
+				for _, h := range holders {
+					must(t, rdb.ZAddXX(ctx, k.Holders, redis.Z{Score: float64(keep.UnixMilli()), Member: h}).Err())
+				}
+				must(t, rdb.PExpire(ctx, k.State, 3*time.Second).Err())
+				must(t, rdb.PExpire(ctx, k.Holders, 3*time.Second).Err())
+				stall := make(chan struct{})
+				dsync.SetRenewStall(c, func() { <-stall })
+				waitDone(t, l1, 10*time.Second, "(renewals held back)")
+				assertLeaseLost(t, l1)
+				dsync.SetRenewStall(c, nil)
+				close(stall)
+
+				// The Release(1), held before or after its script runs.
+				entered, ran, open := make(chan struct{}), make(chan struct{}), make(chan struct{})
+				t.Cleanup(func() {
+					select {
+					case <-open:
+					default:
+						close(open)
+					}
+				})
+				hk.on("semaphore_release", func(run func() error) error {
+					close(entered)
+					if v.acquireFirst {
+						<-open
+					}
+					err := run()
+					close(ran)
+					if !v.acquireFirst {
+						<-open
+					}
+					if !v.releaseReplied {
+						return errors.New("i/o timeout")
+					}
+					return err
+				})
+				rIn := async(func() error { return s.Release(octx, 1) })
+				<-entered
+				if !v.acquireFirst {
+					<-ran
+				}
+				must(t, s.Acquire(octx, 1)) // joins F
+				l2, err := s.Lease(octx)
+				must(t, err)
+				if l2.Token() != l1.Token() {
+					t.Fatalf("the Acquire took a new holding (token %d), want F's (%d)", l2.Token(), l1.Token())
+				}
+				if err := l2.Err(); err != nil {
+					t.Errorf("Lease right after the Acquire joined F (Redis holds its permit): Err = %v, want nil", err)
+				}
+				close(open)
+				<-ran
+				err = recvErr(t, rIn, "the Release")
+				switch {
+				case v.releaseReplied && err != nil && !errors.Is(err, dsync.ErrLeaseLost):
+					t.Fatalf("the Release(1) = %v, want nil or ErrLeaseLost", err)
+				case !v.releaseReplied && err == nil:
+					t.Fatal("the Release(1) whose reply was lost returned nil")
+				}
+				if used, _ := semHeld(t, rdb, name); used != 2 {
+					t.Fatalf("Redis holds %d permits after the Release(1) and the Acquire(1), want 2", used)
+				}
+
+				// Past the deadline Redis had for F: renewed.
+				tm, err = rdb.Time(ctx).Result()
+				must(t, err)
+				time.Sleep(keep.Sub(tm) + 1500*time.Millisecond)
+				if used, _ := semHeld(t, rdb, name); used != 2 {
+					t.Errorf("%d permits held in Redis 1.5 s past F's deadline when the Acquire joined it, want 2 (renewed)", used)
+				}
+				if err := l2.Err(); err != nil {
+					t.Errorf("the joined holding's Lease past F's old deadline: Err = %v, want nil", err)
+				}
+
+				// The owner counts the 2 permits Redis holds: a Release(2)
+				// whose reply is lost is of all of them, and its repeat
+				// returns nil (Release godoc).
+				hk.on("semaphore_release", func(run func() error) error {
+					_ = run()
+					return errors.New("i/o timeout")
+				})
+				if err := s.Release(octx, 2); err == nil {
+					t.Fatal("the Release(2) whose reply was lost returned nil")
+				}
+				if used, holders := semHeld(t, rdb, name); used != 0 || holders != 0 {
+					t.Errorf("%d permits in use by %d holders after the Release(2), want none", used, holders)
+				}
+				if err := s.Release(octx, 2); err != nil {
+					t.Errorf("the Release(2) repeated = %v, want nil (the first released every permit the owner holds)", err)
+				}
+				if _, err := s.Lease(octx); !errors.Is(err, dsync.ErrNotHeld) {
+					t.Errorf("Lease after the owner released all Redis held = %v, want ErrNotHeld", err)
+				}
+				assertLeaseLost(t, l1)
+
+				// Nothing owed: the owner's next holding ends with its
+				// own Release.
+				must(t, s.Acquire(octx, 1))
+				if err := s.Release(octx, 1); err != nil {
+					t.Errorf("the Release(1) of a fresh holding = %v, want nil", err)
+				}
+				if used, holders := semHeld(t, rdb, name); used != 0 || holders != 0 {
+					t.Errorf("%d permits in use by %d holders after the fresh holding's Release(1), want none", used, holders)
+				}
+				if _, err := s.Lease(octx); !errors.Is(err, dsync.ErrNotHeld) {
+					t.Errorf("Lease after the fresh holding's Release(1) = %v, want ErrNotHeld", err)
+				}
+			})
+		}
+	})
+}
