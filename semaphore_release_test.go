@@ -181,249 +181,28 @@ func TestSemaphorePartialReleaseUnknownThenRestRunsOut(t *testing.T) {
 	})
 }
 
-// A handle holds 2 permits (holding F) whose lease was reported lost (the
-// Client's renewals held back past the TTL) while Redis kept F; a
-// Release(1) of the handle is in flight when an Acquire(1) of the handle
-// joins F (the Release's script ran first, or the Acquire's did), and the
-// Release's reply then comes or is lost. The Acquire's permit is held in
-// Redis, so its nil must come with a live Lease, renewed: F is held in
-// Redis past the deadline it had when the Acquire joined it. The handle
-// counts the permits Redis holds: a Release(2) of them, its reply lost,
-// ends F, and its repeat returns nil (the Release godoc), leaving the
-// handle holding nothing.
+// A holder (a handle, or ctx's owner) holds 2 permits (holding F) whose
+// lease was reported lost (the Client's renewals held back past the TTL)
+// while Redis kept F; a Release(1) of the holder is in flight when an
+// Acquire(1) of the holder joins F (the Release's script ran first, or the
+// Acquire's did), and the Release's reply then comes or is lost. The
+// Acquire's permit is held in Redis, so its nil must come with a live
+// Lease, renewed: F is held in Redis past the deadline it had when the
+// Acquire joined it. The holder counts the permits Redis holds: a
+// Release(2) of them, its reply lost, ends F, and its repeat returns nil
+// (the Release godoc), leaving the holder holding nothing, and owing
+// nothing: its next Acquire(1) and Release(1) leave nothing held.
 func TestSemaphoreAcquireIntoALostHoldingDuringARelease(t *testing.T) {
-	variants := []struct {
-		name           string
-		acquireFirst   bool // the Acquire's script runs before the Release's
-		releaseReplied bool // the Release's reply comes (else it is lost)
-	}{
-		{"release-first", false, true},
-		{"acquire-first", true, true},
-		{"release-first-reply-lost", false, false},
-	}
-	eachRealName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		for _, v := range variants {
-			name := name + "-" + v.name
-			t.Run(v.name, func(t *testing.T) {
-				hk := newOnceHook()
-				c, _ := hookedClient(t, b, hk, dsync.TTL(time.Second))
-				rdb := b.NewClient(t)
-				k := semKeys(name)
-				s := c.Semaphore(name, 4)
-				must(t, s.Acquire(ctx, 1))
-				must(t, s.Release(ctx, 1)) // the scripts loaded
-				must(t, s.Acquire(ctx, 2)) // F
-				l1, err := s.Lease(ctx)
-				must(t, err)
-
-				// Redis keeps F 3 s; the Client reports it lost after its
-				// 1 s TTL.
-				tm, err := rdb.Time(ctx).Result()
-				must(t, err)
-				keep := tm.Add(3 * time.Second)
-				holders, err := rdb.ZRange(ctx, k.Holders, 0, -1).Result()
-				must(t, err)
-				for _, h := range holders {
-					must(t, rdb.ZAddXX(ctx, k.Holders, redis.Z{Score: float64(keep.UnixMilli()), Member: h}).Err())
-				}
-				must(t, rdb.PExpire(ctx, k.State, 3*time.Second).Err())
-				must(t, rdb.PExpire(ctx, k.Holders, 3*time.Second).Err())
-				stall := make(chan struct{})
-				dsync.SetRenewStall(c, func() { <-stall })
-				waitDone(t, l1, 10*time.Second, "(renewals held back)")
-				assertLeaseLost(t, l1)
-				dsync.SetRenewStall(c, nil)
-				close(stall)
-
-				// The Release(1), held before or after its script runs.
-				entered, ran, open := make(chan struct{}), make(chan struct{}), make(chan struct{})
-				t.Cleanup(func() {
-					select {
-					case <-open:
-					default:
-						close(open)
-					}
-				})
-				hk.on("semaphore_release", func(run func() error) error {
-					close(entered)
-					if v.acquireFirst {
-						<-open
-					}
-					err := run()
-					close(ran)
-					if !v.acquireFirst {
-						<-open
-					}
-					if !v.releaseReplied {
-						return errors.New("i/o timeout")
-					}
-					return err
-				})
-				rIn := async(func() error { return s.Release(ctx, 1) })
-				<-entered
-				if !v.acquireFirst {
-					<-ran
-				}
-				must(t, s.Acquire(ctx, 1)) // joins F
-				l2, err := s.Lease(ctx)
-				must(t, err)
-				if l2.Token() != l1.Token() {
-					t.Fatalf("the Acquire took a new holding (token %d), want F's (%d)", l2.Token(), l1.Token())
-				}
-				if err := l2.Err(); err != nil {
-					t.Errorf("Lease right after the Acquire joined F (Redis holds its permit): Err = %v, want nil", err)
-				}
-				close(open)
-				<-ran
-				err = recvErr(t, rIn, "the Release")
-				switch {
-				case v.releaseReplied && err != nil && !errors.Is(err, dsync.ErrLeaseLost):
-					t.Fatalf("the Release(1) = %v, want nil or ErrLeaseLost", err)
-				case !v.releaseReplied && err == nil:
-					t.Fatal("the Release(1) whose reply was lost returned nil")
-				}
-				if used, _ := semHeld(t, rdb, name); used != 2 {
-					t.Fatalf("Redis holds %d permits after the Release(1) and the Acquire(1), want 2", used)
-				}
-
-				// Past the deadline Redis had for F: renewed.
-				tm, err = rdb.Time(ctx).Result()
-				must(t, err)
-				time.Sleep(keep.Sub(tm) + 1500*time.Millisecond)
-				if used, _ := semHeld(t, rdb, name); used != 2 {
-					t.Errorf("%d permits held in Redis 1.5 s past F's deadline when the Acquire joined it, want 2 (renewed)", used)
-				}
-				if err := l2.Err(); err != nil {
-					t.Errorf("the joined holding's Lease past F's old deadline: Err = %v, want nil", err)
-				}
-
-				// The handle counts the 2 permits Redis holds: a Release(2)
-				// whose reply is lost is of all of them, and its repeat
-				// returns nil (Release godoc).
-				hk.on("semaphore_release", func(run func() error) error {
-					_ = run()
-					return errors.New("i/o timeout")
-				})
-				if err := s.Release(ctx, 2); err == nil {
-					t.Fatal("the Release(2) whose reply was lost returned nil")
-				}
-				if used, holders := semHeld(t, rdb, name); used != 0 || holders != 0 {
-					t.Errorf("%d permits in use by %d holders after the Release(2), want none", used, holders)
-				}
-				if err := s.Release(ctx, 2); err != nil {
-					t.Errorf("the Release(2) repeated = %v, want nil (the first released every permit the handle holds)", err)
-				}
-				if _, err := s.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-					t.Errorf("Lease after the handle released all Redis held = %v, want ErrNotHeld", err)
-				}
-				assertLeaseLost(t, l1)
-			})
-		}
-	})
-}
-
-// A holder's Release(1) of its 1 permit (A's) whose reply is lost, while
-// an Acquire(1) of another goroutine (B) for the same holder joins the
-// holding (the Release's script runs after it, lowering the holding) or
-// takes a fresh one (the Release's script ran first, ending the holding).
-// A then repeats its Release. It cannot be told from B's own Release(1):
-// as the Release godoc says, it is a Release of the permit held, B's,
-// and returns nil; B's Release then finds none (ErrNotHeld). Redis holds
-// what the holder counts throughout: nothing at the end. Without an owner
-// (the handle) and with one.
-func TestSemaphoreRepeatAfterAnAcquireReleasesItsPermits(t *testing.T) {
-	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
-		for _, owned := range []bool{false, true} {
-			for _, joined := range []bool{true, false} {
-				testRepeatAfterAnAcquire(t, b, ctx, fmt.Sprintf("%s-%v-%v", name, owned, joined), owned, joined)
-			}
-		}
-	})
-}
-
-func testRepeatAfterAnAcquire(t *testing.T, b redistest.Backend, ctx context.Context, name string, owned, joined bool) {
-	t.Helper()
-	if owned {
-		ctx = dsync.WithOwner(ctx)
-	}
-	what := fmt.Sprintf("owned %v, joined %v", owned, joined)
-	hk := newOnceHook()
-	c, _ := hookedClient(t, b, hk)
-	rdb := b.NewClient(t)
-	s := c.Semaphore(name, 2)
-	must(t, s.Acquire(ctx, 1))
-	must(t, s.Release(ctx, 1)) // the scripts loaded
-	must(t, s.Acquire(ctx, 1)) // A's
-	l, err := s.Lease(ctx)
-	must(t, err)
-
-	entered, open := make(chan struct{}), make(chan struct{})
-	hk.on("semaphore_release", func(run func() error) error {
-		close(entered)
-		if joined {
-			<-open
-		}
-		_ = run()
-		return errors.New("i/o timeout")
-	})
-	aIn := async(func() error { return s.Release(ctx, 1) })
-	<-entered
-	if !joined {
-		if err := recvErr(t, aIn, "A's Release"); err == nil {
-			t.Fatalf("%s: A's Release with its reply lost = nil", what)
-		}
-	}
-	must(t, s.Acquire(ctx, 1)) // B's
-	lb, err := s.Lease(ctx)
-	must(t, err)
-	if joined {
-		if lb.Token() != l.Token() {
-			t.Fatalf("%s: B's Acquire took a fresh holding, want it to join A's", what)
-		}
-		close(open)
-		if err := recvErr(t, aIn, "A's Release"); err == nil {
-			t.Fatalf("%s: A's Release with its reply lost = nil", what)
-		}
-	} else if lb.Token() == l.Token() {
-		t.Fatalf("%s: B's Acquire joined A's holding, which A's Release ended", what)
-	}
-	if used, _ := semHeld(t, rdb, name); used != 1 {
-		t.Fatalf("%s: Redis holds %d permits after A's Release ran and B's Acquire, want 1", what, used)
-	}
-
-	if err := s.Release(ctx, 1); err != nil {
-		t.Errorf("%s: A's repeated Release = %v, want nil", what, err)
-	}
-	if used, holders := semHeld(t, rdb, name); used != 0 || holders != 0 {
-		t.Errorf("%s: %d permits in use by %d holders after the repeat, want none (it releases the permit held)", what, used, holders)
-	}
-	if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
-		t.Errorf("%s: B's Release after the repeat = %v, want ErrNotHeld", what, err)
-	}
-	if _, err := s.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
-		t.Errorf("%s: Lease at the end = %v, want ErrNotHeld", what, err)
-	}
-	// The holder acquires and releases as before.
-	must(t, s.Acquire(ctx, 2))
-	must(t, s.Release(ctx, 2))
-	if used, holders := semHeld(t, rdb, name); used != 0 || holders != 0 {
-		t.Errorf("%s: %d permits in use by %d holders at the end, want none", what, used, holders)
-	}
+	testAcquireIntoALostHoldingDuringARelease(t, false)
 }
 
 // The owner's counterpart of
-// TestSemaphoreAcquireIntoALostHoldingDuringARelease: ctx's owner holds 2
-// permits (holding F) whose lease was reported lost (the Client's renewals
-// held back past the TTL) while Redis kept F; a Release(1) of the owner is
-// in flight when an Acquire(1) of the owner joins F (the Release's script
-// ran first, or the Acquire's did), and the Release's reply then comes or
-// is lost. The Acquire's permit is held in Redis, so its nil must come
-// with a live Lease, renewed: F is held in Redis past the deadline it had
-// when the Acquire joined it. The owner counts the permits Redis holds: a
-// Release(2) of them, its reply lost, ends F, and its repeat returns nil
-// (the Release godoc), leaving the owner holding nothing, and owing
-// nothing: its next Acquire(1) and Release(1) leave nothing held.
+// TestSemaphoreAcquireIntoALostHoldingDuringARelease.
 func TestSemaphoreOwnerAcquireIntoALostHoldingDuringARelease(t *testing.T) {
+	testAcquireIntoALostHoldingDuringARelease(t, true)
+}
+
+func testAcquireIntoALostHoldingDuringARelease(t *testing.T, owned bool) {
 	variants := []struct {
 		name           string
 		acquireFirst   bool // the Acquire's script runs before the Release's
@@ -437,7 +216,10 @@ func TestSemaphoreOwnerAcquireIntoALostHoldingDuringARelease(t *testing.T) {
 		for _, v := range variants {
 			name := name + "-" + v.name
 			t.Run(v.name, func(t *testing.T) {
-				octx := dsync.WithOwner(ctx)
+				octx := ctx
+				if owned {
+					octx = dsync.WithOwner(ctx)
+				}
 				hk := newOnceHook()
 				c, _ := hookedClient(t, b, hk, dsync.TTL(time.Second))
 				rdb := b.NewClient(t)
@@ -530,7 +312,7 @@ func TestSemaphoreOwnerAcquireIntoALostHoldingDuringARelease(t *testing.T) {
 					t.Errorf("the joined holding's Lease past F's old deadline: Err = %v, want nil", err)
 				}
 
-				// The owner counts the 2 permits Redis holds: a Release(2)
+				// The holder counts the 2 permits Redis holds: a Release(2)
 				// whose reply is lost is of all of them, and its repeat
 				// returns nil (Release godoc).
 				hk.on("semaphore_release", func(run func() error) error {
@@ -544,14 +326,14 @@ func TestSemaphoreOwnerAcquireIntoALostHoldingDuringARelease(t *testing.T) {
 					t.Errorf("%d permits in use by %d holders after the Release(2), want none", used, holders)
 				}
 				if err := s.Release(octx, 2); err != nil {
-					t.Errorf("the Release(2) repeated = %v, want nil (the first released every permit the owner holds)", err)
+					t.Errorf("the Release(2) repeated = %v, want nil (the first released every permit the holder holds)", err)
 				}
 				if _, err := s.Lease(octx); !errors.Is(err, dsync.ErrNotHeld) {
-					t.Errorf("Lease after the owner released all Redis held = %v, want ErrNotHeld", err)
+					t.Errorf("Lease after the holder released all Redis held = %v, want ErrNotHeld", err)
 				}
 				assertLeaseLost(t, l1)
 
-				// Nothing owed: the owner's next holding ends with its
+				// Nothing owed: the holder's next holding ends with its
 				// own Release.
 				must(t, s.Acquire(octx, 1))
 				if err := s.Release(octx, 1); err != nil {
@@ -566,4 +348,93 @@ func TestSemaphoreOwnerAcquireIntoALostHoldingDuringARelease(t *testing.T) {
 			})
 		}
 	})
+}
+
+// A holder's Release(1) of its 1 permit (A's) whose reply is lost, while
+// an Acquire(1) of another goroutine (B) for the same holder joins the
+// holding (the Release's script runs after it, lowering the holding) or
+// takes a fresh one (the Release's script ran first, ending the holding).
+// A then repeats its Release. It cannot be told from B's own Release(1):
+// as the Release godoc says, it is a Release of the permit held, B's,
+// and returns nil; B's Release then finds none (ErrNotHeld). Redis holds
+// what the holder counts throughout: nothing at the end. Without an owner
+// (the handle) and with one.
+func TestSemaphoreRepeatAfterAnAcquireReleasesItsPermits(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		for _, owned := range []bool{false, true} {
+			for _, joined := range []bool{true, false} {
+				testRepeatAfterAnAcquire(t, b, ctx, fmt.Sprintf("%s-%v-%v", name, owned, joined), owned, joined)
+			}
+		}
+	})
+}
+
+func testRepeatAfterAnAcquire(t *testing.T, b redistest.Backend, ctx context.Context, name string, owned, joined bool) {
+	t.Helper()
+	if owned {
+		ctx = dsync.WithOwner(ctx)
+	}
+	what := fmt.Sprintf("owned %v, joined %v", owned, joined)
+	hk := newOnceHook()
+	c, _ := hookedClient(t, b, hk)
+	rdb := b.NewClient(t)
+	s := c.Semaphore(name, 2)
+	must(t, s.Acquire(ctx, 1))
+	must(t, s.Release(ctx, 1)) // the scripts loaded
+	must(t, s.Acquire(ctx, 1)) // A's
+	l, err := s.Lease(ctx)
+	must(t, err)
+
+	entered, open := make(chan struct{}), make(chan struct{})
+	hk.on("semaphore_release", func(run func() error) error {
+		close(entered)
+		if joined {
+			<-open
+		}
+		_ = run()
+		return errors.New("i/o timeout")
+	})
+	aIn := async(func() error { return s.Release(ctx, 1) })
+	<-entered
+	if !joined {
+		if err := recvErr(t, aIn, "A's Release"); err == nil {
+			t.Fatalf("%s: A's Release with its reply lost = nil", what)
+		}
+	}
+	must(t, s.Acquire(ctx, 1)) // B's
+	lb, err := s.Lease(ctx)
+	must(t, err)
+	if joined {
+		if lb.Token() != l.Token() {
+			t.Fatalf("%s: B's Acquire took a fresh holding, want it to join A's", what)
+		}
+		close(open)
+		if err := recvErr(t, aIn, "A's Release"); err == nil {
+			t.Fatalf("%s: A's Release with its reply lost = nil", what)
+		}
+	} else if lb.Token() == l.Token() {
+		t.Fatalf("%s: B's Acquire joined A's holding, which A's Release ended", what)
+	}
+	if used, _ := semHeld(t, rdb, name); used != 1 {
+		t.Fatalf("%s: Redis holds %d permits after A's Release ran and B's Acquire, want 1", what, used)
+	}
+
+	if err := s.Release(ctx, 1); err != nil {
+		t.Errorf("%s: A's repeated Release = %v, want nil", what, err)
+	}
+	if used, holders := semHeld(t, rdb, name); used != 0 || holders != 0 {
+		t.Errorf("%s: %d permits in use by %d holders after the repeat, want none (it releases the permit held)", what, used, holders)
+	}
+	if err := s.Release(ctx, 1); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Errorf("%s: B's Release after the repeat = %v, want ErrNotHeld", what, err)
+	}
+	if _, err := s.Lease(ctx); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Errorf("%s: Lease at the end = %v, want ErrNotHeld", what, err)
+	}
+	// The holder acquires and releases as before.
+	must(t, s.Acquire(ctx, 2))
+	must(t, s.Release(ctx, 2))
+	if used, holders := semHeld(t, rdb, name); used != 0 || holders != 0 {
+		t.Errorf("%s: %d permits in use by %d holders at the end, want none", what, used, holders)
+	}
 }
