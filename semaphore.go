@@ -270,7 +270,11 @@ func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
 // release for them a permit that a later Acquire through the handle took.
 // A Release of n that settles some and releases the rest from the live
 // holding also returns ErrLeaseLost. Permits of a holding that a Release
-// with an unknown outcome was sent for are not owed.
+// with an unknown outcome was sent for are not owed. A holding reported
+// lost that Redis kept, which an Acquire of the same holder joined (the
+// same fencing token), is live again, with or without an owner: its
+// permits, the earlier ones too, are held under a new Lease and released
+// as those of a live holding (the earlier Lease stays lost).
 func (s *Semaphore) Release(ctx context.Context, n int64) error {
 	if err := s.check(); err != nil {
 		return err
