@@ -27,20 +27,13 @@ func BenchmarkPruneBacklog(b *testing.B) {
 		b.Skip("SLOWLOG is read from one server")
 	}
 	c, _ := benchClient(b, dsync.FixedLease())
-	for _, p := range []string{"slowlog-log-slower-than", "slowlog-max-len"} {
-		old, err := rdb.ConfigGet(ctx, p).Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = rdb.ConfigSet(context.Background(), p, old[p]).Err() })
-	}
+	keepSlowlog(b, rdb)
 	must := func(err error) {
 		b.Helper()
 		if err != nil {
 			b.Fatal(err)
 		}
 	}
-	must(rdb.ConfigSet(ctx, "slowlog-max-len", "16384").Err())
 	var longest time.Duration
 	scripts := 0
 	for i := 0; i < b.N; i++ {

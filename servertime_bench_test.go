@@ -67,20 +67,13 @@ func BenchmarkServerTime(b *testing.B) {
 			"a cluster node runs each script as a single server does: measure it there")
 	}
 	c, _ := benchClient(b, dsync.FixedLease()) // no renewals in the counts
-	for _, p := range []string{"slowlog-log-slower-than", "slowlog-max-len"} {
-		old, err := rdb.ConfigGet(ctx, p).Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = rdb.ConfigSet(context.Background(), p, old[p]).Err() })
-	}
+	keepSlowlog(b, rdb)
 	must := func(err error) {
 		b.Helper()
 		if err != nil {
 			b.Fatal(err)
 		}
 	}
-	must(rdb.ConfigSet(ctx, "slowlog-max-len", "16384").Err())
 
 	// The script each SHA names.
 	scripts := map[string]string{}
@@ -331,6 +324,24 @@ func withoutKey(src, key string) string {
 		}
 	}
 	return strings.Join(keep, "\n")
+}
+
+// keepSlowlog makes the server's SLOWLOG hold 16384 entries, and restores
+// its settings (the length and the threshold, which the caller may change)
+// at the end of b.
+func keepSlowlog(b *testing.B, rdb redis.UniversalClient) {
+	b.Helper()
+	ctx := context.Background()
+	for _, p := range []string{"slowlog-log-slower-than", "slowlog-max-len"} {
+		old, err := rdb.ConfigGet(ctx, p).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = rdb.ConfigSet(context.Background(), p, old[p]).Err() })
+	}
+	if err := rdb.ConfigSet(ctx, "slowlog-max-len", "16384").Err(); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // shapedCalls numbers the calls of mutexShaped.
