@@ -874,7 +874,14 @@ func TestAdvBadInputEdges(t *testing.T) {
 		"Once Do, nil *Client": func() error {
 			return nilClient.Once("x").Do(ctx, func(context.Context) error { return nil })
 		},
-		"Quorum of no clients": func() error { return dsync.NewQuorum(nil).Mutex("x").Lock(ctx) },
+		"Close of a nil *Client":         func() error { return nilClient.Close() },
+		"Close of a nil *Quorum":         func() error { return (*dsync.Quorum)(nil).Close() },
+		"Mutex Lock, zero Client":        func() error { return new(dsync.Client).Mutex("x").Lock(ctx) },
+		"Semaphore Acquire, zero Client": func() error { return new(dsync.Client).Semaphore("x", 1).Acquire(ctx, 1) },
+		"Close of a zero Client":         func() error { return new(dsync.Client).Close() },
+		"RWMutex Lock, zero Quorum":      func() error { return new(dsync.Quorum).RWMutex("x").Lock(ctx) },
+		"Close of a zero Quorum":         func() error { return new(dsync.Quorum).Close() },
+		"Quorum of no clients":           func() error { return dsync.NewQuorum(nil).Mutex("x").Lock(ctx) },
 		"Quorum with a nil client": func() error {
 			return dsync.NewQuorum([]redis.UniversalClient{b.NewClient(t), nil, b.NewClient(t)}).Mutex("x").Lock(ctx)
 		},

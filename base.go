@@ -53,10 +53,14 @@ func (b *base) init(opts []Option) {
 }
 
 // check returns the error every call through b reports, if any: b is nil
-// (a handle made by a nil Client or Quorum), had bad input, or is closed.
+// (a handle made by a nil Client or Quorum), was not made by New or
+// NewQuorum (a zero Client or Quorum), had bad input, or is closed.
 func (b *base) check() error {
 	if b == nil {
 		return fmt.Errorf("%w: nil client", ErrInvalid)
+	}
+	if b.closed == nil {
+		return fmt.Errorf("%w: a client not made by New or NewQuorum", ErrInvalid)
 	}
 	if b.err != nil {
 		return b.err

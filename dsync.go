@@ -149,6 +149,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // waiting place) is undone. Holds taken before are not released: they
 // expire at their TTL. Close does not close the Redis client. It is safe
 // to call more than once.
+// Close of a nil Client, or of one not made by New, stops nothing and
+// returns an error for which errors.Is(err, [ErrInvalid]) holds, as its
+// calls do.
 //
 // Close waits for the calls in progress that it ends to return, with the
 // undo of what they had taken or queued for, for the clean-ups that failed
@@ -164,6 +167,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // that began before Close and reaches Redis after it: it runs on its own,
 // 5 s at most, and its caller returns by its ctx deadline.
 func (c *Client) Close() error {
+	if b := c.shared(); b == nil || b.closed == nil {
+		// Nothing to stop: a nil or zero Client, as every call reports.
+		return b.check()
+	}
 	c.once.Do(func() {
 		close(c.closed)
 		end := time.Now().Add(releaseTimeout)

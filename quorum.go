@@ -135,7 +135,14 @@ var errQuorumReplicas = fmt.Errorf("%w: WaitReplicas in quorum mode", ErrInvalid
 // and later calls return [ErrClosed]. Holds are not released: they expire
 // at their TTL. Close does not close the Redis clients. It is safe to call
 // more than once.
+// Close of a nil Quorum, or of one not made by NewQuorum, stops nothing and
+// returns an error for which errors.Is(err, [ErrInvalid]) holds, as its
+// calls do.
 func (q *Quorum) Close() error {
+	if b := q.shared(); b == nil || b.closed == nil {
+		// Nothing to stop: a nil or zero Quorum, as every call reports.
+		return b.check()
+	}
 	q.once.Do(func() {
 		q.watchMu.Lock()
 		close(q.closed)
