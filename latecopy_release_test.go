@@ -345,3 +345,60 @@ func TestLateCopyOfAReleaseNamingNoHoldPastItsBoundEndsNothing(t *testing.T) {
 		rc.deliverLate(args)
 	})
 }
+
+// A Release that names its holding and releases some of its permits,
+// whose copy is delivered a minute later (the release's id forgotten)
+// while the holding lives on with the rest, releases nothing more: it
+// carries a bound, as a release naming no holding does. Without one, the
+// copy released the rest again: Redis counted fewer permits than the
+// holder, whose Lease stayed live while another Client took them, and the
+// holder's own Release of them found nothing (ErrLeaseLost). With and
+// without an owner.
+func TestLateCopyOfANamedPartialReleasePastItsBoundReleasesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		for _, owned := range []bool{false, true} {
+			t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
+				rec := &redistest.Recorder{}
+				c, rdb := hookedClient(t, b, rec)
+				dsync.SetAttemptValid(c, lateValid)
+				name := redistest.Key(t)
+				ctx := ctxT(t)
+				if owned {
+					ctx = dsync.WithOwner(ctx)
+				}
+				s := c.Semaphore(name, 3)
+				must(t, s.Acquire(ctx, 2))
+				l, err := s.Lease(ctx)
+				must(t, err)
+				sent, err := rdb.Time(ctx).Result()
+				must(t, err)
+				args := recordAttempt(t, rec, "semaphore_release", func() error { return s.Release(ctx, 1) })
+				// A minute later: the id is forgotten, and the copy is past
+				// any bound the release carried.
+				waitFor(t, 10*time.Second, "the server's time past the release's bound", func() bool {
+					now, err := rdb.Time(ctx).Result()
+					return err == nil && now.Sub(sent) > lateValid+100*time.Millisecond
+				})
+				must(t, rdb.Del(ctx, semKeys(name).Calls).Err())
+				if err := rdb.Do(ctx, args...).Err(); err != nil {
+					t.Fatalf("the late copy of the Release: %v", err)
+				}
+				if used, holders := semHeld(t, rdb, name); used != 1 || holders != 1 {
+					t.Fatalf("after the late copy: %d permits in use by %d holders, want the holder's 1", used, holders)
+				}
+				if ok, err := newClient(t, b).Semaphore(name, 3).TryAcquire(ctxT(t), 3); err != nil || ok {
+					t.Errorf("another Client's TryAcquire(3) beside the holder's permit = %v, %v; want false", ok, err)
+				}
+				if err := l.Err(); err != nil {
+					t.Errorf("the holding's Lease.Err = %v, want nil", err)
+				}
+				if err := s.Release(ctx, 1); err != nil {
+					t.Errorf("the holder's Release of its last permit = %v, want nil", err)
+				}
+				if used, holders := semHeld(t, rdb, name); used != 0 || holders != 0 {
+					t.Errorf("at the end: %d permits in use by %d holders, want none", used, holders)
+				}
+			})
+		}
+	})
+}

@@ -481,17 +481,20 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 
 // sendRelease runs the release script with call id for n permits of
 // holder tok, naming its holding h (nil: none), and returns the reply:
-// code, permits left, fencing token.
+// code, permits left, fencing token. Every release carries a bound, as an
+// acquiring attempt does: one that names no holding ends permits of
+// whatever holding of the holder it finds (see unnamedRelease), and one
+// that names its holding and releases some of its permits would release
+// as many again of those the holding keeps, delivered once its id is
+// forgotten; a copy past the bound changes nothing.
 func (s *Semaphore) sendRelease(ctx context.Context, tok string, h *hold, id string, n int64) ([3]int64, error) {
 	var r [3]int64
+	var tokArg, name any = tok, argNone
 	if h != nil {
-		cmd := s.c.eval(ctx, semRelease, s.kargs, h.tokArg(tok), n, s.sizeArg, id, fenceIdleArg, s.chanArg, h.fenceArg())
-		_, err := replyInts("semaphore release", cmd, r[:])
-		return r, err
+		tokArg, name = h.tokArg(tok), h.fenceArg()
 	}
-	// Naming no holding, it carries a bound (see unnamedRelease).
 	_, err := bounded(&s.c.clock, "semaphore release", func(bound any) (struct{}, int64, bool, error) {
-		cmd := s.c.eval(ctx, semRelease, s.kargs, tok, n, s.sizeArg, id, fenceIdleArg, s.chanArg, argNone, bound)
+		cmd := s.c.eval(ctx, semRelease, s.kargs, tokArg, n, s.sizeArg, id, fenceIdleArg, s.chanArg, name, bound)
 		if ms, stale := staleReply(cmd.Val()); stale && cmd.Err() == nil {
 			return struct{}{}, ms, true, nil
 		}

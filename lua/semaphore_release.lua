@@ -10,11 +10,13 @@
 -- ARGV[6] notification channel
 -- ARGV[7] the fencing token of the holding the caller releases, or '':
 --         a holding with another token is not the caller's
--- ARGV[8] (a release that names no holding: ARGV[7] '') the release's
---         bound (server ms; see lib.lua's stale): such a release ends
---         permits of whatever holding of the holder it finds, so a copy of
---         it that arrives past its bound, when its id may be forgotten and
---         the holder may hold afresh, changes nothing
+-- ARGV[8] the release's bound (server ms; see lib.lua's stale): a copy
+--         of it that arrives past its bound, when its id may be forgotten,
+--         changes nothing. A release that names no holding (ARGV[7] '')
+--         ends permits of whatever holding of the holder it finds, and the
+--         holder may hold afresh by then; one that names its holding and
+--         released some of its permits would release as many again of
+--         those the holding still has
 -- Reply: {1, permits still held, fencing token} released (0 held: the
 --        holding ended); {0, 0, 0} the holder holds nothing (or not the
 --        holding named); {2, permits held, fencing token} n is more than it
@@ -26,7 +28,7 @@
 
 local tok, n, size, id, idle, ch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local name = ARGV[7] or ''
-if name == '' and ARGV[8] and stale(ARGV[8]) then
+if ARGV[8] and stale(ARGV[8]) then
   return { 6, now_ms }
 end
 
