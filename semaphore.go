@@ -262,7 +262,11 @@ func (sc *semCall) restart() { sc.to, sc.cmd = sc.to.next(newCallID()), nil }
 // the holding's permits whose outcome is unknown counts as done: the
 // holder no longer counts those permits, and a repeat would release n
 // more (what Redis keeps of them, if it never ran, is given back when the
-// holding ends or its lease runs out).
+// holding ends or its lease runs out). So does a Release of every permit
+// whose outcome is unknown once an Acquire of the same holder joins the
+// holding (the same fencing token): it had not ended the holding when the
+// Acquire ran, so it was, or its copy on its way will be, a Release of
+// only some of its permits.
 //
 // Without an owner, the permits of a holding of the handle that was lost
 // stay the handle's to release, as a sync.Mutex stays locked until its
@@ -397,7 +401,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 		case left && unknownOutcome(err):
 			s.unsettled(owned, tok, h, n)
 		case whole && unknownOutcome(err):
-			s.recordOf(owned, tok, h).setUnsure(id, n, lostBefore)
+			s.unsure(owned, tok, h, id, n, lostBefore)
 		case h == nil && named != nil && unknownOutcome(err):
 			// The caller may repeat it: the repeat names the same
 			// holding (see base.reowe).

@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/dsync-go/dsync/renew"
@@ -47,7 +48,10 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time, fl *ha
 			return h
 		}
 		if h := s.c.ownerHolding(holdKey{s.keys[0], tok}, fence, newHolding); h != nil {
+			s.c.mu.Lock()
 			h.permits.Add(n)
+			joinedLocked(h, &h.permits)
+			s.c.mu.Unlock()
 		}
 		return
 	}
@@ -79,12 +83,10 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time, fl *ha
 			// with an unknown outcome recorded on it (see setUnsure).
 			old := s.cur
 			s.cur, s.curN = newHold(), s.curN+n
-			if id, un, lost := old.takeUnsure(); id != "" {
-				s.cur.setUnsure(id, un, lost)
-			}
+			s.curN = joined(old, s.curN)
 			return
 		}
-		s.curN += n // added to the holding
+		s.curN = joined(s.cur, s.curN+n) // added to the holding
 		return
 	}
 	if s.cur != nil {
@@ -97,6 +99,73 @@ func (s *Semaphore) held(id holdID, owned bool, n int64, start time.Time, fl *ha
 		}
 	}
 	s.cur, s.curN = newHold(), n
+}
+
+// joined returns the permits of h, a holding that an Acquire of its
+// holder joined (the same fencing token), n with the Acquire's, less
+// those of a Release of all its permits whose outcome is unknown recorded
+// on it (see setUnsure): the join shows that the Release had not ended
+// the holding when the Acquire's script ran, so it was, or its copy still
+// on its way will be, a Release of only some of the holding's permits,
+// which counts as done (see Semaphore.Release). The record is dropped: a
+// Release that later finds the holding gone is no repeat of it, and
+// reports the holding lost (a repeat of that Release would tell only that
+// it ran, not that it ended the holding). s.mu (the handle's) or the
+// Client's mu (an owner's) must be held.
+func joined(h *hold, n int64) int64 {
+	if _, un, _ := h.takeUnsure(); un > 0 {
+		return max(n-un, 0)
+	}
+	return n
+}
+
+// joinedLocked is joined for an owner's holding h, whose permits p
+// counts (h.permits), with the Client's mu held.
+func joinedLocked(h *hold, p *atomic.Int64) {
+	if _, un, _ := h.takeUnsure(); un > 0 {
+		for {
+			v := p.Load()
+			if p.CompareAndSwap(v, max(v-un, 0)) {
+				return
+			}
+		}
+	}
+}
+
+// unsure notes a Release of n permits of h, holder tok's holding, sent
+// with call id, whose outcome is unknown, and that was of every permit of
+// the holding this process knew of when it was sent; lost says whether
+// h's lease was reported lost by then. If an Acquire of the holder joined
+// the holding since, it was a Release of only some of its permits, which
+// counts as done (see joined); else it is recorded on the holding's
+// record (see setUnsure).
+func (s *Semaphore) unsure(owned bool, tok string, h *hold, id string, n int64, lost bool) {
+	if owned {
+		s.c.mu.Lock()
+		defer s.c.mu.Unlock()
+		r := s.ownerRecordLocked(tok, h)
+		r.setUnsure(id, n, lost)
+		if r.permits.Load() != n {
+			joinedLocked(r, &r.permits)
+		}
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sameHolding(s.cur, h) {
+		s.cur.setUnsure(id, n, lost)
+		if s.curN != n {
+			s.curN = joined(s.cur, s.curN)
+		}
+		return
+	}
+	for i := range s.pending {
+		if sameHolding(s.pending[i].h, h) {
+			s.pending[i].h.setUnsure(id, n, lost)
+			return
+		}
+	}
+	h.setUnsure(id, n, lost)
 }
 
 // A lateGrant is a grant of n permits into the handle's holding with

@@ -438,3 +438,60 @@ func testRepeatAfterAnAcquire(t *testing.T, b redistest.Backend, ctx context.Con
 		t.Errorf("%s: %d permits in use by %d holders at the end, want none", what, used, holders)
 	}
 }
+
+// A Release of every permit of a holding whose outcome is unknown (its
+// script not run yet: its first copy is on its way), then an Acquire of
+// the same holder that joins the holding (the same fencing token: the
+// Release had not ended it), the Release's copy delivered after it,
+// lowering the joined holding, and the holding lost (its keys deleted):
+// the next Release finds nothing and returns ErrLeaseLost, and the Lease
+// reports the loss. Joined, the first Release was of only some of the
+// holding's permits, and a repeat of it tells only that it ran, not that
+// it ended the holding; taken for one that ended it, the Release returned
+// nil and the Lease ended released, though the joined permit was lost.
+// With and without an owner.
+func TestSemaphoreUnknownReleaseThenJoinThenLossIsReported(t *testing.T) {
+	eachName(t, func(t *testing.T, b redistest.Backend, ctx context.Context, name string) {
+		for _, owned := range []bool{false, true} {
+			t.Run(fmt.Sprintf("owned=%v", owned), func(t *testing.T) {
+				name := fmt.Sprintf("%s-%v", name, owned)
+				rec := &redistest.Recorder{}
+				c, rdb := hookedClient(t, b, rec)
+				rel := scriptFaults("semaphore_release")
+				rdb.AddHook(rel)
+				cctx := ctx
+				if owned {
+					cctx = dsync.WithOwner(ctx)
+				}
+				s := c.Semaphore(name, 3)
+				must(t, s.Acquire(cctx, 1))
+				must(t, s.Release(cctx, 1)) // the script is loaded
+				must(t, s.Acquire(cctx, 1))
+				rec.Reset()
+				rel.FailNext(1, errors.New("i/o timeout"))
+				if err := s.Release(cctx, 1); err == nil {
+					t.Fatal("the Release whose copy is held back = nil, want an error")
+				}
+				args := lastRun(t, rec, "semaphore_release", "")
+				must(t, s.Acquire(cctx, 1)) // joins the holding
+				l, err := s.Lease(cctx)
+				must(t, err)
+				if err := rdb.Do(ctx, args...).Err(); err != nil {
+					t.Fatalf("the first copy of the Release, delivered late: %v", err)
+				}
+				if used, _ := semHeld(t, rdb, name); used != 1 {
+					t.Fatalf("%d permits in use after the late copy, want 1", used)
+				}
+				ks := semKeys(name)
+				must(t, rdb.Del(ctx, ks.State, ks.Holders).Err())
+				if err := s.Release(cctx, 1); !errors.Is(err, dsync.ErrLeaseLost) {
+					t.Errorf("the Release of the lost holding's permit = %v, want ErrLeaseLost", err)
+				}
+				waitDone(t, l, 5*time.Second, "the lost holding's lease")
+				if err := l.Err(); !errors.Is(err, dsync.ErrLeaseLost) {
+					t.Errorf("the lost holding's Lease.Err = %v, want ErrLeaseLost", err)
+				}
+			})
+		}
+	})
+}
