@@ -48,11 +48,11 @@
 //     changes nothing, however many calls came in between, and an unlock
 //     or release never ends a later hold than the one it names. A copy of
 //     a lock, acquire, Do or Reset attempt, of a release that names no
-//     hold, or of the release that marks a Once done, that arrives more
-//     than 20 s after it was sent (in server time, as the Client
-//     estimates it) changes nothing, however late it arrives (for the
-//     first attempt of a Client whose clock is more than 40 s ahead of
-//     the server's, see README).
+//     hold, of a Semaphore's Release, or of the release that marks a Once
+//     done, that arrives more than 20 s after it was sent (in server
+//     time, as the Client estimates it) changes nothing, however late it
+//     arrives (for the first attempt of a Client whose clock is more than
+//     40 s ahead of the server's, see README).
 //   - Bad input is an error wrapping [ErrInvalid], returned before anything
 //     is sent; remote state never causes a panic.
 package dsync
