@@ -52,8 +52,13 @@ if done then
   return refusal(1)
 end
 
-prune()
-hold(tok)
+-- The state hash first: with no permits counted (':used' 0, none for
+-- this holder), no lease that ran out has permits to give back, and
+-- prune waits until the call does not fit or must queue, if it comes to
+-- that.
+if hold(tok).n > 0 or used > 0 then
+  prune()
+end
 -- Earlier waiters first, this call among them if it was queued.
 local served, head, hd = grant(ch, idle, id)
 if served then
@@ -110,6 +115,7 @@ if not head and used + n <= size then
   return out({ 1, tonumber(f) })
 end
 
+prune()
 if not queue then
   -- A try is done: a late copy of it must not take permits.
   noted(id, 2)

@@ -81,7 +81,25 @@ local function count(s, least)
   return v or 0
 end
 
--- tok's holding, read with ':size' and ':used' on the first call.
+-- A holding of tok (h, n > 0) whose lease ran out, left by prune for a
+-- later script (more than it drops at once), is over all the same: taken
+-- again, it is a fresh one with a new fencing token (kept, its token would
+-- come back after later holdings' larger ones). Returns the holding as it
+-- is now.
+local function lapse(tok, h)
+  if behind and h.n > 0 and (tonumber(redis.call('ZSCORE', KEYS[3], tok)) or 0) <= now_ms then
+    redis.call('HDEL', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok)
+    redis.call('ZREM', KEYS[3], tok)
+    redis.call('HINCRBY', KEYS[1], ':used', -h.n)
+    used = used - h.n
+    known[KEYS[1]], known[KEYS[3]] = nil, nil
+    h = { n = 0 }
+  end
+  return h
+end
+
+-- tok's holding, read with ':size' and ':used' on the first call (before
+-- prune or after it: prune keeps what was read up to date).
 local function hold(tok)
   local h = held[tok]
   if h then
@@ -98,18 +116,7 @@ local function hold(tok)
     local r = redis.call('HMGET', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok)
     h = { n = count(r[1]), f = r[2] or nil, c = r[3] or nil }
   end
-  if behind and h.n > 0 and (tonumber(redis.call('ZSCORE', KEYS[3], tok)) or 0) <= now_ms then
-    -- A holding whose lease ran out, left by prune for a later script, is
-    -- over all the same: taken again, it is a fresh one with a new fencing
-    -- token (kept, its token would come back after later holdings' larger
-    -- ones).
-    redis.call('HDEL', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok)
-    redis.call('ZREM', KEYS[3], tok)
-    redis.call('HINCRBY', KEYS[1], ':used', -h.n)
-    used = used - h.n
-    known[KEYS[1]], known[KEYS[3]] = nil, nil
-    h = { n = 0 }
-  end
+  h = lapse(tok, h)
   held[tok] = h
   return h
 end
@@ -128,9 +135,17 @@ local function extend(key, ttl)
   end
 end
 
--- Drop the holdings whose lease ran out, giving their permits back. Runs
--- before the state hash is read (hold).
+-- Drop the holdings whose lease ran out, giving their permits back, once
+-- per script. Runs before anything is decided on the state hash's counts;
+-- it may run after the first hold() read them (which it then keeps up to
+-- date), so that a script that finds no permits counted need not run it:
+-- with ':used' 0 no holding has permits to give back.
+local pruned = false
 local function prune()
+  if pruned then
+    return
+  end
+  pruned = true
   local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', digits(now_ms), 'LIMIT', '0', '100')
   for _, h in ipairs(gone) do
     -- Holder tokens never begin with ':'. Such a member is foreign data:
@@ -139,16 +154,32 @@ local function prune()
     if string.sub(h, 1, 1) ~= ':' then
       c = tonumber(redis.call('HGET', KEYS[1], h) or '0') or 0
       redis.call('HDEL', KEYS[1], h, ':f:' .. h, ':c:' .. h)
+      if held[h] then
+        held[h] = { n = 0 }
+      end
     end
     redis.call('ZREM', KEYS[3], h)
     if c > 0 then
       redis.call('HINCRBY', KEYS[1], ':used', -c)
+      if used then
+        used, hashed = used - c, true
+      end
     end
   end
   if #gone > 0 then
     known[KEYS[1]], known[KEYS[3]] = nil, nil
+    -- ':used' as the state hash has it now, read before: what count
+    -- would say of it if read now.
+    if used and used < 0 then
+      error('dsync: foreign data in the state of a semaphore')
+    end
   end
   behind = #gone == 100
+  if behind then
+    for t, h in pairs(held) do
+      held[t] = lapse(t, h)
+    end
+  end
 end
 
 -- The fence hash's 'n' (the last fencing token) and 'e' (when it
@@ -182,7 +213,8 @@ end
 -- the holding's token field holds foreign data (or is gone).
 local function take(tok, n, ttl, id, idle, sz)
   local h = hold(tok)
-  if h.n == 0 then
+  local fresh = h.n == 0
+  if fresh then
     h.f = fence(idle)
     h.c = nil
   end
@@ -202,21 +234,25 @@ local function take(tok, n, ttl, id, idle, sz)
     end
   end
   used = used + tonumber(n)
+  -- The holder's deadline in the holders zset, first (a holders zset of
+  -- another type fails the script before the state hash is written),
+  -- read unless this script wrote it, tidy deleted the zset or the
+  -- holding is fresh: a deadline of tok there without permits in the
+  -- state hash is of a holding that ended (its keys removed or expired),
+  -- and the fresh one does not keep it.
+  local d = now_ms + tonumber(ttl)
+  local cur = h.dl or (not wiped and not fresh and tonumber(redis.call('ZSCORE', KEYS[3], tok)))
+  if not cur or cur < d then
+    redis.call('ZADD', KEYS[3], fmt(d), tok)
+    cur = d
+  end
+  h.dl = cur
   if sz then
     in_force = tonumber(sz)
     redis.call('HSET', KEYS[1], tok, fmt(h.n), ':f:' .. tok, h.f, ':c:' .. tok, h.c, ':used', fmt(used), ':size', sz)
   else
     redis.call('HSET', KEYS[1], tok, fmt(h.n), ':f:' .. tok, h.f, ':c:' .. tok, h.c, ':used', fmt(used))
   end
-  -- The holder's deadline in the holders zset, read unless this script
-  -- wrote it or tidy deleted the zset.
-  local d = now_ms + tonumber(ttl)
-  local cur = h.dl or (not wiped and tonumber(redis.call('ZSCORE', KEYS[3], tok)))
-  if not cur or cur < d then
-    redis.call('ZADD', KEYS[3], fmt(d), tok)
-    cur = d
-  end
-  h.dl = cur
   extend(KEYS[1], ttl)
   extend(KEYS[3], ttl)
   return h.f
