@@ -56,16 +56,24 @@ end
 -- this holder), no lease that ran out has permits to give back, and
 -- prune waits until the call does not fit or must queue, if it comes to
 -- that.
-if hold(tok).n > 0 or used > 0 then
+local mine = hold(tok).n
+if mine > 0 or used > 0 then
   prune()
 end
--- Earlier waiters first, this call among them if it was queued.
-local served, head, hd = grant(ch, idle, id)
-if served then
-  return out({ 1, tonumber(served) })
-elseif served == false then
-  -- Waiters served before this call are remembered.
-  return out({ 3, 0 })
+-- Earlier waiters first, this call among them if it was queued. With no
+-- state of dsync's in the state hash (no ':size' or ':used'), one look
+-- tells whether any of the semaphore's keys is there: none is, the
+-- common case of a free name, and nobody waits (nor is there anything
+-- for tidy to delete).
+local served, head, hd
+if hashed or mine > 0 or not all_absent() then
+  served, head, hd = grant(ch, idle, id)
+  if served then
+    return out({ 1, tonumber(served) })
+  elseif served == false then
+    -- Waiters served before this call are remembered.
+    return out({ 3, 0 })
+  end
 end
 
 tidy(head)

@@ -331,12 +331,24 @@ local function grant(ch, idle, self, first)
   return served, h or nil, d or nil
 end
 
+-- Whether the state hash, the holders zset, the queue and its data hash
+-- are all absent, looked up once (one EXISTS) and remembered: only for a
+-- script that writes none of them before it asks again (a false answer
+-- may go stale harmlessly: tidy then deletes keys already gone).
+local absent
+local function all_absent()
+  if absent == nil then
+    absent = redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) == 0
+  end
+  return absent
+end
+
 -- Delete the semaphore's keys when nothing is held or queued (head is the
 -- queue's head, nil when empty), so that a new size may take over and
 -- nothing is left behind. The fence hash stays.
 local function tidy(head)
   if used <= 0 and not head then
-    if (in_force or hashed or redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) > 0) then
+    if in_force or hashed or not all_absent() then
       redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
     end
     for i = 3, 5 do
