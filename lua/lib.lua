@@ -409,6 +409,30 @@ local function ended_by(key, id)
   return nil
 end
 
+-- A repeat of a release (a copy of it, or the caller's repeat after a
+-- lost reply, under the same id) that recall found with code, and, for a
+-- release that named no hold and ended one, that hold's token ended (as
+-- ended_by found it): the id is remembered again for the replay window
+-- from now, so that the window runs from the last copy that ran, not from
+-- the first. A release whose first run's reply was lost returns when a
+-- repeat of it answers, maybe seconds later: remembered from the first
+-- run only, a copy of it that arrived less than a minute after the call
+-- returned, once the id was forgotten, would end a level again (the
+-- owner's last one, which it still counts). A code that is no code (foreign
+-- data in the zset) is left as it is.
+local function recall_again(key, id, code, ended)
+  if not (code == 0 or code == 1 or code == 2 or code == 3) then
+    return
+  end
+  clock()
+  if ended then
+    -- ended_by finds the token by the id's score: both move together.
+    note_all(key, { id, code, tagged(id, ended), code }, now_ms)
+  else
+    note(key, id, now_ms, code)
+  end
+end
+
 -- Whether the call id took effect on the hold named hold (its fencing
 -- token, or a read hold's id; false or nil for none) whose list of applied
 -- calls is list: the id is in the list, or was pushed out of it by later

@@ -77,12 +77,15 @@ if not fresh then
   local done = recall(KEYS[5], id)
   if done == 1 and guard == '' and not named then
     -- As the first run of an Unlock that names no hold answered (below).
-    local f = tonumber(ended_by(KEYS[5], id))
+    local e = ended_by(KEYS[5], id)
+    local f = tonumber(e)
     if f then
+      recall_again(KEYS[5], id, done, e)
       return { 1, f }
     end
   end
   if done then
+    recall_again(KEYS[5], id, done)
     return done
   end
 end

@@ -116,12 +116,15 @@ if guard == '' then
   else
     local done = recall(X, id)
     if done == 1 and not named then
-      local f = tonumber(ended_by(X, id))
+      local e = ended_by(X, id)
+      local f = tonumber(e)
       if f then
+        recall_again(X, id, done, e)
         return { 1, f }
       end
     end
     if done then
+      recall_again(X, id, done)
       return done
     end
   end
