@@ -269,8 +269,10 @@ func durationOption(name string, d time.Duration, field func(*config) *time.Dura
 	}
 }
 
-// FixedLease turns renewal off: a hold lasts exactly its TTL unless released
-// earlier, and its [Lease] reports [ErrLeaseLost] when the TTL runs out.
+// FixedLease turns renewal off: a hold of a Mutex or RWMutex lasts exactly
+// its TTL from the Lock that took it, unless released earlier (re-entries
+// do not extend it, with either reentrancy), and its [Lease] reports
+// [ErrLeaseLost] when the TTL runs out.
 // For holders that prefer expiry to an unbounded hold.
 func FixedLease() Option {
 	return func(cfg *config) { cfg.interval = -1 }

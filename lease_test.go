@@ -476,3 +476,36 @@ func TestReleaseOfAHoldReportedLostStillThere(t *testing.T) {
 		}
 	}
 }
+
+// TestFixedLeaseReentryKeepsTTL: under FixedLease a hold lasts exactly its
+// TTL from the Lock that took it, in both reentrancy modes: a script
+// re-entry does not extend the expiry Redis keeps, so once the Lease
+// reports lost another owner takes the name at once.
+func TestFixedLeaseReentryKeepsTTL(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		opts []dsync.Option
+	}{{"script", nil}, {"client", []dsync.Option{dsync.ClientReentrancy()}}} {
+		t.Run(mode.name, func(t *testing.T) {
+			b, ctx, name := realName(t)
+			const ttl = 600 * time.Millisecond
+			opts := append([]dsync.Option{dsync.TTL(ttl), dsync.FixedLease()}, mode.opts...)
+			m := newClient(t, b, opts...).Mutex(name)
+			other := newClient(t, b, dsync.TTL(ttl)).Mutex(name)
+			octx := dsync.WithOwner(ctx)
+			l := lockLease(t, octx, m)
+			time.Sleep(ttl * 2 / 3)
+			if err := m.Lock(octx); err != nil {
+				t.Fatalf("re-entry: %v", err)
+			}
+			waitDone(t, l, 2*time.Second, "after its TTL")
+			assertLeaseLost(t, l)
+			// Redis keeps the hold no longer than the Lease: within a small
+			// slack of the loss, another owner takes the name.
+			time.Sleep(50 * time.Millisecond)
+			if ok, err := other.TryLock(dsync.WithOwner(ctx)); !ok || err != nil {
+				t.Fatalf("another owner's TryLock right after the loss = %v, %v; want true (the re-entry extended the hold in Redis)", ok, err)
+			}
+		})
+	}
+}

@@ -24,6 +24,7 @@ type mutexScripts struct {
 	ttlArg   any
 	chanArg  any
 	localArg any    // '1' with client reentrancy
+	lockArg  any    // mutex_lock's ARGV[6]: localArg, or '2'/'3' with FixedLease
 	what     string // how errors name the Mutex
 
 	// The Client's cohorts (see cohort.go), through which the handle's
@@ -39,6 +40,14 @@ func newMutexScripts(c *Client, cfg *config, k keys.Mutex, name string) *mutexSc
 	s.what = "Mutex " + strconv.Quote(name)
 	if cfg.local {
 		s.localArg = argYes
+	}
+	s.lockArg = s.localArg
+	if cfg.interval < 0 {
+		// A fixed lease: a re-entry does not extend the hold in Redis.
+		s.lockArg = "2"
+		if cfg.local {
+			s.lockArg = "3"
+		}
 	}
 	return s
 }
@@ -127,7 +136,7 @@ func (mc *mutexCall) restart() {
 // hand-overs prove secret. With queue, a refused caller takes (or keeps) a
 // place in the queue.
 func (s *mutexScripts) lockCmd(tok any, id, secret string, queue bool) []any {
-	return scriptCall(mutexLock, s.kargs, tok, s.ttlArg, id, flagArg(queue), fenceIdleArg, s.localArg, secret, argNone)
+	return scriptCall(mutexLock, s.kargs, tok, s.ttlArg, id, flagArg(queue), fenceIdleArg, s.lockArg, secret, argNone)
 }
 
 // argWaits is the lock script's ARGV[4] for a Lock that waits without a
@@ -142,7 +151,7 @@ func (s *mutexScripts) attemptUnqueued(ctx context.Context, tok any, id string, 
 	if wait {
 		w = argWaits
 	}
-	return s.attemptCmd(ctx, scriptCall(mutexLock, s.kargs, tok, s.ttlArg, id, w, fenceIdleArg, s.localArg, "", argNone))
+	return s.attemptCmd(ctx, scriptCall(mutexLock, s.kargs, tok, s.ttlArg, id, w, fenceIdleArg, s.lockArg, "", argNone))
 }
 
 // attemptCmd runs a command made by lockCmd.

@@ -29,6 +29,7 @@ type rwScripts struct {
 	chArg    any
 	ttlArg   any
 	localArg any // '1' with client reentrancy
+	lockArg  any // rwmutex_lock's ARGV[7]: localArg, or '2'/'3' with FixedLease
 
 	// The Client's cohorts (see cohort.go), through which the handle's
 	// write Lock calls without an owner wait; nil in quorum mode and with
@@ -42,6 +43,14 @@ func newRWScripts(c *Client, cfg *config, k keys.RWMutex, name string) *rwScript
 	s.chArg = s.ch
 	s.ttlArg = ms(cfg.ttl)
 	s.localArg = flagArg(cfg.local)
+	s.lockArg = s.localArg
+	if cfg.interval < 0 {
+		// A fixed lease: a re-entry does not extend the hold in Redis.
+		s.lockArg = "2"
+		if cfg.local {
+			s.lockArg = "3"
+		}
+	}
 	return s
 }
 
@@ -143,7 +152,7 @@ func (rc *rwCall) restart() {
 // waiter; starving makes a refused writer take a place in the writers'
 // queue.
 func (s *rwScripts) lockCmd(mode string, tok any, id, secret string, wait, starving bool) []any {
-	return scriptCall(rwLock, s.kargs, modeArg(mode), tok, s.ttlArg, id, flagArg(wait), fenceIdleArg, s.localArg, flagArg(starving), secret, argNone)
+	return scriptCall(rwLock, s.kargs, modeArg(mode), tok, s.ttlArg, id, flagArg(wait), fenceIdleArg, s.lockArg, flagArg(starving), secret, argNone)
 }
 
 // attempt runs the lock script once (see lockCmd).

@@ -25,7 +25,10 @@
 -- ARGV[5] idle expiry of the fence hash (ms)
 -- ARGV[6] '1' when the owner counts re-entries itself (client reentrancy):
 --         a re-entry then leaves the count in Redis at 1 (its call id is
---         still added to ':c', see mutex_unlock.lua's ARGV[8])
+--         still added to ':c', see mutex_unlock.lua's ARGV[8]); '2' (script
+--         reentrancy) or '3' (client reentrancy) with a fixed lease
+--         (FixedLease): a re-entry then leaves the hold's expiry as the
+--         Lock that took it set it
 -- ARGV[7] the call's secret, proof of a hand-over to it (see lib.lua)
 -- ARGV[8] the attempt's bound (server ms; see lib.lua's stale)
 -- Reply: {1, fencing token} the caller took or re-entered the hold now;
@@ -70,15 +73,19 @@ if cur[1] then
     -- Handed over to this call.
     return { 2, tonumber(cur[3]) }
   end
-  -- Re-entry: it never moves the expiry earlier. With client reentrancy
-  -- the count stays at 1, but the call is remembered all the same: an
-  -- abandon of another call of the holder then leaves the hold to it.
-  if ARGV[6] ~= '1' then
+  -- Re-entry: it never moves the expiry earlier, and with a fixed lease
+  -- it does not move it at all (the hold lasts its TTL from the Lock that
+  -- took it, as its Lease reports). With client reentrancy the count
+  -- stays at 1, but the call is remembered all the same: an abandon of
+  -- another call of the holder then leaves the hold to it.
+  if ARGV[6] ~= '1' and ARGV[6] ~= '3' then
     redis.call('HINCRBY', KEYS[1], tok, '1')
   end
   local calls, gone = remember_dropping(cur[2], id)
   redis.call('HSET', KEYS[1], ':c', calls)
-  extend_key(KEYS[1], ttl)
+  if ARGV[6] ~= '2' and ARGV[6] ~= '3' then
+    extend_key(KEYS[1], ttl)
+  end
   clock()
   if gone then
     -- More calls of the holder than ':c' keeps: an abandon of one dropped

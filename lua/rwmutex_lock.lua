@@ -36,7 +36,9 @@
 -- ARGV[6] idle expiry of the fence hash (ms)
 -- ARGV[7] '1' when the owner counts re-entries itself (client reentrancy):
 --         a re-entry then leaves the count in Redis at 1 (its call id is
---         remembered all the same)
+--         remembered all the same); '2' (script reentrancy) or '3' (client
+--         reentrancy) with a fixed lease (FixedLease): a re-entry then
+--         leaves the hold's expiry as the lock call that took it set it
 -- ARGV[8] '1' when the caller (a waiting writer) has waited past the
 --         starvation threshold: a refused attempt then queues it
 -- ARGV[9] the call's secret, proof of a hand-over to it (see lib.lua)
@@ -58,7 +60,8 @@ end
 
 local mode, tok, ttl, id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local wait = ARGV[5] == '1'
-local counted = ARGV[7] ~= '1' -- re-entries are counted here
+local counted = ARGV[7] ~= '1' and ARGV[7] ~= '3' -- re-entries are counted here
+local fixed = ARGV[7] == '2' or ARGV[7] == '3' -- re-entries do not extend
 
 -- A refusal: a waiting call (wait) tries again later under the same id; a
 -- try is done, and is remembered so that a late copy of it cannot take the
@@ -136,8 +139,10 @@ if mode == 'r' then
     local kept, gone = remember_dropping(ids, id)
     write_rec(tok, cnt, rid, kept)
     dropped(gone, rid)
+    -- A re-entry never moves the expiry earlier, and with a fixed lease
+    -- it does not move it at all.
     local s = tonumber(redis.call('ZSCORE', R, tok) or 0)
-    if now + ttl > s then
+    if not fixed and now + ttl > s then
       redis.call('ZADD', R, num(now + ttl), tok)
       grow(R, RC, ttl)
     end
@@ -218,8 +223,11 @@ if cur[1] then
   local kept, gone = remember_dropping(cur[3], id)
   redis.call('HSET', W, ':c', kept)
   dropped(gone, cur[2])
-  -- A re-entry never moves the expiry earlier.
-  extend_key(W, ttl)
+  -- A re-entry never moves the expiry earlier, and with a fixed lease it
+  -- does not move it at all.
+  if not fixed then
+    extend_key(W, ttl)
+  end
   noted(id, 1)
   return out({ 1, f })
 end
