@@ -4,7 +4,8 @@ package model
 //
 //   - TryLock succeeds if nobody holds the lock (a fresh hold, with the next
 //     fence), or if the caller is the owner that holds it (a re-entry: the
-//     count goes up, the fence stays, the lease restarts). A handle never
+//     count goes up, the fence and the deadline stay: holds are fixed
+//     leases, see dsync.FixedLease). A handle never
 //     re-enters: its second TryLock fails while its hold lives.
 //   - Unlock by the holder lowers the count and releases at zero. A caller
 //     whose process remembers a hold that has ended gets LeaseLost (once:
@@ -45,7 +46,6 @@ func (m *Mutex) TryLock(h Holder) (ok, isFresh bool) {
 	if c := m.live(); c != nil {
 		if h.Owner && c.tok == h.ID {
 			c.count++
-			c.deadline = now + m.ttl
 			return true, false
 		}
 		return false, false

@@ -65,8 +65,7 @@ func (rw *RWMutex) TryRLock(h Holder) bool {
 	now := rw.clk.Now()
 	if h.Owner {
 		if r := rw.readers[h.ID]; r != nil {
-			r.count++
-			r.deadline = max(r.deadline, now+rw.ttl)
+			r.count++ // the deadline stays (a fixed lease)
 			return true
 		}
 	}
@@ -96,15 +95,13 @@ func (rw *RWMutex) TryRLock(h Holder) bool {
 // is fresh, and Upgrade if h's owner reads.
 func (rw *RWMutex) TryLock(h Holder) (ok, isFresh bool, e Err) {
 	rw.prune()
-	now := rw.clk.Now()
 	if !h.Owner && rw.knownW[h.ID] != nil {
 		// A handle is write-locked from Lock to Unlock, also when its hold
 		// was lost meanwhile.
 		return false, false, OK
 	}
 	if h.Owner && rw.w != nil && rw.w.tok == h.ID {
-		rw.w.count++
-		rw.w.deadline = now + rw.ttl
+		rw.w.count++ // the deadline stays (a fixed lease)
 		return true, false, OK
 	}
 	if h.Owner && rw.readers[h.ID] != nil {
