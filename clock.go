@@ -93,17 +93,18 @@ func bounded[R any](c *serverClock, what string, attempt func(bound any) (r R, s
 	}
 }
 
-// unnamedRelease runs a release that names no hold (a release of an owner
-// with nothing on record in the Client, or more releases than takes
-// there): such a release ends a level of whatever hold of the owner it
-// finds, so a copy of it delivered after the owner took the name afresh,
-// once the release's id is forgotten, would end a level of the new hold.
-// It carries a bound as acquiring attempts do (its last argument, from
-// send): past it a copy changes nothing and replies {codeStale, server
-// ms}. The reply otherwise is the release script's code and, for a
+// boundedRelease runs a release of a Mutex or RWMutex hold. One that names
+// no hold (a release of an owner with nothing on record in the Client, or
+// more releases than takes there) ends a level of whatever hold of the
+// owner it finds, so a copy of it delivered after the owner took the name
+// afresh, once the release's id is forgotten, would end a level of the
+// new hold; one that names its hold and lowered its count would lower it
+// again. It carries a bound as acquiring attempts do (its last argument,
+// from send): past it a copy changes nothing and replies {codeStale,
+// server ms}. The reply otherwise is the release script's code and, for a
 // release that ended a write hold, that hold's fencing token (ended; 0
 // for a release whose reply does not say: one of a read hold).
-func unnamedRelease(c *serverClock, what string, send func(bound any) *redis.Cmd) (code int64, ended uint64, err error) {
+func boundedRelease(c *serverClock, what string, send func(bound any) *redis.Cmd) (code int64, ended uint64, err error) {
 	r, err := bounded(c, what, func(bound any) ([2]int64, int64, bool, error) {
 		v, err := send(bound).Result()
 		if err != nil {

@@ -197,15 +197,15 @@ func (s *mutexScripts) unlock(ctx context.Context, tok, id string, h *hold) (int
 
 // unlockFloor runs the unlock script for holder tok with call id; floor,
 // if set, raises the fencing counter to it, and fence, if set, names the
-// hold the unlock ends. An unlock that names none carries a bound (see
-// unnamedRelease); the hold it ended, if any, is noted for the Lock calls
-// of its holder in flight (see ownerFlight), which it may have been
+// hold the unlock ends. It carries a bound (see boundedRelease): a copy
+// of an unlock that names no hold would end a level of whatever hold of
+// the holder it finds, and one of an unlock that lowered the count of the
+// hold it names would lower it again, delivered once its id is forgotten.
+// The hold an unlock naming none ended, if any, is noted for the Lock
+// calls of its holder in flight (see ownerFlight), which it may have been
 // granted to.
 func (s *mutexScripts) unlockFloor(ctx context.Context, tok any, id string, floor, fence any) (int64, error) {
-	if fence != argNone {
-		return s.c.eval(ctx, mutexUnlock, s.kargs, tok, id, s.chanArg, fenceIdleArg, argNone, floor, fence).Int64()
-	}
-	r, ended, err := unnamedRelease(&s.c.clock, "mutex unlock", func(bound any) *redis.Cmd {
+	r, ended, err := boundedRelease(&s.c.clock, "mutex unlock", func(bound any) *redis.Cmd {
 		return s.c.eval(ctx, mutexUnlock, s.kargs, tok, id, s.chanArg, fenceIdleArg, argNone, floor, fence,
 			argNone, argNone, argNone, argNone, argNone, bound)
 	})

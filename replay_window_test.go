@@ -1,10 +1,14 @@
 package dsync_test
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
@@ -60,4 +64,78 @@ func TestReleaseCopyWithinTheWindowAfterARepeatChangesNothing(t *testing.T) {
 			must(t, release(ctx))
 		})
 	}
+}
+
+// As above, but the release's reply is late as well as lost: its script
+// runs, and its caller learns of no outcome until 5 s later (a read
+// timeout), so the call returns 5 s after the run. A copy of that send,
+// held back in the network and delivered 61 s after the run (56 s after
+// the call returned, within the replay window), must lower nothing: the
+// owner, which still counts both levels, holds the name in Redis too. The
+// release names its hold, whose count it lowered, so only its bound (20 s
+// after it was sent) keeps the copy out once its id is forgotten.
+// (Before, a release naming its hold carried no bound: the copy ended the
+// owner's last level in Redis and another owner took the name.)
+func TestReleaseCopyPastItsIDButWithinTheWindowChangesNothing(t *testing.T) {
+	b := redistest.Miniredis(t)
+	for _, k := range ownerReleaseKinds() {
+		if k.name == "Semaphore" {
+			// TestLateCopyOfANamedPartialReleasePastItsBoundReleasesNothing.
+			continue
+		}
+		t.Run(strings.ReplaceAll(k.name, " ", "-"), func(t *testing.T) {
+			ctx := dsync.WithOwner(ctxT(t))
+			name := redistest.Key(t)
+			late := &lateReply{sha: lua.Script(k.script).Hash(), after: func() { b.Advance(5 * time.Second) }}
+			rec := &redistest.Recorder{}
+			c, rdb := hookedClient(t, b, late, dsync.TTL(10*time.Minute))
+			rdb.AddHook(rec)
+			take, release := k.handle(c, name)
+			// Loaded first: the lost reply is of a release that ran.
+			must(t, lua.Script(k.script).Load(ctx, rdb).Err())
+			must(t, take(ctx))
+			must(t, take(ctx))
+			late.armed.Store(true)
+			if err := release(ctx); !errors.Is(err, redistest.ErrInjected) {
+				t.Fatalf("the release whose reply was lost = %v, want the injected error", err)
+			}
+			first := lastRun(t, rec, k.script, " for the release")
+			b.Advance(56 * time.Second)
+			if err := rdb.Do(ctx, first...).Err(); err != nil {
+				t.Fatalf("the copy of the release: %v", err)
+			}
+			if ok, err := k.other(dsync.WithOwner(ctxT(t)), newClient(t, b), name); err != nil || ok {
+				t.Fatalf("another Client's try after the copy, 56 s after the release returned = %v, %v; want false (the owner still holds a level)", ok, err)
+			}
+		})
+	}
+}
+
+// A lateReply, once armed, lets the next call of one script run on the
+// server, then calls after (a test moves the server's clock there) and
+// loses the reply: the caller gets redistest.ErrInjected, the script's
+// work done.
+type lateReply struct {
+	sha   string
+	after func()
+	armed atomic.Bool
+}
+
+func (l *lateReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (l *lateReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if cmd.Name() != "evalsha" || len(a) < 2 || a[1] != l.sha || !l.armed.CompareAndSwap(true, false) {
+			return next(ctx, cmd)
+		}
+		_ = next(ctx, cmd)
+		l.after()
+		cmd.SetErr(redistest.ErrInjected)
+		return redistest.ErrInjected
+	}
+}
+
+func (l *lateReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -210,12 +210,10 @@ func (s *rwScripts) unlock(ctx context.Context, mode, tok, id string, h *hold) (
 
 // unlockFloor runs the unlock script for a release; floor, if set, raises
 // the fencing counter to it, and name, if set, names the hold the unlock
-// ends. An unlock that names none carries a bound (see unnamedRelease).
+// ends. It carries a bound, as a Mutex's does (see
+// mutexScripts.unlockFloor).
 func (s *rwScripts) unlockFloor(ctx context.Context, mode string, tok any, id string, floor, name any) (int64, error) {
-	if name != argNone {
-		return s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, id, s.chArg, name, argNone, floor, fenceIdleArg).Int64()
-	}
-	r, ended, err := unnamedRelease(&s.c.clock, "rwmutex unlock", func(bound any) *redis.Cmd {
+	r, ended, err := boundedRelease(&s.c.clock, "rwmutex unlock", func(bound any) *redis.Cmd {
 		return s.c.eval(ctx, rwUnlock, s.kargs, modeArg(mode), tok, id, s.chArg, name, argNone, floor, fenceIdleArg,
 			argNone, argNone, argNone, argNone, argNone, bound)
 	})

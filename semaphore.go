@@ -487,7 +487,7 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 // holder tok, naming its holding h (nil: none), and returns the reply:
 // code, permits left, fencing token. Every release carries a bound, as an
 // acquiring attempt does: one that names no holding ends permits of
-// whatever holding of the holder it finds (see unnamedRelease), and one
+// whatever holding of the holder it finds (see boundedRelease), and one
 // that names its holding and releases some of its permits would release
 // as many again of those the holding keeps, delivered once its id is
 // forgotten; a copy past the bound changes nothing.

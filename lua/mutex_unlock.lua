@@ -30,11 +30,13 @@
 --         unless its id is remembered (abandoned), or others are queued
 --         (':w') and the hold is the end of that many passes in a row
 --         (':k'). Then the release goes on as without a pass.
--- ARGV[13] (an unlock that names no hold: ARGV[5] and ARGV[7] '') the
---         unlock's bound (server ms; see lib.lua's stale): such an unlock
---         ends a level of whatever hold of the holder it finds, so a copy
---         of it that arrives past its bound, when its id may be forgotten
---         and the holder may hold afresh, changes nothing
+-- ARGV[13] (an Unlock, ARGV[5] '') the unlock's bound (server ms; see
+--         lib.lua's stale): a copy that arrives past it, when its id may
+--         be forgotten, changes nothing. An unlock that names no hold ends
+--         a level of whatever hold of the holder it finds, and one that
+--         names a hold whose count an Unlock lowered may be a copy of that
+--         Unlock: either would end a level again. (An unlock naming a hold
+--         no Unlock lowered is no copy of a run: it skips the check.)
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it, {4, fencing token}
 --        released and passed (ARGV[9..12]) with that token; {6, server
@@ -74,6 +76,9 @@ if guard == '' and named then
   fresh = tonumber(cur[1]) and cur[4] == ARGV[7] and not cur[5]
 end
 if not fresh then
+  if guard == '' and named and ARGV[13] and stale(ARGV[13]) then
+    return { 6, now_ms }
+  end
   local done = recall(KEYS[5], id)
   if done == 1 and guard == '' and not named then
     -- As the first run of an Unlock that names no hold answered (below).

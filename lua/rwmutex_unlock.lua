@@ -44,11 +44,13 @@
 --         goes on as without a pass; when readers wait or hold, that
 --         writer also gets a waiting place (as its refused attempt would),
 --         so that readers who come after it wait for it.
--- ARGV[14] (an unlock that names no hold: ARGV[5] and ARGV[6] '') the
---         unlock's bound (server ms; see lib.lua's stale): such an unlock
---         ends a level of whatever hold of the owner it finds, so a copy of
---         it that arrives past its bound, when its id may be forgotten and
---         the owner may hold afresh, changes nothing
+-- ARGV[14] (an unlock, ARGV[6] '') the unlock's bound (server ms; see
+--         lib.lua's stale): a copy that arrives past it, when its id may be
+--         forgotten, changes nothing. An unlock that names no hold ends a
+--         level of whatever hold of the owner it finds, and one that names
+--         a hold whose count an unlock lowered may be a copy of that
+--         unlock: either would end a level again. (A write unlock naming a
+--         hold no unlock lowered is no copy of a run: it skips the check.)
 -- Reply: 1 released (or handed over), 2 still held by the owner (its count
 --        went down), 0 the owner does not hold it, {4, fencing token}
 --        released and passed (ARGV[10..13]) with that token; {6, server
@@ -114,6 +116,9 @@ if guard == '' then
   if fresh then
     cached_mark(X, wcur[5], now)
   else
+    if named and ARGV[14] and stale(ARGV[14]) then
+      return { 6, now_ms }
+    end
     local done = recall(X, id)
     if done == 1 and not named then
       local e = ended_by(X, id)
