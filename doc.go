@@ -47,9 +47,9 @@
 //     reaches the server within the replay window of 60 s after the call
 //     changes nothing, however many calls came in between, and an unlock
 //     or release never ends a later hold than the one it names. A copy of
-//     a lock, acquire, Do or Reset attempt, of a release that names no
-//     hold, of a Semaphore's Release, or of the release that marks a Once
-//     done, that arrives more than 20 s after it was sent (in server
+//     a lock, acquire, Do or Reset attempt, of an unlock or release
+//     (whatever hold it names), or of the release that marks a Once done,
+//     that arrives more than 20 s after it was sent (in server
 //     time, as the Client estimates it) changes nothing, however late it
 //     arrives (for the first attempt of a Client whose clock is more than
 //     40 s ahead of the server's, see README).
