@@ -271,8 +271,14 @@ func durationOption(name string, d time.Duration, field func(*config) *time.Dura
 
 // FixedLease turns renewal off: a hold of a Mutex or RWMutex lasts exactly
 // its TTL from the Lock that took it, unless released earlier (re-entries
-// do not extend it, with either reentrancy), and its [Lease] reports
-// [ErrLeaseLost] when the TTL runs out.
+// do not extend it, with either reentrancy, also when another Client of
+// the same owner re-enters: its Lease ends with the hold), and its [Lease]
+// reports [ErrLeaseLost] when the TTL runs out. A holding of a [Semaphore]
+// lasts its TTL from the Acquire that began it: Acquires that add permits
+// to it do not extend it. On a [Quorum] a re-entry extends the hold on the
+// masters to its own TTL, as without FixedLease: the Lease still ends at
+// the first Lock's TTL, and the masters free the name by the last
+// re-entry's.
 // For holders that prefer expiry to an unbounded hold.
 func FixedLease() Option {
 	return func(cfg *config) { cfg.interval = -1 }
@@ -280,8 +286,10 @@ func FixedLease() Option {
 
 // MaxHold bounds how long renewal may keep one hold alive: no renewal
 // extends a hold past d after it was taken, so a live but stuck holder
-// loses it (its [Lease] reports [ErrLeaseLost]) within d. The default, 0, is
-// no bound.
+// loses it (its [Lease] reports [ErrLeaseLost]) within d. Re-entries, and
+// Acquires that add permits to a [Semaphore] holding, do not extend it
+// either (but on a [Quorum], see [FixedLease]). The default, 0, is no
+// bound.
 func MaxHold(d time.Duration) Option {
 	return func(cfg *config) {
 		if d < 0 {

@@ -52,8 +52,12 @@ type grant struct {
 	wait     time.Duration // refused: the longest the caller need wait
 	// refused: the server's time (µs) when the attempt ran, 0 if the
 	// reply did not say (see grantedBefore)
-	at  int64
-	err error // final
+	at int64
+	// taken, handed: how long the hold had left in Redis when the script
+	// ran, when the call did not extend it to a whole TTL (a re-entry or
+	// join under FixedLease or MaxHold); 0 if the reply did not say
+	left time.Duration
+	err  error // final
 }
 
 // minRetry bounds how often a waiter attempts, whatever Redis holds or
@@ -130,6 +134,12 @@ func (c *Client) take(ctx context.Context, a *acquisition, op acquirer, wait boo
 			// and leaves nothing behind.
 			c.cleanup(ctx, op)
 			return grant{}, sent, ErrClosed
+		}
+		if err == nil && g.left > 0 && g.left < a.ttl {
+			// The hold had less than a TTL left (see grant.left): its
+			// lease, if the call starts one, ends when Redis ends it, as
+			// that of a hold taken a TTL before its deadline would.
+			sent = sent.Add(g.left - a.ttl)
 		}
 		if err != nil || g.kind != over {
 			return g, sent, err

@@ -512,10 +512,22 @@ const fixedReentryTTL = 3 * time.Second
 func checkFixedReentryKeepsTTL(t *testing.T, ctx context.Context, lock func(context.Context) error,
 	lease func(context.Context) (*dsync.Lease, error), try func(context.Context) (bool, error)) {
 	t.Helper()
+	checkReentryKeepsTTL(t, ctx, fixedReentryTTL/2, lock, lease, try)
+}
+
+// checkReentryKeepsTTL is checkFixedReentryKeepsTTL with the re-entry
+// after the given time from the Lock, for a handle of TTL fixedReentryTTL
+// whose lease is not extended past a bound (FixedLease, or MaxHold: then
+// the re-entry must come after the last renewal's deadline less a TTL,
+// so that a re-entry that extends the hold passes it).
+func checkReentryKeepsTTL(t *testing.T, ctx context.Context, after time.Duration, lock func(context.Context) error,
+	lease func(context.Context) (*dsync.Lease, error), try func(context.Context) (bool, error)) {
+	t.Helper()
+	start := time.Now()
 	must(t, lock(ctx))
 	l, err := lease(ctx)
 	must(t, err)
-	time.Sleep(fixedReentryTTL / 2)
+	time.Sleep(time.Until(start.Add(after)))
 	reentered := time.Now()
 	must(t, lock(ctx))
 	if isDone(l) {
@@ -532,7 +544,7 @@ func checkFixedReentryKeepsTTL(t *testing.T, ctx context.Context, lock func(cont
 			return
 		}
 		if time.Now().After(until) {
-			t.Fatalf("another owner's TryLock failed until %v after the re-entry, its Lease lost: the re-entry extended the hold in Redis",
+			t.Fatalf("another owner's try failed until %v after the re-entry, its Lease lost: the re-entry extended the hold in Redis",
 				time.Since(reentered).Round(time.Millisecond))
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -24,7 +24,7 @@ type mutexScripts struct {
 	ttlArg   any
 	chanArg  any
 	localArg any    // '1' with client reentrancy
-	lockArg  any    // mutex_lock's ARGV[6]: localArg, or '2'/'3' with FixedLease
+	lockArg  any    // mutex_lock's ARGV[6]: localArg, or '2'/'3' with FixedLease or MaxHold
 	what     string // how errors name the Mutex
 
 	// The Client's cohorts (see cohort.go), through which the handle's
@@ -42,8 +42,10 @@ func newMutexScripts(c *Client, cfg *config, k keys.Mutex, name string) *mutexSc
 		s.localArg = argYes
 	}
 	s.lockArg = s.localArg
-	if cfg.interval < 0 {
-		// A fixed lease: a re-entry does not extend the hold in Redis.
+	if cfg.interval < 0 || cfg.maxHold > 0 {
+		// A lease that is not to be extended past a bound (FixedLease,
+		// MaxHold): a re-entry does not extend the hold in Redis, whose
+		// renewals (if any) keep within the bound.
 		s.lockArg = "2"
 		if cfg.local {
 			s.lockArg = "3"

@@ -14,9 +14,26 @@ func (q *Quorum) Mutex(name string, opts ...Option) *Mutex {
 	m, k := newMutex(q.shared(), name, opts)
 	m.err = handleErr(&m.cfg, m.err)
 	m.impl = &quorumMutex{newQuorumLock(q, k.Channel(), func(c *Client) *mutexScripts {
-		return newMutexScripts(c, &m.cfg, k, name)
+		return quorumMember(newMutexScripts(c, &m.cfg, k, name))
 	})}
 	return m
+}
+
+// quorumMember returns s for a member of a quorum lock: its re-entries
+// extend the hold on its master as without FixedLease or MaxHold. A
+// re-entry that leaves a hold's expiry as it was tells how long the hold
+// has left, which a quorum lease does not read: a Client of the same
+// owner that re-enters a hold taken by another would then start a lease
+// that outlives the hold on the masters.
+func quorumMember(s *mutexScripts) *mutexScripts {
+	s.lockArg = s.localArg
+	return s
+}
+
+// quorumMemberRW is quorumMember for an RWMutex.
+func quorumMemberRW(s *rwScripts) *rwScripts {
+	s.lockArg = s.localArg
+	return s
 }
 
 // quorumMutex is a Mutex over a quorum of masters.

@@ -16,7 +16,7 @@ func (q *Quorum) RWMutex(name string, opts ...Option) *RWMutex {
 	rw, k := newRWMutex(q.shared(), name, opts)
 	rw.err = handleErr(&rw.cfg, rw.err)
 	rw.impl = &quorumRWMutex{newQuorumLock(q, k.Channel(), func(c *Client) *rwScripts {
-		return newRWScripts(c, &rw.cfg, k, name)
+		return quorumMemberRW(newRWScripts(c, &rw.cfg, k, name))
 	})}
 	return rw
 }

@@ -47,6 +47,7 @@ func decodeGrant(r pairReply, fenced bool, what string) (g grant, ok bool, err e
 			}
 			g.fenceArg = r.arg
 		}
+		g.left = time.Duration(r.at) * time.Millisecond
 		return g, true, nil
 	case 3:
 		return grant{kind: final, err: fmt.Errorf("%w: in the keys of %s", ErrCorrupt, what)}, true, nil
@@ -66,7 +67,7 @@ func replyError(what string, r any) error {
 // server time µs} (lib.lua's refusal). arg is the value as the reply
 // carried it, already boxed: a hold keeps its fencing token so for the
 // unlocks that name it (nil if the value came as a string). at is a
-// refusal's server time, 0 if the reply had none.
+// refusal's server time, or a grant's ms left, 0 if the reply had none.
 type pairReply struct {
 	code, v int64
 	arg     any
@@ -74,7 +75,8 @@ type pairReply struct {
 }
 
 // pair decodes the reply of cmd, a script call replying {code, value} or,
-// refused, {0, ms, server time µs}.
+// refused, {0, ms, server time µs}, or, granted a hold whose expiry the
+// call left as it was, {1 or 2, fencing token, ms the hold has left}.
 func pair(what string, cmd *redis.Cmd) (pairReply, error) {
 	var v [3]int64
 	n := 2
@@ -85,7 +87,7 @@ func pair(what string, cmd *redis.Cmd) (pairReply, error) {
 	if err != nil {
 		return pairReply{}, err
 	}
-	if n == 3 && (v[0] != 0 || v[2] <= 0) {
+	if n == 3 && (v[0] < 0 || v[0] > 2 || v[2] <= 0) {
 		return pairReply{}, replyError(what, r)
 	}
 	p := pairReply{code: v[0], v: v[1], at: v[2]}

@@ -29,7 +29,7 @@ type rwScripts struct {
 	chArg    any
 	ttlArg   any
 	localArg any // '1' with client reentrancy
-	lockArg  any // rwmutex_lock's ARGV[7]: localArg, or '2'/'3' with FixedLease
+	lockArg  any // rwmutex_lock's ARGV[7]: localArg, or '2'/'3' with FixedLease or MaxHold
 
 	// The Client's cohorts (see cohort.go), through which the handle's
 	// write Lock calls without an owner wait; nil in quorum mode and with
@@ -44,8 +44,10 @@ func newRWScripts(c *Client, cfg *config, k keys.RWMutex, name string) *rwScript
 	s.ttlArg = ms(cfg.ttl)
 	s.localArg = flagArg(cfg.local)
 	s.lockArg = s.localArg
-	if cfg.interval < 0 {
-		// A fixed lease: a re-entry does not extend the hold in Redis.
+	if cfg.interval < 0 || cfg.maxHold > 0 {
+		// A lease that is not to be extended past a bound (FixedLease,
+		// MaxHold): a re-entry does not extend the hold in Redis, whose
+		// renewals (if any) keep within the bound.
 		s.lockArg = "2"
 		if cfg.local {
 			s.lockArg = "3"

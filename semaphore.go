@@ -44,12 +44,13 @@ type Semaphore struct {
 	keys   []string // state hash, fence hash, holders, queue, queue data, call ids
 
 	// Script arguments boxed once per handle.
-	kargs   []any // key count and keys
-	rkeys   []string
-	sizeArg any
-	ttlArg  any
-	chanArg any
-	what    string // how errors name the Semaphore
+	kargs            []any // key count and keys
+	rkeys            []string
+	sizeArg          any
+	ttlArg           any
+	chanArg          any
+	queueArg, tryArg any    // the acquire script's ARGV[6] for Acquire and TryAcquire
+	what             string // how errors name the Semaphore
 
 	mu     sync.Mutex
 	tok    string // the handle's holder token, made by its first Acquire
@@ -89,6 +90,12 @@ func (c *Client) Semaphore(name string, size int64, opts ...Option) *Semaphore {
 	s.sizeArg = size
 	s.ttlArg = ms(s.cfg.ttl)
 	s.chanArg = k.Channel()
+	s.queueArg, s.tryArg = argYes, argNo
+	if s.cfg.interval < 0 || s.cfg.maxHold > 0 {
+		// A lease that is not to be extended (FixedLease, MaxHold): permits
+		// added to a holding leave its deadline in Redis where it was.
+		s.queueArg, s.tryArg = "3", "2"
+	}
 	s.what = "Semaphore " + strconv.Quote(name)
 	return s
 }
@@ -207,7 +214,11 @@ type semCall struct {
 func (sc *semCall) attempt(ctx context.Context, queue bool) (grant, error) {
 	s := sc.s
 	if sc.cmd == nil || sc.queue != queue {
-		sc.cmd, sc.queue = scriptCall(semAcquire, s.kargs, sc.tok, sc.n, s.sizeArg, s.ttlArg, sc.to.id, flagArg(queue), fenceIdleArg, s.chanArg, sc.to.secret, argNone), queue
+		q := s.tryArg
+		if queue {
+			q = s.queueArg
+		}
+		sc.cmd, sc.queue = scriptCall(semAcquire, s.kargs, sc.tok, sc.n, s.sizeArg, s.ttlArg, sc.to.id, q, fenceIdleArg, s.chanArg, sc.to.secret, argNone), queue
 	}
 	r, err := s.c.acquirePair(ctx, &s.cfg, semAcquire, "semaphore acquire", sc.cmd)
 	if err != nil {

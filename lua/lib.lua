@@ -19,12 +19,27 @@
 -- '@' .. id, instead of ch, so that the other Clients waiting on the name
 -- do not receive (and parse) a message that concerns none of their calls.
 -- The proof covers the whole secret, '@' and id included.
-local function publish_handover(ch, cid, tok, f, secret)
+local function inbox(ch, secret)
   local at = string.find(secret, '@', 1, true)
   if at then
-    ch = ch .. string.sub(secret, at)
+    return ch .. string.sub(secret, at)
   end
+  return ch
+end
+
+-- Publishes the hand-over of the hold with fencing token f to call cid
+-- of holder tok (see above).
+local function publish_handover(ch, cid, tok, f, secret)
+  ch = inbox(ch, secret)
   redis.call('PUBLISH', ch, cid .. ' ' .. redis.sha1hex(tok) .. ' ' .. f .. ' ' .. redis.sha1hex(secret .. ' ' .. f))
+end
+
+-- Tells waiting call cid of holder tok, whose hand-overs prove secret, to
+-- try again at once, granting nothing (see wake_holder): a grant it must
+-- learn from its own attempt's reply (see semaphore_lib.lua's grant).
+local function publish_retry(ch, cid, tok, secret)
+  ch = inbox(ch, secret)
+  redis.call('PUBLISH', ch, cid .. ' ' .. redis.sha1hex(tok) .. ' 0 -')
 end
 
 -- Wakes the other waiting calls of holder tok after call cid, which gave
@@ -104,6 +119,16 @@ local function extend_key(key, ttl)
   if redis.call('PTTL', key) < tonumber(ttl) then
     redis.call('PEXPIRE', key, ttl)
   end
+end
+
+-- The reply {code, fencing token f} of a grant (code 1 or 2) of a hold
+-- whose expiry the call may have left as it was (a re-entry or join under
+-- a lease not to be extended: FixedLease, MaxHold), with the ms the hold
+-- has left, left, at least 1: the caller's lease, if it starts one, must
+-- not outlast the hold in Redis (a Client of the same owner may have
+-- taken it long before).
+local function granted_left(code, f, left)
+  return { code, f, math.max(math.floor(left), 1) }
 end
 
 -- Server time, read at most once per script, here and nowhere else: a

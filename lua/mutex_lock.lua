@@ -26,15 +26,19 @@
 -- ARGV[6] '1' when the owner counts re-entries itself (client reentrancy):
 --         a re-entry then leaves the count in Redis at 1 (its call id is
 --         still added to ':c', see mutex_unlock.lua's ARGV[8]); '2' (script
---         reentrancy) or '3' (client reentrancy) with a fixed lease
---         (FixedLease): a re-entry then leaves the hold's expiry as the
---         Lock that took it set it
+--         reentrancy) or '3' (client reentrancy) with a lease not to be
+--         extended past a bound (FixedLease, MaxHold): a re-entry then
+--         leaves the hold's expiry as the Lock that took it or its last
+--         renewal set it
 -- ARGV[7] the call's secret, proof of a hand-over to it (see lib.lua)
 -- ARGV[8] the attempt's bound (server ms; see lib.lua's stale)
 -- Reply: {1, fencing token} the caller took or re-entered the hold now;
 --        {2, fencing token} the hold was this call's already (a hand-over,
---        or a repeat of this call); {0, ms, server time µs} refused: try
---        again after at most ms (see lib.lua's refusal); {3, 0} the
+--        or a repeat of this call); with ARGV[6] '2' or '3', a
+--        re-entry's and a repeat's with a third element, the ms the hold
+--        has left (see lib.lua's granted_left); {0, ms, server time µs}
+--        refused: try again after at most ms (see lib.lua's refusal);
+--        {3, 0} the
 --        name's keys hold data dsync did not write (the name recovers when
 --        they expire or are removed); {5, 0} the call took effect and its
 --        hold has ended: it takes nothing any more.
@@ -46,6 +50,15 @@ if stale(ARGV[8]) then
 end
 
 local tok, ttl, id = ARGV[1], ARGV[2], ARGV[3]
+-- A re-entry leaves the hold's expiry as it was: its grants say how long
+-- the hold has left (see lib.lua's granted_left).
+local keep = ARGV[6] == '2' or ARGV[6] == '3'
+local function reply(code, f)
+  if keep then
+    return granted_left(code, f, redis.call('PTTL', KEYS[1]))
+  end
+  return { code, f }
+end
 
 local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f', ':w')
 
@@ -58,7 +71,7 @@ local cur = redis.call('HMGET', KEYS[1], tok, ':c', ':f', ':w')
 local done = recall(KEYS[5], id)
 if done then
   if done == 1 and cur[1] and cur[3] and applied(KEYS[5], cur[2], id, cur[3]) then
-    return { 2, tonumber(cur[3]) }
+    return reply(2, tonumber(cur[3]))
   elseif done == 1 then
     return { 5, 0 }
   end
@@ -83,7 +96,7 @@ if cur[1] then
   end
   local calls, gone = remember_dropping(cur[2], id)
   redis.call('HSET', KEYS[1], ':c', calls)
-  if ARGV[6] ~= '2' and ARGV[6] ~= '3' then
+  if not keep then
     extend_key(KEYS[1], ttl)
   end
   clock()
@@ -100,7 +113,7 @@ if cur[1] then
   else
     note(KEYS[5], id, now_ms, 1)
   end
-  return { 1, tonumber(cur[3]) }
+  return reply(1, tonumber(cur[3]))
 end
 
 -- The queue head whose place has not lapsed; lapsed places are dropped.

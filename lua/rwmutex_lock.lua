@@ -37,8 +37,9 @@
 -- ARGV[7] '1' when the owner counts re-entries itself (client reentrancy):
 --         a re-entry then leaves the count in Redis at 1 (its call id is
 --         remembered all the same); '2' (script reentrancy) or '3' (client
---         reentrancy) with a fixed lease (FixedLease): a re-entry then
---         leaves the hold's expiry as the lock call that took it set it
+--         reentrancy) with a lease not to be extended past a bound
+--         (FixedLease, MaxHold): a re-entry then leaves the hold's expiry
+--         as the lock call that took it or its last renewal set it
 -- ARGV[8] '1' when the caller (a waiting writer) has waited past the
 --         starvation threshold: a refused attempt then queues it
 -- ARGV[9] the call's secret, proof of a hand-over to it (see lib.lua)
@@ -46,7 +47,9 @@
 -- Reply: {1, v} the caller took or re-entered the hold now, {2, v} the
 --        hold was this call's already (granted to it while it waited, or a
 --        repeat), where v is the fencing token for a write hold and the
---        hold id for a read hold; {4, 0} write refused because the owner
+--        hold id for a read hold (with ARGV[7] '2' or '3', a re-entry's
+--        and a repeat's with a third element, the ms the hold has left:
+--        see lib.lua's granted_left); {4, 0} write refused because the owner
 --        holds a read lock (an upgrade); {3, 0} foreign data in the keys;
 --        {0, ms, server time µs} refused: try again after at most ms (see
 --        lib.lua's refusal); {5, 0} the call took effect and its hold has
@@ -103,11 +106,17 @@ if done then
         cnt, rid, ids = read_rec(rec)
       end
       if cnt and applied(X, ids, id, rid) then
+        if fixed then
+          return granted_left(2, tonumber(rid), tonumber(redis.call('ZSCORE', R, tok) or 0) - now)
+        end
         return { 2, tonumber(rid) }
       end
     else
       local cur = redis.call('HMGET', W, tok, ':f', ':c')
       if cur[1] and tonumber(cur[2]) and applied(X, cur[3], id, cur[2]) then
+        if fixed then
+          return granted_left(2, tonumber(cur[2]), redis.call('PTTL', W))
+        end
         return { 2, tonumber(cur[2]) }
       end
     end
@@ -147,6 +156,11 @@ if mode == 'r' then
       grow(R, RC, ttl)
     end
     noted(id, 1)
+    if fixed then
+      -- The read hold's deadline stays: the grant says how long it has
+      -- left (see lib.lua's granted_left).
+      return out(granted_left(1, tonumber(rid), s - now))
+    end
     return out({ 1, tonumber(rid) })
   end
   -- Nobody writes, waits to write, or waits to read: the common case, in
@@ -229,6 +243,9 @@ if cur[1] then
     extend_key(W, ttl)
   end
   noted(id, 1)
+  if fixed then
+    return out(granted_left(1, f, redis.call('PTTL', W)))
+  end
   return out({ 1, f })
 end
 

@@ -8,16 +8,20 @@
 -- ARGV[4] lease TTL (ms); also how long a queue place lasts unrefreshed
 -- ARGV[5] call id (the same for every attempt of one Acquire call)
 -- ARGV[6] '1' to take a place in the queue when not served (Acquire),
---         '0' to change nothing then (TryAcquire)
+--         '0' to change nothing then (TryAcquire); '3' and '2' the same
+--         for a lease that is not to be extended (FixedLease, MaxHold):
+--         permits added to a holding leave its deadline where it was
 -- ARGV[7] idle expiry of the fence hash (ms)
 -- ARGV[8] notification channel
 -- ARGV[9] the call's secret, proof of a hand-over to it (see lib.lua)
 -- ARGV[10] the attempt's bound (server ms; see lib.lua's stale)
 -- Reply: {1, fencing token} the holder took the permits now; {2, fencing
 --        token} they were handed to this call while it waited (or a repeat
---        of this call, which changes nothing); {0, ms, server time µs} not
+--        of this call, which changes nothing); with ARGV[6] '2' or '3',
+--        both with a third element, the ms the holding has left (see
+--        lib.lua's granted_left); {0, ms, server time µs} not
 --        served, try again within ms (see lib.lua's refusal; queued if
---        ARGV[6] is '1'; also a late copy of an abandoned call, which
+--        ARGV[6] is '1' or '3'; also a late copy of an abandoned call, which
 --        changes nothing); {5, 0} the call took
 --        effect and its holding has ended: it takes nothing any more;
 --        {4, size in force} the size differs, nothing changed;
@@ -31,7 +35,18 @@ if stale(ARGV[10]) then
 end
 
 local tok, n, size, ttl, id = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local queue, idle, ch = ARGV[6] == '1', ARGV[7], ARGV[8]
+local queue, idle, ch = ARGV[6] == '1' or ARGV[6] == '3', ARGV[7], ARGV[8]
+local fixed = ARGV[6] == '2' or ARGV[6] == '3'
+
+-- The reply {1, fencing token f} of permits this call took now; with
+-- fixed, with how long the holding has left (a join leaves its deadline
+-- as it was: see lib.lua's granted_left).
+local function granted(f)
+  if fixed then
+    return granted_left(1, tonumber(f), hold(tok).dl - now_ms)
+  end
+  return { 1, tonumber(f) }
+end
 
 -- A repeat of a call that took effect (a retry after a lost reply, or an
 -- attempt after the permits were handed to it), or of one abandoned or
@@ -42,6 +57,9 @@ if done then
     prune()
     local h = hold(tok)
     if h.n > 0 and applied(KEYS[6], h.c, id, h.f) then
+      if fixed then
+        return granted_left(2, tonumber(h.f), (tonumber(redis.call('ZSCORE', KEYS[3], tok)) or 0) - now_ms)
+      end
       return { 2, tonumber(h.f) }
     end
     -- The holding it took effect on ended: the call is over (a late copy,
@@ -69,7 +87,7 @@ local served, head, hd
 if hashed or mine > 0 or not all_absent() then
   served, head, hd = grant(ch, idle, id)
   if served then
-    return out({ 1, tonumber(served) })
+    return out(granted(served))
   elseif served == false then
     -- Waiters served before this call are remembered.
     return out({ 3, 0 })
@@ -105,7 +123,7 @@ if used > 0 and (head or used + n > size) and redis.call('EXISTS', KEYS[3]) == 0
   if head then
     served, head, hd = grant(ch, idle, id)
     if served then
-      return out({ 1, tonumber(served) })
+      return out(granted(served))
     elseif served == false then
       return out({ 3, 0 })
     end
@@ -115,12 +133,12 @@ end
 -- Fits and nobody waits: take the permits. (If anyone waits, the head did
 -- not fit, or grant would have served it: this call queues behind it.)
 if not head and used + n <= size then
-  local f = take(tok, n, ttl, id, idle, ARGV[3])
+  local f = take(tok, n, ttl, id, idle, ARGV[3], fixed)
   if not f then
     -- Foreign data where the fencing token comes from.
     return out({ 3, 0 })
   end
-  return out({ 1, tonumber(f) })
+  return out(granted(f))
 end
 
 prune()
@@ -139,7 +157,9 @@ if not in_force then
 end
 arrive(KEYS[4], id)
 local place = place_ms(ttl)
-redis.call('HSET', KEYS[5], id, string.format('%s %s %d %s %s', digits(now_ms + tonumber(place)), ttl, n, ARGV[9], tok))
+-- A fixed lease's TTL is written with an 'f' in front: a hand-over to
+-- the call leaves a holding it joins as it was.
+redis.call('HSET', KEYS[5], id, string.format('%s %s%s %d %s %s', digits(now_ms + tonumber(place)), fixed and 'f' or '', ttl, n, ARGV[9], tok))
 -- The holders zset must outlive the state hash: prune reads the deadlines
 -- there, and permits counted in the hash without one would never return.
 for i = 3, 5 do

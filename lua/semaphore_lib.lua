@@ -14,7 +14,7 @@
 --         the Mutex of the name
 -- KEYS[3] holders zset: <token> -> lease deadline (server ms)
 -- KEYS[4] queue zset: Acquire call id -> arrival (server µs, increasing)
--- KEYS[5] queue data hash: call id -> "<place deadline ms> <ttl ms> <n>
+-- KEYS[5] queue data hash: call id -> "<place deadline ms> [f]<ttl ms> <n>
 --         <secret> <token>"
 -- KEYS[6] call ids zset (see lib.lua): an Acquire call 1 took or was
 --         granted permits, 2 abandoned or refused for good (a try refused,
@@ -207,11 +207,14 @@ end
 -- Give n permits to tok for the call id: a fresh holding gets a new fencing
 -- token, a holder that holds already adds to its count and keeps its token.
 -- The lease deadline never moves back (another process of the same owner
--- may have a longer TTL). With sz, ':size' is set to it too. The call is
+-- may have a longer TTL), and with fixed it stays where it is for a
+-- holding that is not fresh (a lease that is not to be extended: the
+-- holding lasts as its holder's Lease reports). With sz, ':size' is set
+-- to it too. The call is
 -- remembered as one that took effect. Returns the fencing token (a
 -- string), or nil, changing nothing, when there is none to give: 'n' or
 -- the holding's token field holds foreign data (or is gone).
-local function take(tok, n, ttl, id, idle, sz)
+local function take(tok, n, ttl, id, idle, sz, fixed)
   local h = hold(tok)
   local fresh = h.n == 0
   if fresh then
@@ -242,7 +245,7 @@ local function take(tok, n, ttl, id, idle, sz)
   -- and the fresh one does not keep it.
   local d = now_ms + tonumber(ttl)
   local cur = h.dl or (not wiped and not fresh and tonumber(redis.call('ZSCORE', KEYS[3], tok)))
-  if not cur or cur < d then
+  if not cur or (cur < d and not fixed) then
     redis.call('ZADD', KEYS[3], fmt(d), tok)
     cur = d
   end
@@ -296,9 +299,9 @@ local function grant(ch, idle, self, first)
       break
     end
     d = redis.call('HGET', KEYS[5], h)
-    local dl, ttl, n, secret, tok
+    local dl, fixed, ttl, n, secret, tok
     if d then
-      dl, ttl, n, secret, tok = string.match(d, '^(%d+) (%d+) (%d+) (%S+) (.+)$')
+      dl, fixed, ttl, n, secret, tok = string.match(d, '^(%d+) (f?)(%d+) (%d+) (%S+) (.+)$')
     end
     -- Garbage, a lapsed place and one too far off (see lib.lua's
     -- too_far) are dropped; so is a holder token that begins with ':'
@@ -308,7 +311,13 @@ local function grant(ch, idle, self, first)
     elseif used + tonumber(n) > (in_force or 0) then
       break
     else
-      local f = take(tok, n, ttl, h, idle)
+      -- A join under a lease not to be extended leaves the holding's
+      -- deadline as it was: the waiter must learn how long the holding
+      -- has left (its process may not be the one that took it), which a
+      -- hand-over message does not tell. It is told to try again, and
+      -- its attempt, a repeat of the call, answers with the grant.
+      local join = fixed == 'f' and hold(tok).n > 0
+      local f = take(tok, n, ttl, h, idle, nil, join)
       if not f then
         -- No fencing token (foreign data): serve nobody; each waiter's
         -- own attempt is told so (served is false for self), the head's
@@ -323,6 +332,8 @@ local function grant(ch, idle, self, first)
       unqueue(h)
       if h == self then
         served = f
+      elseif join then
+        publish_retry(ch, h, tok, secret)
       else
         publish_handover(ch, h, tok, f, secret)
       end

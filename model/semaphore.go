@@ -4,8 +4,8 @@ package model
 //
 //   - A holder's permits form one holding with one lease: a handle is one
 //     holder for all its acquisitions, like an owner. Acquiring adds to the
-//     holding (its fence stays; its deadline becomes the later of the old
-//     one and now+TTL); a fresh holding gets the next fence.
+//     holding (its fence and its deadline stay: holdings are fixed leases,
+//     see dsync.FixedLease); a fresh holding gets the next fence.
 //   - TryAcquire(n) succeeds if n permits are free and nobody waits (the
 //     queue is FIFO; in a sequential history nobody waits). Permits of an
 //     expired holding are free again. n outside 1..size is Invalid.
@@ -72,8 +72,7 @@ func (s *Semaphore) TryAcquire(h Holder, n int64) (ok, isFresh bool, e Err) {
 	}
 	now := s.clk.Now()
 	if x := s.holdings[h.ID]; x != nil {
-		x.count += n
-		x.deadline = max(x.deadline, now+s.ttl)
+		x.count += n // the deadline stays (a fixed lease)
 		s.known[h.ID] = x
 		return true, false, OK
 	}
