@@ -2,8 +2,11 @@ package dsync_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
 )
@@ -211,5 +214,98 @@ func checkLeaseEndsWithTheHold(t *testing.T, actx, bctx context.Context, alock f
 	assertLeaseLost(t, lb)
 	if late := ended.Sub(start.Add(fixedReentryTTL)); late > 700*time.Millisecond {
 		t.Fatalf("the other Client's Lease ended %v after the hold's TTL from the Lock that took it: it outlived the hold in Redis", late.Round(time.Millisecond))
+	}
+}
+
+// heldReply is a go-redis hook that, once armed, holds back the reply of
+// the next script call by delay after the script ran: a reply late in the
+// network.
+type heldReply struct {
+	armed atomic.Bool
+	delay time.Duration
+}
+
+func (h *heldReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *heldReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.armed.CompareAndSwap(true, false) {
+			time.Sleep(h.delay)
+		}
+		return err
+	}
+}
+
+func (h *heldReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestFixedLeaseReentryReplyAfterTheLeaseEnded: a FixedLease re-entry (or
+// Semaphore join) runs 1 s before the hold's TTL ends, and its reply comes
+// only after the hold's Lease was reported lost and Redis ended the hold.
+// The Client has no live hold to add the level to, so it starts a Lease
+// for the grant: that Lease must end with the hold in Redis (at once),
+// not a TTL after the call, while another owner takes the name. (Before,
+// it ran a TTL from the call: 1.5 s past another owner's TryLock.)
+func TestFixedLeaseReentryReplyAfterTheLeaseEnded(t *testing.T) {
+	for _, kind := range []string{"mutex", "write", "read", "semaphore"} {
+		t.Run(kind, func(t *testing.T) {
+			b, ctx, name := realName(t)
+			late := &heldReply{delay: 1500 * time.Millisecond}
+			c, _ := hookedClient(t, b, late, dsync.TTL(fixedReentryTTL), dsync.FixedLease())
+			other := newClient(t, b, dsync.TTL(fixedReentryTTL))
+			var lock func(context.Context) error
+			var lease func(context.Context) (*dsync.Lease, error)
+			var try func(context.Context) (bool, error)
+			switch kind {
+			case "mutex":
+				m := c.Mutex(name)
+				lock, lease, try = m.Lock, m.Lease, other.Mutex(name).TryLock
+			case "write":
+				rw := c.RWMutex(name)
+				lock, lease, try = rw.Lock, rw.Lease, other.RWMutex(name).TryLock
+			case "read":
+				rw := c.RWMutex(name)
+				lock, lease, try = rw.RLock, rw.RLease, other.RWMutex(name).TryLock
+			case "semaphore":
+				s := c.Semaphore(name, 2)
+				lock, lease = func(ctx context.Context) error { return s.Acquire(ctx, 1) }, s.Lease
+				try = func(ctx context.Context) (bool, error) { return other.Semaphore(name, 2).TryAcquire(ctx, 2) }
+			}
+			octx := dsync.WithOwner(ctx)
+			start := time.Now()
+			must(t, lock(octx))
+			first, err := lease(octx)
+			must(t, err)
+			time.Sleep(time.Until(start.Add(fixedReentryTTL - time.Second)))
+			late.armed.Store(true)
+			if err := lock(octx); err != nil {
+				// A call that fails leaves nothing held: no Lease to check.
+				t.Logf("the re-entry failed: %v", err)
+				return
+			}
+			if !isDone(first) {
+				t.Skip("the machine stalled: the hold's Lease had not ended when the late reply came")
+			}
+			l, err := lease(octx)
+			if err != nil {
+				t.Logf("no Lease after the re-entry: %v", err)
+				return // nothing held: nothing outlives the hold
+			}
+			// Redis ended the hold at its TTL: another owner takes the name.
+			cctx := dsync.WithOwner(ctx)
+			waitFor(t, 5*time.Second, "another owner's try", func() bool {
+				ok, err := try(cctx)
+				must(t, err)
+				return ok
+			})
+			select {
+			case <-l.Done():
+			case <-time.After(700 * time.Millisecond):
+				t.Fatalf("another owner holds the name, yet the Lease the late re-entry started is live %v after the hold's TTL",
+					time.Since(start.Add(fixedReentryTTL)).Round(time.Millisecond))
+			}
+		})
 	}
 }
