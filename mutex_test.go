@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -240,12 +241,25 @@ func TestMutexUnlockWithDoneContext(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		must(t, m.Lock(ctx))
 		cancel()
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatalf("Unlock with a cancelled ctx = %v, want nil", err)
+		// Unlock runs all the same. Its outcome comes with it when the
+		// reply comes within a few ms (cleanupGrace); on a loaded machine
+		// it may not, and Unlock returns ctx's error while the release
+		// completes in the background: the lock is free either way.
+		err := m.Unlock(ctx)
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatalf("Unlock with a cancelled ctx = %v, want nil (or, past a few ms, context.Canceled)", err)
 		}
-		if ok, _ := newClient(t, b).Mutex(name).TryLock(context.Background()); !ok {
-			t.Fatal("lock still held")
+		other := newClient(t, b).Mutex(name)
+		if err == nil {
+			if ok, _ := other.TryLock(context.Background()); !ok {
+				t.Fatal("lock still held after Unlock returned nil")
+			}
+			return
 		}
+		waitFor(t, 5*time.Second, "the release in the background", func() bool {
+			ok, _ := other.TryLock(context.Background())
+			return ok
+		})
 	})
 }
 
