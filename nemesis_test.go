@@ -4,11 +4,13 @@ package dsync_test
 // cluster. Several Clients stand for processes, each over its own go-redis
 // client whose network the test controls (nemesis_faults_test.go). Workers
 // run random operations on Mutexes, RWMutexes, Semaphores and Onces — as
-// owners shared by several goroutines and carried across Clients, in both
+// owners shared by several goroutines and carried across Clients (also
+// re-entering on one Client what they hold on another), in both
 // reentrancy modes, and through handles without owners shared by
-// goroutines — with random TTLs (also another, shorter TTL on a re-entry)
-// and random deadlines, while faults are injected: keys deleted behind
-// holders, a process's commands stalled or failing, its renewals stalled,
+// goroutines — with random TTLs (also another, shorter TTL on a re-entry),
+// with renewal or FixedLease, and random deadlines, while faults are
+// injected: keys deleted behind holders, a process's commands stalled or
+// failing, its renewals stalled,
 // its notifications delayed, hand-overs forged (in the format of
 // lua/lib.lua, with and without a plausible proof) or delivered again,
 // scripts delivered again seconds after they were answered (not across a
@@ -22,6 +24,10 @@ package dsync_test
 //     live. A hold is live from the return of its acquire until its release
 //     is called, or until its Lease reported ErrLeaseLost (less nemGrace,
 //     the time a busy machine may take to run the goroutine that notices).
+//     A FixedLease hold's Lease reports the loss at its TTL, also that of
+//     a re-entry made on another Client, which must end with the hold;
+//     the first of an owner's holds that overlap is taken to end by its
+//     TTL from the return of its Lock however late the loss was noticed.
 //     Keys deleted behind a hold excuse it from the deletion on, if its
 //     holder learned of the loss, or could not learn it: its release
 //     failed (the server unreachable) before a renewal could tell. When
@@ -194,6 +200,22 @@ type nemClass struct {
 	onceSlowBy      [2]float64 // f of a slow run lasts these multiples of the TTL
 	pOnceOK         float64
 
+	// With pFixed an operation's handles (not the shared ones) use
+	// FixedLease, with a TTL from fixedTTL if set: no renewal, a hold ends
+	// at its TTL from the Lock that took it, and its Lease then reports
+	// the loss. With pCross an owner's re-entry (a Semaphore's join) is
+	// made through a handle of another Client of its group (the same
+	// options, the same TTL), not under client reentrancy (where another
+	// Client's Lock waits) but for a Semaphore; under FixedLease it comes
+	// late in the hold (pCrossAt of its TTL after the Lock was called),
+	// the first level is released at once, and the re-entry is kept
+	// pastTTL past the end of the hold's TTL: its Lease must end with the
+	// hold in Redis, or another owner takes the name while it is live.
+	pFixed, pCross float64
+	fixedTTL       nemSpan
+	pCrossAt       [2]float64
+	pastTTL        nemSpan
+
 	// Faults; a zero period disables one.
 	del        time.Duration // keys of a name deleted
 	forge      time.Duration // hand-overs forged
@@ -334,6 +356,18 @@ var nemClasses = []*nemClass{
 		deadline: secs(0.2, 0.8), semSize: [2]int64{2, 4},
 		need: map[string]nemNeed{
 			"holds with a short TTL": {n: 2, perSec: 0.5},
+		}},
+	// FixedLease holds that end at their TTL, re-entered (a Semaphore
+	// joined) by the same owner through another Client late in the hold
+	// and kept past its end there, while other owners wait for the name.
+	{name: "fixed-lease-reentry", on: map[string]time.Duration{"redis": 2500 * time.Millisecond},
+		clients: 4, workers: 14, modes: []bool{false, true}, kinds: []nemKind{kMutex, kMutex, kRW, kRW, kSem}, names: 1, owners: 4, shared: 0,
+		pOwner: 0.75, pTry: 0.2, pWrite: 0.8, pReenter: 0.8, pFixed: 0.6, pCross: 0.7,
+		ttl: secs(2, 4), fixedTTL: secs(1, 1.5), pCrossAt: [2]float64{0.4, 0.6}, pastTTL: secs(0.5, 0.9),
+		hold: secs(0.01, 0.1), deadline: secs(0.5, 2), semSize: [2]int64{2, 4},
+		need: map[string]nemNeed{
+			"owner re-entries from another Client":                               {n: 3, perSec: 1},
+			"FixedLease re-entries from another Client kept past the hold's TTL": {n: 2, perSec: 0.5},
 		}},
 	// Hand-overs whose notification arrives late (at times later than the
 	// hold's TTL), to a process whose renewals stall right after it
@@ -543,6 +577,7 @@ type nemHolder struct {
 	owner *nemOwner
 	sh    *nemShared
 	ident string // the owner (per process with client reentrancy); "" until the hold gets one
+	fixed bool   // the operation's handles use FixedLease
 	done  func() // ends the operation
 }
 
@@ -557,6 +592,8 @@ type nemHold struct {
 	proc    int
 	owned   bool
 	local   bool
+	fixed   bool // through a handle with FixedLease
+	of      int  // a re-entry (join) from another Client of the owner's hold there: that process + 1; 0: none
 	ttl     time.Duration
 	call    time.Time // the acquire was called
 	ret     time.Time // ... and returned
@@ -1173,7 +1210,7 @@ func (w *nemWorld) acquire(r *rand.Rand, hd nemHolder, n *nemName, what string, 
 		return nil
 	}
 	h := &nemHold{kind: n.kind, name: n.name, write: write, n: permits, ident: hd.ident, proc: hd.p.idx,
-		owned: hd.owner != nil, local: hd.p.local, ttl: ttl, call: start, ret: end, stop: make(chan struct{})}
+		owned: hd.owner != nil, local: hd.p.local, fixed: hd.fixed, ttl: ttl, call: start, ret: end, stop: make(chan struct{})}
 	if hd.sh != nil {
 		h.handle = hd.sh.id + 1
 	}
@@ -1213,8 +1250,11 @@ func (w *nemWorld) acquire(r *rand.Rand, hd nemHolder, n *nemName, what string, 
 	}
 	w.counts["holds"]++
 	w.counts["holds "+n.kind.String()]++
-	if ttl < w.cl.ttl[0] {
+	if ttl < w.cl.ttl[0] && !hd.fixed {
 		w.counts["holds with a short TTL"]++
+	}
+	if hd.fixed {
+		w.counts["holds with FixedLease"]++
 	}
 	if replaced {
 		w.counts["Semaphore holds whose holding another call replaced before its Lease was read"]++
@@ -1326,12 +1366,13 @@ func (w *nemWorld) windowFrom(what string, proc int, name string, start time.Tim
 func (w *nemWorld) mutexOp(r *rand.Rand, n *nemName) {
 	hd := w.holder(r, n, true)
 	defer hd.done()
-	ttl := w.ttl(r, false)
-	m := hd.p.c.Mutex(n.name, dsync.TTL(ttl))
+	w.fixedOp(r, &hd)
+	ttl := w.opTTL(r, hd, false)
+	m := hd.p.c.Mutex(n.name, hd.opts(ttl)...)
 	if hd.sh != nil {
 		m, ttl = hd.sh.m, hd.sh.ttl
 	}
-	lock := func(m *dsync.Mutex, ttl time.Duration) *nemHold {
+	lock := func(hd nemHolder, m *dsync.Mutex, ttl time.Duration) *nemHold {
 		try := r.Float64() < w.cl.pTry
 		what := "Mutex.Lock"
 		call := func(ctx context.Context) (bool, error) { return true, m.Lock(ctx) }
@@ -1341,20 +1382,28 @@ func (w *nemWorld) mutexOp(r *rand.Rand, n *nemName) {
 		}
 		return w.acquire(r, hd, n, what, true, try, 1, ttl, w.cl.deadline.pick(r), call, m.Lease)
 	}
-	h := lock(m, ttl)
+	h := lock(hd, m, ttl)
 	if h == nil {
 		return
 	}
-	w.holdFor(r, h)
 	if hd.owner != nil && r.Float64() < w.cl.pReenter {
-		ttl2 := w.ttl(r, true)
-		m2 := hd.p.c.Mutex(n.name, dsync.TTL(ttl2))
-		if h2 := lock(m2, ttl2); h2 != nil {
+		if q, done := w.crossProc(r, hd, n); q != nil {
+			defer done()
+			w.reenterElsewhere(r, hd, q, h, true, m.Unlock, func(hd2 nemHolder) (*nemHold, func(context.Context) error) {
+				m2 := q.c.Mutex(n.name, hd.opts(ttl)...)
+				return lock(hd2, m2, ttl), m2.Unlock
+			})
+			return
+		}
+		w.holdFor(r, h)
+		ttl2 := w.opTTL(r, hd, true)
+		m2 := hd.p.c.Mutex(n.name, hd.opts(ttl2)...)
+		if h2 := lock(hd, m2, ttl2); h2 != nil {
 			w.holdFor(r, h, h2)
 			w.release(h2, hd.ctx, true, m2.Unlock)
 		}
-		w.holdFor(r, h)
 	}
+	w.holdFor(r, h)
 	w.release(h, hd.ctx, true, m.Unlock)
 }
 
@@ -1364,12 +1413,13 @@ func (w *nemWorld) rwOp(r *rand.Rand, n *nemName) {
 	// handle's latest), so only write holds go through shared handles.
 	hd := w.holder(r, n, write)
 	defer hd.done()
-	ttl := w.ttl(r, false)
-	rw := hd.p.c.RWMutex(n.name, dsync.TTL(ttl))
+	w.fixedOp(r, &hd)
+	ttl := w.opTTL(r, hd, false)
+	rw := hd.p.c.RWMutex(n.name, hd.opts(ttl)...)
 	if hd.sh != nil {
 		rw, ttl = hd.sh.rw, hd.sh.ttl
 	}
-	lock := func(rw *dsync.RWMutex, write bool, ttl time.Duration) *nemHold {
+	lock := func(hd nemHolder, rw *dsync.RWMutex, write bool, ttl time.Duration) *nemHold {
 		try := r.Float64() < w.cl.pTry
 		var what string
 		var call func(ctx context.Context) (bool, error)
@@ -1389,18 +1439,33 @@ func (w *nemWorld) rwOp(r *rand.Rand, n *nemName) {
 		}
 		return w.acquire(r, hd, n, what, write, try, 1, ttl, w.cl.deadline.pick(r), call, lease)
 	}
-	h := lock(rw, write, ttl)
+	unlock := func(rw *dsync.RWMutex, write bool) func(context.Context) error {
+		if write {
+			return rw.Unlock
+		}
+		return rw.RUnlock
+	}
+	h := lock(hd, rw, write, ttl)
 	if h == nil {
 		return
 	}
-	w.holdFor(r, h)
 	if hd.owner != nil && r.Float64() < w.cl.pReenter {
-		ttl2 := w.ttl(r, true)
-		rw2 := hd.p.c.RWMutex(n.name, dsync.TTL(ttl2))
+		if q, done := w.crossProc(r, hd, n); q != nil {
+			// In the same mode.
+			defer done()
+			w.reenterElsewhere(r, hd, q, h, true, unlock(rw, write), func(hd2 nemHolder) (*nemHold, func(context.Context) error) {
+				rw2 := q.c.RWMutex(n.name, hd.opts(ttl)...)
+				return lock(hd2, rw2, write, ttl), unlock(rw2, write)
+			})
+			return
+		}
+		w.holdFor(r, h)
+		ttl2 := w.opTTL(r, hd, true)
+		rw2 := hd.p.c.RWMutex(n.name, hd.opts(ttl2)...)
 		switch x := r.IntN(3); {
 		case x == 0 && write:
 			// Downgrade: read while writing, then give the write lock back.
-			if h2 := lock(rw2, false, ttl2); h2 != nil {
+			if h2 := lock(hd, rw2, false, ttl2); h2 != nil {
 				w.holdFor(r, h, h2)
 				w.release(h, hd.ctx, true, rw.Unlock)
 				w.holdFor(r, h)
@@ -1409,38 +1474,31 @@ func (w *nemWorld) rwOp(r *rand.Rand, n *nemName) {
 			}
 		case x == 0:
 			// Upgrade: refused with ErrUpgrade unless the owner also writes.
-			if h2 := lock(rw2, true, ttl2); h2 != nil {
+			if h2 := lock(hd, rw2, true, ttl2); h2 != nil {
 				w.holdFor(r, h, h2)
 				w.release(h2, hd.ctx, true, rw2.Unlock)
 			}
 		default:
-			if h2 := lock(rw2, write, ttl2); h2 != nil {
+			if h2 := lock(hd, rw2, write, ttl2); h2 != nil {
 				w.holdFor(r, h, h2)
-				un := rw2.RUnlock
-				if write {
-					un = rw2.Unlock
-				}
-				w.release(h2, hd.ctx, true, un)
+				w.release(h2, hd.ctx, true, unlock(rw2, write))
 			}
 		}
-		w.holdFor(r, h)
 	}
-	un := rw.RUnlock
-	if write {
-		un = rw.Unlock
-	}
-	w.release(h, hd.ctx, true, un)
+	w.holdFor(r, h)
+	w.release(h, hd.ctx, true, unlock(rw, write))
 }
 
 func (w *nemWorld) semOp(r *rand.Rand, n *nemName) {
 	hd := w.holder(r, n, true)
 	defer hd.done()
-	ttl := w.ttl(r, false)
-	s := hd.p.c.Semaphore(n.name, n.size, dsync.TTL(ttl))
+	w.fixedOp(r, &hd)
+	ttl := w.opTTL(r, hd, false)
+	s := hd.p.c.Semaphore(n.name, n.size, hd.opts(ttl)...)
 	if hd.sh != nil {
 		s, ttl = hd.sh.s, hd.sh.ttl
 	}
-	acq := func(s *dsync.Semaphore, k int64, ttl time.Duration, try bool) *nemHold {
+	acq := func(hd nemHolder, s *dsync.Semaphore, k int64, ttl time.Duration, try bool) *nemHold {
 		what := fmt.Sprintf("Semaphore.Acquire(%d)", k)
 		call := func(ctx context.Context) (bool, error) { return true, s.Acquire(ctx, k) }
 		if try {
@@ -1449,26 +1507,152 @@ func (w *nemWorld) semOp(r *rand.Rand, n *nemName) {
 		}
 		return w.acquire(r, hd, n, what, true, try, k, ttl, w.cl.deadline.pick(r), call, s.Lease)
 	}
+	release := func(s *dsync.Semaphore, k int64) func(context.Context) error {
+		return func(ctx context.Context) error { return s.Release(ctx, k) }
+	}
 	k := 1 + r.Int64N(n.size)
-	h := acq(s, k, ttl, r.Float64() < w.cl.pTry)
+	h := acq(hd, s, k, ttl, r.Float64() < w.cl.pTry)
 	if h == nil {
 		return
 	}
-	w.holdFor(r, h)
-	if (hd.owner != nil || hd.sh != nil) && r.Float64() < w.cl.pReenter {
-		// More permits for the same holder; never wait for them while
-		// holding (the holder might wait for itself).
-		ttl2 := w.ttl(r, true)
-		s2 := s
-		if hd.owner != nil {
-			s2 = hd.p.c.Semaphore(n.name, n.size, dsync.TTL(ttl2))
-		}
-		if h2 := acq(s2, 1, ttl2, true); h2 != nil {
-			w.holdFor(r, h, h2)
-			w.release(h2, hd.ctx, false, func(ctx context.Context) error { return s2.Release(ctx, 1) })
+	// More permits for the same holder; never wait for them while holding
+	// (the holder might wait for itself).
+	reenter := (hd.owner != nil || hd.sh != nil) && r.Float64() < w.cl.pReenter
+	if reenter {
+		if q, done := w.crossProc(r, hd, n); q != nil {
+			defer done()
+			w.reenterElsewhere(r, hd, q, h, false, release(s, k), func(hd2 nemHolder) (*nemHold, func(context.Context) error) {
+				s2 := q.c.Semaphore(n.name, n.size, hd.opts(ttl)...)
+				return acq(hd2, s2, 1, ttl, true), release(s2, 1)
+			})
+			return
 		}
 	}
-	w.release(h, hd.ctx, false, func(ctx context.Context) error { return s.Release(ctx, k) })
+	w.holdFor(r, h)
+	if reenter {
+		ttl2 := w.opTTL(r, hd, true)
+		s2 := s
+		if hd.owner != nil {
+			s2 = hd.p.c.Semaphore(n.name, n.size, hd.opts(ttl2)...)
+		}
+		if h2 := acq(hd, s2, 1, ttl2, true); h2 != nil {
+			w.holdFor(r, h, h2)
+			w.release(h2, hd.ctx, false, release(s2, 1))
+		}
+	}
+	w.release(h, hd.ctx, false, release(s, k))
+}
+
+// fixedOp decides whether the handles of hd's operation use FixedLease
+// (see pFixed); a shared handle's options are its own.
+func (w *nemWorld) fixedOp(r *rand.Rand, hd *nemHolder) {
+	hd.fixed = hd.sh == nil && w.cl.pFixed > 0 && r.Float64() < w.cl.pFixed
+}
+
+// opTTL picks the TTL of a handle of hd's operation (a re-entry's with
+// reentry).
+func (w *nemWorld) opTTL(r *rand.Rand, hd nemHolder, reentry bool) time.Duration {
+	if hd.fixed && w.cl.fixedTTL[1] > 0 {
+		return w.cl.fixedTTL.pick(r)
+	}
+	return w.ttl(r, reentry)
+}
+
+// opts are the options of a handle of hd's operation with TTL ttl.
+func (hd nemHolder) opts(ttl time.Duration) []dsync.Option {
+	if hd.fixed {
+		return []dsync.Option{dsync.TTL(ttl), dsync.FixedLease()}
+	}
+	return []dsync.Option{dsync.TTL(ttl)}
+}
+
+// nemFixedMargin is how long before the end of a FixedLease hold's TTL
+// its first level must still be when the re-entry from another Client has
+// been made, for that level to be released first (see reenterElsewhere):
+// far from the time its Lease reports the loss.
+const nemFixedMargin = 400 * time.Millisecond
+
+// crossProc returns, with probability pCross, another Client of the group
+// of hd's owner through which the owner's re-entry (or join) of the name
+// is made, and the function that ends the owner's use there; nil if none.
+// Under client reentrancy only a Semaphore's: another Client's Lock of a
+// Mutex or RWMutex waits for the owner's hold in this one.
+func (w *nemWorld) crossProc(r *rand.Rand, hd nemHolder, n *nemName) (*nemProc, func()) {
+	if hd.owner == nil || w.cl.pCross == 0 || r.Float64() >= w.cl.pCross || hd.p.local && n.kind != kSem {
+		return nil, nil
+	}
+	var others []*nemProc
+	for _, q := range w.groups[n.group] {
+		if q != hd.p {
+			others = append(others, q)
+		}
+	}
+	if len(others) == 0 {
+		return nil, nil
+	}
+	q := others[r.IntN(len(others))]
+	done := func() {}
+	if w.cl.ownerUse == ownerPerProc {
+		// One goroutine uses the owner on each Client at once.
+		b := &hd.owner.busy[1+q.idx]
+		if !b.TryLock() {
+			return nil, nil
+		}
+		done = b.Unlock
+	}
+	return q, done
+}
+
+// reenterElsewhere makes the owner of hd, which holds h through hd.p,
+// re-enter (or join) it through a handle of q (see pCross): again makes
+// that acquire call with the holder given and returns its hold, if any,
+// and the release of it; rel is h's release (retried as release says with
+// retry). It returns once both are released. Under FixedLease the
+// re-entry comes late in h's TTL, and, unless it returned too close to
+// the end of that TTL, h is released at once and the re-entry kept past
+// the end of the TTL: the hold then ends in Redis at h's TTL, and so must
+// the re-entry's Lease. Otherwise the re-entry nests in h, or outlasts it.
+func (w *nemWorld) reenterElsewhere(r *rand.Rand, hd nemHolder, q *nemProc, h *nemHold, retry bool, rel func(context.Context) error,
+	again func(hd nemHolder) (*nemHold, func(context.Context) error)) {
+	if hd.fixed {
+		f := w.cl.pCrossAt[0] + r.Float64()*(w.cl.pCrossAt[1]-w.cl.pCrossAt[0])
+		w.sleep(time.Until(h.call.Add(time.Duration(f * float64(h.ttl)))))
+	} else {
+		w.holdFor(r, h)
+	}
+	hd2 := hd
+	hd2.p = q
+	h2, rel2 := again(hd2)
+	if h2 == nil {
+		if !hd.fixed {
+			w.holdFor(r, h)
+		}
+		w.release(h, hd.ctx, retry, rel)
+		return
+	}
+	w.mu.Lock()
+	h2.of = h.proc + 1
+	w.counts["owner re-entries from another Client"]++
+	w.mu.Unlock()
+	switch {
+	case hd.fixed && time.Until(h.call.Add(h.ttl)) > nemFixedMargin:
+		w.release(h, hd.ctx, retry, rel)
+		w.sleep(time.Until(h.ret.Add(h.ttl + w.cl.pastTTL.pick(r))))
+		if time.Now().After(h.ret.Add(h.ttl)) {
+			w.count("FixedLease re-entries from another Client kept past the hold's TTL")
+		}
+		w.release(h2, hd.ctx, retry, rel2)
+	case hd.fixed || r.IntN(2) == 0:
+		w.holdFor(r, h, h2)
+		w.release(h2, hd.ctx, retry, rel2)
+		w.holdFor(r, h)
+		w.release(h, hd.ctx, retry, rel)
+	default:
+		w.holdFor(r, h, h2)
+		w.release(h, hd.ctx, retry, rel)
+		w.holdFor(r, h2)
+		w.release(h2, hd.ctx, retry, rel2)
+	}
 }
 
 var errNemF = errors.New("nemesis: f failed")
@@ -2298,7 +2482,9 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time, dels *nemIndex) map[*n
 	live := map[*nemHold]time.Time{}
 	loss := map[*nemHold]time.Time{}
 	since := map[*nemHold]time.Time{}
+	first := map[*nemHold]bool{}
 	for _, g := range overlapping(hs, end) {
+		first[g[0]] = true
 		for _, h := range g {
 			since[h] = h.call
 			for _, o := range g {
@@ -2312,6 +2498,23 @@ func (w *nemWorld) liveEnds(hs []*nemHold, end time.Time, dels *nemIndex) map[*n
 		var l time.Time
 		if !h.lostAt.IsZero() {
 			l = h.lostAt.Add(-nemGrace)
+			if h.fixed {
+				// A FixedLease hold's lease runs out while other holders
+				// may wait for the name: a stall of the test process
+				// just before the loss was seen may have delayed the
+				// goroutine that saw it.
+				l = l.Add(-w.lag.during(h.lostAt.Add(-time.Second), h.lostAt))
+			}
+		}
+		if h.fixed && h.lease != nil && first[h] {
+			// And it ran out by its TTL from the return of the Lock that
+			// took it, whenever the loss was seen: the Lease measures
+			// its TTL from before the hold was taken. (Unless another
+			// hold of the owner in the Client renews it: the holder
+			// overlaps none of its own here.)
+			if e := h.ret.Add(h.ttl); e.Before(relOr(h, end)) && (l.IsZero() || e.Before(l)) {
+				l = e
+			}
 		}
 		if !h.endedAt.IsZero() && (l.IsZero() || h.endedAt.Add(-nemGrace).Before(l)) {
 			l = h.endedAt.Add(-nemGrace)
@@ -2394,7 +2597,13 @@ func (w *nemWorld) desc(h *nemHold, live map[*nemHold]time.Time) string {
 	case !h.endedAt.IsZero():
 		lease = "lease ended by another release of its owner at " + w.at(h.endedAt)
 	}
-	s := fmt.Sprintf("[%s %s, token %d, acquire called %s, returned %s, released %s, %s", h.ident, mode, h.token,
+	if h.fixed {
+		mode += fmt.Sprintf(", FixedLease TTL %v", h.ttl)
+	}
+	if h.of != 0 {
+		mode += fmt.Sprintf(", re-entering the owner's hold of p%d", h.of-1)
+	}
+	s := fmt.Sprintf("[%s %s on p%d, token %d, acquire called %s, returned %s, released %s, %s", h.ident, mode, h.proc, h.token,
 		w.at(h.call), w.at(h.ret), w.at(h.rel), lease)
 	if h.relErr != nil {
 		s += fmt.Sprintf(", Lease.Err before the release: %v", h.relErr)
@@ -2628,7 +2837,12 @@ func (w *nemWorld) checkErrors(hs []*nemHold, live map[*nemHold]time.Time) {
 			w.reportOn("unlock", h.name, h.call, h.relDone, "%s %s: the release of a hold the caller believed it held returned %v (lease %v at acquisition, %v before the release): %s",
 				h.kind, h.name, h.unlockE, h.accErr, h.relErr, w.desc(h, live))
 		}
-		if errors.Is(h.unlockE, dsync.ErrLeaseLost) && h.relErr == nil && !deleted && !excused && h.relDone.Before(h.call.Add(h.ttl/2)) {
+		// A FixedLease re-entry or join does not extend the hold it
+		// joins, which may end before half its own TTL; only a hold the
+		// holder took afresh (the first of its holds that overlap, in a
+		// run where every outcome is known) lasts its TTL.
+		fresh := !h.fixed || since[h].Equal(h.call) && w.cl.strict()
+		if errors.Is(h.unlockE, dsync.ErrLeaseLost) && h.relErr == nil && !deleted && !excused && fresh && h.relDone.Before(h.call.Add(h.ttl/2)) {
 			// The server keeps a hold at least a TTL from the call that
 			// took it, renewed or not, and the release reached it before
 			// it returned. (An excused hold is one of an owner's holds
@@ -3109,6 +3323,43 @@ func TestNemesisExcusesAReentryAfterADeletionOfItsGrant(t *testing.T) {
 		}
 		run(w, at, true, token)
 	}, "a re-entry of the deleted grant", "a re-entry granted afresh (token 7) after the deletion", "two holders")
+}
+
+// TestNemesisFixedLeaseEndsByItsTTL: a FixedLease hold ends by its TTL
+// from the return of the Lock that took it, whenever its watcher saw the
+// loss: another owner that takes the name after that, before the hold's
+// release, is no second holder. The same hold without FixedLease, whose
+// lease reported no loss, is live until its release.
+func TestNemesisFixedLeaseEndsByItsTTL(t *testing.T) {
+	checkExcused(t, &nemClass{}, 3000, func(w *nemWorld, at func(int) time.Time, fixed bool) {
+		mk := func(ident string, call, rel int) *nemHold {
+			return &nemHold{kind: kMutex, name: "x", write: true, ident: ident, owned: true, ttl: time.Second,
+				call: at(call), ret: at(call + 5), rel: at(rel), relDone: at(rel + 5), lease: &dsync.Lease{}}
+		}
+		h := mk("owner o", 0, 1500)
+		h.fixed = fixed
+		hs := []*nemHold{h, mk("owner q", 1050, 1300)}
+		w.checkExclusion(hs, w.liveEnds(hs, at(3000), newIndex(nil)))
+	}, "a FixedLease hold of TTL 1 s", "a renewed hold", "two holders")
+}
+
+// TestNemesisVanishedSkipsFixedLeaseReentries: a FixedLease re-entry
+// (or join) leaves the hold's expiry as it was: its release may find the
+// hold gone before half its own TTL has passed, unlike that of a re-entry
+// that extends the hold.
+func TestNemesisVanishedSkipsFixedLeaseReentries(t *testing.T) {
+	checkExcused(t, &nemClass{}, 3000, func(w *nemWorld, at func(int) time.Time, fixed bool) {
+		w.delIdx = map[string]*nemIndex{}
+		mk := func(proc, call, rel int, err error) *nemHold {
+			return &nemHold{kind: kMutex, name: "x", write: true, ident: "owner o", proc: proc, owned: true, fixed: fixed, ttl: 2 * time.Second,
+				call: at(call), ret: at(call + 5), rel: at(rel), relDone: at(rel + 5), unlockE: err, lease: &dsync.Lease{}}
+		}
+		// The hold from 0 ms on p0, re-entered on p1 at 500 ms, released on
+		// p0 at 550 ms; the re-entry's release at 600 ms finds it gone.
+		hs := []*nemHold{mk(0, 0, 550, nil), mk(1, 500, 600, dsync.ErrLeaseLost)}
+		hs[1].of = 1
+		w.checkErrors(hs, w.liveEnds(hs, at(3000), w.delIdx["x"]))
+	}, "a FixedLease re-entry", "a re-entry that extends the hold", "a vanished hold")
 }
 
 // TestNemesisTokenJoinOfAnUnknownOutcome: a holding whose token is below
