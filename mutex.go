@@ -165,7 +165,10 @@ func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, err
 // a Redis error, its ctx still open, the outcome is unknown and the level
 // still counts: repeat the Unlock. The repeat is sent under the first
 // one's call id, naming its hold, and answers as it would have, also when
-// another goroutine of the owner locked in between. Unlock never affects
+// another goroutine of the owner locked in between, if it comes within
+// the replay window (60 s from the first one's run); a later one is a new
+// Unlock of the hold it names, which may end the hold (its Lease then
+// ends, and a further Unlock returns ErrNotHeld). Unlock never affects
 // another owner's hold, and an Unlock retried after a lost reply never
 // affects a later hold of the same owner or handle. The
 // goroutines acting for one owner share its levels: once the owner holds

@@ -283,7 +283,8 @@ func (rw *RWMutex) restoreRead(h *hold, unsettled bool) {
 // still counts: repeat the RUnlock. The repeat is sent under the first
 // one's call id, for the read hold it was sent for (not the handle's most
 // recent one), and answers as it would have, also when another goroutine
-// took a read hold in between.
+// took a read hold in between, if it comes within the replay window (as
+// for [Mutex.Unlock]).
 func (rw *RWMutex) RUnlock(ctx context.Context) error {
 	return rw.unlock(ctx, modeRead)
 }
