@@ -168,7 +168,7 @@ func (m *Mutex) held(c lockCall, fence uint64, newHold func() *hold) (*hold, err
 // another goroutine of the owner locked in between, if it comes within
 // the replay window (60 s from the first one's run); a later one is a new
 // Unlock of the hold it names, which may end the hold (its Lease then
-// ends, and a further Unlock returns ErrNotHeld). Unlock never affects
+// ends, and a further Unlock returns [ErrNotHeld]). Unlock never affects
 // another owner's hold, and an Unlock retried after a lost reply never
 // affects a later hold of the same owner or handle. The
 // goroutines acting for one owner share its levels: once the owner holds
