@@ -27,6 +27,28 @@ const (
 	reentryAfter   = 2500 * time.Millisecond
 )
 
+// leaseKind returns, for kind ("mutex", "write", "read" or "semaphore"),
+// the lock and lease of name on c (a Semaphore of 2, one permit at a
+// time) and another owner's try on other that succeeds only when the
+// name is free (a Semaphore's: both permits).
+func leaseKind(kind string, c, other *dsync.Client, name string) (lock func(context.Context) error,
+	lease func(context.Context) (*dsync.Lease, error), try func(context.Context) (bool, error)) {
+	switch kind {
+	case "mutex":
+		m := c.Mutex(name)
+		return m.Lock, m.Lease, other.Mutex(name).TryLock
+	case "write":
+		rw := c.RWMutex(name)
+		return rw.Lock, rw.Lease, other.RWMutex(name).TryLock
+	case "read":
+		rw := c.RWMutex(name)
+		return rw.RLock, rw.RLease, other.RWMutex(name).TryLock
+	}
+	s := c.Semaphore(name, 2)
+	return func(ctx context.Context) error { return s.Acquire(ctx, 1) }, s.Lease,
+		func(ctx context.Context) (bool, error) { return other.Semaphore(name, 2).TryAcquire(ctx, 2) }
+}
+
 // TestMaxHoldReentryKeepsTTL: with MaxHold, a re-entry of a Mutex or of
 // either mode of an RWMutex does not extend the hold in Redis past the
 // deadline its Lease keeps, in both reentrancy modes.
@@ -41,20 +63,7 @@ func TestMaxHoldReentryKeepsTTL(t *testing.T) {
 				opts := append([]dsync.Option{dsync.TTL(fixedReentryTTL), dsync.MaxHold(maxHoldReentry)}, mode.opts...)
 				c := newClient(t, b, opts...)
 				other := newClient(t, b, dsync.TTL(fixedReentryTTL))
-				var lock func(context.Context) error
-				var lease func(context.Context) (*dsync.Lease, error)
-				var try func(context.Context) (bool, error)
-				switch kind {
-				case "mutex":
-					m := c.Mutex(name)
-					lock, lease, try = m.Lock, m.Lease, other.Mutex(name).TryLock
-				case "write":
-					rw := c.RWMutex(name)
-					lock, lease, try = rw.Lock, rw.Lease, other.RWMutex(name).TryLock
-				case "read":
-					rw := c.RWMutex(name)
-					lock, lease, try = rw.RLock, rw.RLease, other.RWMutex(name).TryLock
-				}
+				lock, lease, try := leaseKind(kind, c, other, name)
 				checkReentryKeepsTTL(t, dsync.WithOwner(ctx), reentryAfter, lock, lease, try)
 			})
 		}
@@ -255,24 +264,7 @@ func TestFixedLeaseReentryReplyAfterTheLeaseEnded(t *testing.T) {
 			late := &heldReply{delay: 1500 * time.Millisecond}
 			c, _ := hookedClient(t, b, late, dsync.TTL(fixedReentryTTL), dsync.FixedLease())
 			other := newClient(t, b, dsync.TTL(fixedReentryTTL))
-			var lock func(context.Context) error
-			var lease func(context.Context) (*dsync.Lease, error)
-			var try func(context.Context) (bool, error)
-			switch kind {
-			case "mutex":
-				m := c.Mutex(name)
-				lock, lease, try = m.Lock, m.Lease, other.Mutex(name).TryLock
-			case "write":
-				rw := c.RWMutex(name)
-				lock, lease, try = rw.Lock, rw.Lease, other.RWMutex(name).TryLock
-			case "read":
-				rw := c.RWMutex(name)
-				lock, lease, try = rw.RLock, rw.RLease, other.RWMutex(name).TryLock
-			case "semaphore":
-				s := c.Semaphore(name, 2)
-				lock, lease = func(ctx context.Context) error { return s.Acquire(ctx, 1) }, s.Lease
-				try = func(ctx context.Context) (bool, error) { return other.Semaphore(name, 2).TryAcquire(ctx, 2) }
-			}
+			lock, lease, try := leaseKind(kind, c, other, name)
 			octx := dsync.WithOwner(ctx)
 			start := time.Now()
 			must(t, lock(octx))
