@@ -26,44 +26,36 @@ import (
 // level, in Redis too (Mutex, RWMutex write and read holds). On
 // miniredis, whose clock a test moves.
 func TestReleaseCopyWithinTheWindowAfterARepeatChangesNothing(t *testing.T) {
-	b := redistest.Miniredis(t)
-	for _, k := range ownerReleaseKinds() {
-		if k.name == "Semaphore" {
-			// A Release of some of the permits whose outcome is unknown
-			// counts as done and is not repeated; a Release of all of
-			// them ends the holding, which its copies name.
-			continue
+	// A Semaphore's Release of some of the permits whose outcome is
+	// unknown counts as done and is not repeated; a Release of all of
+	// them ends the holding, which its copies name.
+	eachLockRelease(t, func(t *testing.T, b redistest.Backend, k ownerReleaseKind, ctx context.Context, name string) {
+		f := scriptFaults(k.script)
+		rec := &redistest.Recorder{}
+		c, rdb := hookedClient(t, b, f, dsync.TTL(10*time.Minute))
+		rdb.AddHook(rec)
+		take, release := k.handle(c, name)
+		// Loaded first: the lost reply is of a release that ran.
+		must(t, lua.Script(k.script).Load(ctx, rdb).Err())
+		must(t, take(ctx))
+		must(t, take(ctx))
+		f.DropReplyNext(1, errors.New("i/o timeout"))
+		if err := release(ctx); err == nil {
+			t.Fatal("the release whose reply was lost returned nil")
 		}
-		t.Run(strings.ReplaceAll(k.name, " ", "-"), func(t *testing.T) {
-			ctx := dsync.WithOwner(ctxT(t))
-			name := redistest.Key(t)
-			f := scriptFaults(k.script)
-			rec := &redistest.Recorder{}
-			c, rdb := hookedClient(t, b, f, dsync.TTL(10*time.Minute))
-			rdb.AddHook(rec)
-			take, release := k.handle(c, name)
-			// Loaded first: the lost reply is of a release that ran.
-			must(t, lua.Script(k.script).Load(ctx, rdb).Err())
-			must(t, take(ctx))
-			must(t, take(ctx))
-			f.DropReplyNext(1, errors.New("i/o timeout"))
-			if err := release(ctx); err == nil {
-				t.Fatal("the release whose reply was lost returned nil")
-			}
-			first := lastRun(t, rec, k.script, " for the first release")
-			b.Advance(10 * time.Second)
-			// The repeat: the call returns now.
-			must(t, release(ctx))
-			b.Advance(51 * time.Second)
-			if err := rdb.Do(ctx, first...).Err(); err != nil {
-				t.Fatalf("the copy of the first release: %v", err)
-			}
-			if ok, err := k.other(dsync.WithOwner(ctxT(t)), newClient(t, b), name); err != nil || ok {
-				t.Fatalf("another Client's try after the copy, 51 s after the release returned = %v, %v; want false (the owner still holds a level)", ok, err)
-			}
-			must(t, release(ctx))
-		})
-	}
+		first := lastRun(t, rec, k.script, " for the first release")
+		b.Advance(10 * time.Second)
+		// The repeat: the call returns now.
+		must(t, release(ctx))
+		b.Advance(51 * time.Second)
+		if err := rdb.Do(ctx, first...).Err(); err != nil {
+			t.Fatalf("the copy of the first release: %v", err)
+		}
+		if ok, err := k.other(dsync.WithOwner(ctxT(t)), newClient(t, b), name); err != nil || ok {
+			t.Fatalf("another Client's try after the copy, 51 s after the release returned = %v, %v; want false (the owner still holds a level)", ok, err)
+		}
+		must(t, release(ctx))
+	})
 }
 
 // As above, but the release's reply is late as well as lost: its script
@@ -77,36 +69,43 @@ func TestReleaseCopyWithinTheWindowAfterARepeatChangesNothing(t *testing.T) {
 // (Before, a release naming its hold carried no bound: the copy ended the
 // owner's last level in Redis and another owner took the name.)
 func TestReleaseCopyPastItsIDButWithinTheWindowChangesNothing(t *testing.T) {
+	// For a Semaphore: TestLateCopyOfANamedPartialReleasePastItsBoundReleasesNothing.
+	eachLockRelease(t, func(t *testing.T, b redistest.Backend, k ownerReleaseKind, ctx context.Context, name string) {
+		late := &lateReply{sha: lua.Script(k.script).Hash(), after: func() { b.Advance(5 * time.Second) }}
+		rec := &redistest.Recorder{}
+		c, rdb := hookedClient(t, b, late, dsync.TTL(10*time.Minute))
+		rdb.AddHook(rec)
+		take, release := k.handle(c, name)
+		// Loaded first: the lost reply is of a release that ran.
+		must(t, lua.Script(k.script).Load(ctx, rdb).Err())
+		must(t, take(ctx))
+		must(t, take(ctx))
+		late.armed.Store(true)
+		if err := release(ctx); !errors.Is(err, redistest.ErrInjected) {
+			t.Fatalf("the release whose reply was lost = %v, want the injected error", err)
+		}
+		first := lastRun(t, rec, k.script, " for the release")
+		b.Advance(56 * time.Second)
+		if err := rdb.Do(ctx, first...).Err(); err != nil {
+			t.Fatalf("the copy of the release: %v", err)
+		}
+		if ok, err := k.other(dsync.WithOwner(ctxT(t)), newClient(t, b), name); err != nil || ok {
+			t.Fatalf("another Client's try after the copy, 56 s after the release returned = %v, %v; want false (the owner still holds a level)", ok, err)
+		}
+	})
+}
+
+// eachLockRelease runs f, on miniredis (whose clock a test moves), for
+// each owner release kind but the Semaphore's (Mutex, RWMutex write and
+// read holds), with a ctx that carries an owner and a name of its own.
+func eachLockRelease(t *testing.T, f func(t *testing.T, b redistest.Backend, k ownerReleaseKind, ctx context.Context, name string)) {
 	b := redistest.Miniredis(t)
 	for _, k := range ownerReleaseKinds() {
 		if k.name == "Semaphore" {
-			// TestLateCopyOfANamedPartialReleasePastItsBoundReleasesNothing.
 			continue
 		}
 		t.Run(strings.ReplaceAll(k.name, " ", "-"), func(t *testing.T) {
-			ctx := dsync.WithOwner(ctxT(t))
-			name := redistest.Key(t)
-			late := &lateReply{sha: lua.Script(k.script).Hash(), after: func() { b.Advance(5 * time.Second) }}
-			rec := &redistest.Recorder{}
-			c, rdb := hookedClient(t, b, late, dsync.TTL(10*time.Minute))
-			rdb.AddHook(rec)
-			take, release := k.handle(c, name)
-			// Loaded first: the lost reply is of a release that ran.
-			must(t, lua.Script(k.script).Load(ctx, rdb).Err())
-			must(t, take(ctx))
-			must(t, take(ctx))
-			late.armed.Store(true)
-			if err := release(ctx); !errors.Is(err, redistest.ErrInjected) {
-				t.Fatalf("the release whose reply was lost = %v, want the injected error", err)
-			}
-			first := lastRun(t, rec, k.script, " for the release")
-			b.Advance(56 * time.Second)
-			if err := rdb.Do(ctx, first...).Err(); err != nil {
-				t.Fatalf("the copy of the release: %v", err)
-			}
-			if ok, err := k.other(dsync.WithOwner(ctxT(t)), newClient(t, b), name); err != nil || ok {
-				t.Fatalf("another Client's try after the copy, 56 s after the release returned = %v, %v; want false (the owner still holds a level)", ok, err)
-			}
+			f(t, b, k, dsync.WithOwner(ctxT(t)), redistest.Key(t))
 		})
 	}
 }
