@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dsync-go/dsync"
+	"github.com/dsync-go/dsync/internal/luasrc"
 	"github.com/dsync-go/dsync/internal/redistest"
 	"github.com/dsync-go/dsync/lua"
 )
@@ -54,7 +55,9 @@ import (
 //
 // With $DSYNC_SERVER_TIME_BASE naming a directory of other versions of the
 // scripts (lib.lua, the *_lib.lua files and the hot scripts, with the same
-// KEYS and ARGV), each round also runs every operation on those, reported
+// KEYS and ARGV), put together as lua.Source puts dsync's together (only
+// the definitions of lib.lua a script uses), each round also runs every
+// operation on those, reported
 // with the prefix "base:", so that a change is measured against what it
 // replaces in one run, on the same keys, interleaved; <metric>-×base is
 // then the median over the rounds of the ratio to the base's figure.
@@ -95,12 +98,20 @@ func BenchmarkServerTime(b *testing.B) {
 		swap   func() (restore func())
 	}
 	variants := []variant{{"", func() func() { return func() {} }}}
+	same := map[string]bool{} // SHAs of scripts the base has unchanged
 	if dir := os.Getenv("DSYNC_SERVER_TIME_BASE"); dir != "" {
 		srcs := map[string]string{}
 		for _, n := range []string{"mutex_lock", "mutex_unlock", "rwmutex_lock", "rwmutex_unlock", "semaphore_acquire", "semaphore_release", "once_do", "once_release"} {
-			src := readLua(b, dir, "lib") + readLua(b, dir, n[:strings.Index(n, "_")]+"_lib") + readLua(b, dir, n)
+			// Put together as lua.Source does (lib.lua's definitions that
+			// the script uses, then the script): a base with every
+			// definition would pay for the unused ones on every call.
+			src := luasrc.Join(readLua(b, dir, "lib"), readLua(b, dir, n[:strings.Index(n, "_")]+"_lib")+readLua(b, dir, n))
 			srcs[n] = src
-			scripts[redis.NewScript(src).Hash()] = "base:" + n
+			if h := redis.NewScript(src).Hash(); scripts[h] == n {
+				same[h] = true // unchanged: its calls are named by variant
+			} else {
+				scripts[h] = "base:" + n
+			}
 		}
 		variants = append(variants, variant{"base:", func() func() {
 			var restore []func()
@@ -175,7 +186,7 @@ func BenchmarkServerTime(b *testing.B) {
 					switch {
 					case len(e.Args) >= 2 && strings.EqualFold(e.Args[0], "evalsha"):
 						name = scripts[e.Args[1]]
-						if name == "floor_del" || strings.HasPrefix(name, "noop_") || strings.HasPrefix(name, "bare_") {
+						if name == "floor_del" || strings.HasPrefix(name, "noop_") || strings.HasPrefix(name, "bare_") || same[e.Args[1]] {
 							name = v.prefix + name
 						}
 					case len(e.Args) >= 2 && strings.EqualFold(e.Args[0], "set") && e.Args[1] == floorKey:
