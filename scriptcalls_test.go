@@ -76,8 +76,8 @@ func TestScriptCallsPerUncontendedOperation(t *testing.T) {
 				{"Mutex.Unlock", mutexKeys(name).Lock, 5, m.Unlock},
 				{"RWMutex.Lock", rwk(name).Writer, 12, rw.Lock},
 				{"RWMutex.Unlock", rwk(name).Writer, 6, rw.Unlock},
-				{"RWMutex.RLock", rwk(name).Writer, 12, rw.RLock},
-				{"RWMutex.RUnlock", rwk(name).Writer, 10, rw.RUnlock},
+				{"RWMutex.RLock", rwk(name).Writer, 11, rw.RLock},
+				{"RWMutex.RUnlock", rwk(name).Writer, 9, rw.RUnlock},
 				{"Semaphore.Acquire", semKeys(name).State, 12, func(ctx context.Context) error { return sem.Acquire(ctx, 1) }},
 				{"Semaphore.Release", semKeys(name).State, 8, func(ctx context.Context) error { return sem.Release(ctx, 1) }},
 			}

@@ -25,11 +25,27 @@ local num = digits
 -- lapsed is gone.
 local readers_pruned, writers_pruned = false, false
 
+-- The readers zset's two lowest entries with their deadlines
+-- ({member, deadline, member, deadline}, fewer when it has fewer; {}
+-- when it is absent), as prune_readers found them when none had lapsed:
+-- nil when it pruned, or has not run. Only for a script that writes no
+-- reader between prune_readers and its use of this.
+local readers_low
+
 local function prune_readers()
   if readers_pruned then
     return
   end
   readers_pruned = true
+  -- The earliest deadlines first: when none has passed (the common case,
+  -- a free name among them) there is nothing to drop, and what was read
+  -- tells whether the zset exists, or holds a single reader.
+  local low = redis.call('ZRANGE', R, '0', '1', 'WITHSCORES')
+  local first = low[2] and tonumber(low[2])
+  if not low[2] or (first and first > now) then
+    readers_low = low
+    return
+  end
   local gone = redis.call('ZRANGEBYSCORE', R, '-inf', num(now))
   for _, r in ipairs(gone) do
     redis.call('HDEL', RC, r)
@@ -84,9 +100,10 @@ end
 
 -- After this script gave an entry of z (and of its companion hash h) a
 -- deadline ms (a number) from now: z lasts until then at least, and h as
--- long as z.
-local function grow(z, h, ms)
-  local p = redis.call('PTTL', z)
+-- long as z. p, if given, is z's PTTL as the script knows it (-1: z was
+-- absent before the write, which created it without an expiry).
+local function grow(z, h, ms, p)
+  p = p or redis.call('PTTL', z)
   if p < ms then
     redis.call('PEXPIRE', z, num(ms))
     p = ms

@@ -213,7 +213,9 @@ if mode == 'r' then
   local rid = hold_id(id)
   write_rec(tok, 1, num(rid), id)
   redis.call('ZADD', R, num(now + ttl), tok)
-  grow(R, RC, ttl)
+  -- A readers zset that prune_readers found absent was created by this
+  -- ZADD, without an expiry: no need to read it.
+  grow(R, RC, ttl, readers_low and not readers_low[1] and -1 or nil)
   noted(id, 1)
   return out({ 1, rid })
 end

@@ -220,7 +220,10 @@ if mode == 'r' then
   if guard == '' and not named and tonumber(rid) < 9007199254740992 then
     ended = rid
   end
-  local top = redis.call('ZRANGE', R, '-1', '-1', 'WITHSCORES')
+  -- The caller was the only reader, as prune_readers found the zset
+  -- (nothing wrote it since but this ZREM): none is left.
+  local alone = readers_low and #readers_low == 2 and readers_low[1] == tok
+  local top = alone and {} or redis.call('ZRANGE', R, '-1', '-1', 'WITHSCORES')
   if top[2] then
     -- Other readers hold. The record goes before the expiries are fitted:
     -- a deadline from foreign data there makes fit fail, and the record
