@@ -113,10 +113,16 @@ end
 if used > 0 and (head or used + n > size) and redis.call('EXISTS', KEYS[3]) == 0 then
   redis.call('DEL', KEYS[1])
   known[KEYS[1]] = -2
-  used, held, hashed = 0, {}, nil
+  used, held, hashed, queued = 0, {}, nil, nil
   if in_force then
-    -- The size in force stays (the queue was made under it).
-    redis.call('HSET', KEYS[1], ':size', fmt(in_force))
+    -- The size in force stays (the queue was made under it), and so
+    -- does the mark that someone is queued.
+    if head then
+      redis.call('HSET', KEYS[1], ':size', fmt(in_force), ':q', '1')
+      queued = true
+    else
+      redis.call('HSET', KEYS[1], ':size', fmt(in_force))
+    end
     extend(KEYS[1], ttl)
     hashed = true
   end
@@ -151,9 +157,12 @@ end
 -- Take (or refresh) a place: it lasts one TTL (200 ms at least, see
 -- place_ms) and every attempt renews it, so a dead waiter's place lapses
 -- alone. Arrival scores strictly increase (see lib.lua's arrive).
-if not in_force then
-  redis.call('HSET', KEYS[1], ':size', ARGV[3])
-  in_force = size
+-- The state hash says that someone is queued (':q'), so that a release
+-- need not look at the queue while nobody is. (':size' is ARGV[3] when
+-- set: a size that differs was refused above.)
+if not in_force or not queued then
+  redis.call('HSET', KEYS[1], ':size', ARGV[3], ':q', '1')
+  in_force, queued = size, true
 end
 arrive(KEYS[4], id)
 local place = place_ms(ttl)

@@ -7,8 +7,13 @@
 --         (kept equal to the sum of the holdings), <token> -> permits held by
 --         that holder, ':f:'<token> -> fencing token of that holding,
 --         ':c:'<token> -> ids of the latest Acquire calls applied to that
---         holding (see lib.lua: what an abandon may undo). Owner tokens
---         never begin with ':', so the fields cannot clash.
+--         holding (see lib.lua: what an abandon may undo), ':d:'<token>
+--         set once a release that named that holding lowered it or was
+--         refused (see semaphore_release.lua), ':p' the call ids' prune
+--         marker as the last Acquire that took permits found it, ':q' set
+--         once a call queued (cleared only with the hash: while it is
+--         unset, nobody is queued). Owner tokens never begin with ':', so
+--         the fields cannot clash.
 -- KEYS[2] fence hash (outlives holdings, idle expiry): 'n' last fencing token,
 --         'e' when the hash expires (see lib.lua's set_fence); shared with
 --         the Mutex of the name
@@ -58,9 +63,11 @@ local known = {}
 
 -- What this script knows of the state hash: ':size' (nil when unset),
 -- ':used', and per holder token {n = permits, f = fencing token, c = call
--- ids}. It is read once, by the first hold() (after prune), and kept up to
--- date by every write below, so that no field is read twice.
-local in_force, used
+-- ids}, and queued (':q'); with marks (set by the release before it
+-- reads), also the first holder's d (':d:'<token>) and the hash's mark
+-- (':p'). It is read once, by the first hold() (after prune), and kept
+-- up to date by every write below, so that no field is read twice.
+local in_force, used, queued, marks, mark
 local hashed -- the state hash had ':size' or ':used' when read
 local held = {}
 local wiped = false -- tidy deleted the keys in this script
@@ -88,7 +95,7 @@ end
 -- is now.
 local function lapse(tok, h)
   if behind and h.n > 0 and (tonumber(redis.call('ZSCORE', KEYS[3], tok)) or 0) <= now_ms then
-    redis.call('HDEL', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok)
+    redis.call('HDEL', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok, ':d:' .. tok)
     redis.call('ZREM', KEYS[3], tok)
     redis.call('HINCRBY', KEYS[1], ':used', -h.n)
     used = used - h.n
@@ -108,10 +115,16 @@ local function hold(tok)
   if wiped then
     h = { n = 0 }
   elseif used == nil then
-    local r = redis.call('HMGET', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok, ':size', ':used')
-    h = { n = count(r[1]), f = r[2] or nil, c = r[3] or nil }
+    local r
+    if marks then
+      r = redis.call('HMGET', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok, ':size', ':used', ':q', ':d:' .. tok, ':p')
+    else
+      r = redis.call('HMGET', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok, ':size', ':used', ':q')
+    end
+    h = { n = count(r[1]), f = r[2] or nil, c = r[3] or nil, d = r[7] or nil }
     in_force, used = r[4] and count(r[4], 1) or nil, count(r[5])
     hashed = r[4] or r[5]
+    queued, mark = r[6] or nil, r[8] or nil
   else
     local r = redis.call('HMGET', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok)
     h = { n = count(r[1]), f = r[2] or nil, c = r[3] or nil }
@@ -153,7 +166,7 @@ local function prune()
     local c = 0
     if string.sub(h, 1, 1) ~= ':' then
       c = tonumber(redis.call('HGET', KEYS[1], h) or '0') or 0
-      redis.call('HDEL', KEYS[1], h, ':f:' .. h, ':c:' .. h)
+      redis.call('HDEL', KEYS[1], h, ':f:' .. h, ':c:' .. h, ':d:' .. h)
       if held[h] then
         held[h] = { n = 0 }
       end
@@ -250,11 +263,14 @@ local function take(tok, n, ttl, id, idle, sz, fixed)
     cur = d
   end
   h.dl = cur
+  -- The prune marker as this script found it goes with the holding's
+  -- fields, for the release (see semaphore_release.lua): '' when none.
+  local pm = prune_mark[KEYS[6]] or ''
   if sz then
     in_force = tonumber(sz)
-    redis.call('HSET', KEYS[1], tok, fmt(h.n), ':f:' .. tok, h.f, ':c:' .. tok, h.c, ':used', fmt(used), ':size', sz)
+    redis.call('HSET', KEYS[1], tok, fmt(h.n), ':f:' .. tok, h.f, ':c:' .. tok, h.c, ':used', fmt(used), ':p', pm, ':size', sz)
   else
-    redis.call('HSET', KEYS[1], tok, fmt(h.n), ':f:' .. tok, h.f, ':c:' .. tok, h.c, ':used', fmt(used))
+    redis.call('HSET', KEYS[1], tok, fmt(h.n), ':f:' .. tok, h.f, ':c:' .. tok, h.c, ':used', fmt(used), ':p', pm)
   end
   extend(KEYS[1], ttl)
   extend(KEYS[3], ttl)
@@ -263,7 +279,7 @@ end
 
 -- End tok's holding of c permits.
 local function finish(tok, c)
-  redis.call('HDEL', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok)
+  redis.call('HDEL', KEYS[1], tok, ':f:' .. tok, ':c:' .. tok, ':d:' .. tok)
   redis.call('ZREM', KEYS[3], tok)
   redis.call('HINCRBY', KEYS[1], ':used', -c)
   used = used - c
@@ -366,7 +382,7 @@ local function tidy(head)
       known[KEYS[i]] = -2
     end
     known[KEYS[1]] = -2
-    in_force, used, held, wiped = nil, 0, {}, true
+    in_force, used, held, wiped, queued = nil, 0, {}, true, nil
   end
 end
 

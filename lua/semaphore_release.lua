@@ -32,9 +32,22 @@ if ARGV[8] and stale(ARGV[8]) then
   return { 6, now_ms }
 end
 
--- A repeat of this release changes nothing and answers as the first run
--- did: with its code, and with the counts as they are now.
-local done = recall(KEYS[6], id)
+-- A release that names its holding, found there with that token, and
+-- that no release lowered or refused (':d:'<token> unset), is no repeat:
+-- a run of it would have ended the holding (no two holdings get one
+-- fencing token) or set ':d:'. It need not look up its id, and takes the
+-- call ids' prune marker from the state hash (see lib.lua's cached_mark).
+-- The holding is read before prune (see hold), which keeps it up to date.
+marks = true
+local first = hold(tok)
+local done
+if name ~= '' and first.n > 0 and first.f == name and not first.d then
+  cached_mark(KEYS[6], mark, now_ms)
+else
+  -- A repeat of this release changes nothing and answers as the first
+  -- run did: with its code, and with the counts as they are now.
+  done = recall(KEYS[6], id)
+end
 if done == 0 then
   return { 0, 0, 0 }
 elseif done == 1 then
@@ -78,18 +91,25 @@ if cnt == 0 or (name ~= '' and f ~= name) then
     noted(id, 0)
   end
   if cnt == 0 then
-    local _, head = grant(ch, idle, '')
+    local head
+    if queued then
+      head = select(2, grant(ch, idle, ''))
+    end
     tidy(head)
   end
   return out({ 0, 0, 0 })
 end
+-- A refused release, and one that lowers the holding, mark it: a repeat
+-- of either must find its id (see above).
 if in_force and in_force ~= size then
   noted(id, 3)
+  redis.call('HSET', KEYS[1], ':d:' .. tok, '1')
   return out({ 3, in_force, 0 })
 end
 if n > cnt then
   -- The holding may grow later: a late copy must still change nothing.
   noted(id, 3)
+  redis.call('HSET', KEYS[1], ':d:' .. tok, '1')
   return out({ 2, cnt, tonumber(f) })
 end
 
@@ -99,7 +119,8 @@ if n == cnt then
     -- A repeat answers with the token of the holding it ended.
     noted(tagged(id, f), 1)
   end
-  local head = redis.call('ZRANGE', KEYS[4], '0', '0')[1]
+  -- Nobody queued since the state hash was made (':q' unset): no head.
+  local head = queued and redis.call('ZRANGE', KEYS[4], '0', '0')[1]
   if not head and used <= cnt then
     -- The last holding ended and nobody waits: tidy up at once.
     redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
@@ -114,8 +135,11 @@ if n == cnt then
 else
   noted(id, 2)
   h.n, used = cnt - n, used - n
-  redis.call('HSET', KEYS[1], tok, fmt(h.n), ':used', fmt(used))
-  local _, head = grant(ch, idle, '')
+  redis.call('HSET', KEYS[1], tok, fmt(h.n), ':used', fmt(used), ':d:' .. tok, '1')
+  local head
+  if queued then
+    head = select(2, grant(ch, idle, ''))
+  end
   tidy(head)
 end
 return out({ 1, cnt - n, tonumber(f) })
