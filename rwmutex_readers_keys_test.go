@@ -36,42 +36,48 @@ func TestRWMutexReadersKeysFollowTheReaders(t *testing.T) {
 			}
 			return r, d
 		}
-		within := func(what string, got, lo, hi time.Duration) {
+		// Both keys' expiries, when what has happened, within [lo, hi].
+		keysWithin := func(what string, lo, hi time.Duration) {
 			t.Helper()
-			if got < lo || got > hi {
-				t.Errorf("%s: PTTL = %v, want within [%v, %v]", what, got, lo, hi)
+			r, d := ttls()
+			for _, k := range []struct {
+				key string
+				got time.Duration
+			}{{"readers zset", r}, {"readers hash", d}} {
+				if k.got < lo || k.got > hi {
+					t.Errorf("%s, %s: PTTL = %v, want within [%v, %v]", k.key, what, k.got, lo, hi)
+				}
+			}
+		}
+
+		keysGone := func(what string) {
+			t.Helper()
+			for _, key := range []string{k.Readers, k.ReaderData} {
+				if n, err := rdb.Exists(ctx, key).Result(); err != nil || n != 0 {
+					t.Errorf("%s after %s: exists = %d, %v; want gone", key, what, n, err)
+				}
 			}
 		}
 
 		// The first reader of a free name: both keys get its TTL.
 		must(t, short.RLock(ctx))
-		r, d := ttls()
-		within("readers zset, first reader", r, 8*time.Second, 10*time.Second)
-		within("readers hash, first reader", d, 8*time.Second, 10*time.Second)
+		keysWithin("first reader", 8*time.Second, 10*time.Second)
 
 		// A second reader with a longer TTL: both keys outlast it.
 		must(t, long.RLock(ctx))
-		r, d = ttls()
-		within("readers zset, two readers", r, 38*time.Second, 40*time.Second)
-		within("readers hash, two readers", d, 38*time.Second, 40*time.Second)
+		keysWithin("two readers", 38*time.Second, 40*time.Second)
 
 		// A third reader with a shorter TTL moves neither key's expiry
 		// earlier; its leaving neither.
 		third := newClient(t, b).RWMutex(name, dsync.TTL(5*time.Second), dsync.FixedLease())
 		must(t, third.RLock(ctx))
-		r, d = ttls()
-		within("readers zset, a shorter third reader", r, 38*time.Second, 40*time.Second)
-		within("readers hash, a shorter third reader", d, 38*time.Second, 40*time.Second)
+		keysWithin("a shorter third reader", 38*time.Second, 40*time.Second)
 		must(t, third.RUnlock(ctx))
-		r, d = ttls()
-		within("readers zset, the third reader left", r, 38*time.Second, 40*time.Second)
-		within("readers hash, the third reader left", d, 38*time.Second, 40*time.Second)
+		keysWithin("the third reader left", 38*time.Second, 40*time.Second)
 
 		// The longer one leaves: the keys shrink to the one left.
 		must(t, long.RUnlock(ctx))
-		r, d = ttls()
-		within("readers zset, the short reader left", r, 1, 10*time.Second)
-		within("readers hash, the short reader left", d, 1, 10*time.Second)
+		keysWithin("the short reader left", 1, 10*time.Second)
 		if n, err := rdb.HLen(ctx, k.ReaderData).Result(); err != nil || n != 1 {
 			t.Errorf("readers hash fields = %d, %v; want 1", n, err)
 		}
@@ -79,11 +85,7 @@ func TestRWMutexReadersKeysFollowTheReaders(t *testing.T) {
 		// The last reader leaves: no reader key is left, and a writer
 		// takes the lock at once.
 		must(t, short.RUnlock(ctx))
-		for _, key := range []string{k.Readers, k.ReaderData} {
-			if n, err := rdb.Exists(ctx, key).Result(); err != nil || n != 0 {
-				t.Errorf("%s after the last reader left: exists = %d, %v; want gone", key, n, err)
-			}
-		}
+		keysGone("the last reader left")
 		w := newClient(t, b).RWMutex(name)
 		if ok, err := w.TryLock(ctx); !ok || err != nil {
 			t.Fatalf("TryLock after the last reader left = %v, %v; want true", ok, err)
@@ -104,10 +106,6 @@ func TestRWMutexReadersKeysFollowTheReaders(t *testing.T) {
 		if err := short.RUnlock(ctx); !errors.Is(err, dsync.ErrLeaseLost) {
 			t.Errorf("RUnlock of a read hold past its deadline in Redis = %v, want ErrLeaseLost", err)
 		}
-		for _, key := range []string{k.Readers, k.ReaderData} {
-			if n, err := rdb.Exists(ctx, key).Result(); err != nil || n != 0 {
-				t.Errorf("%s after the lapsed reader's RUnlock: exists = %d, %v; want gone", key, n, err)
-			}
-		}
+		keysGone("the lapsed reader's RUnlock")
 	})
 }

@@ -38,6 +38,14 @@ end
 -- fencing token) or set ':d:'. It need not look up its id, and takes the
 -- call ids' prune marker from the state hash (see lib.lua's cached_mark).
 -- The holding is read before prune (see hold), which keeps it up to date.
+-- Serves the queue with the permits there are (see grant) and returns its
+-- head, if anyone queued since the state hash was made (':q' set).
+local function serve()
+  if queued then
+    return select(2, grant(ch, idle, ''))
+  end
+end
+
 marks = true
 local first = hold(tok)
 local done
@@ -91,11 +99,7 @@ if cnt == 0 or (name ~= '' and f ~= name) then
     noted(id, 0)
   end
   if cnt == 0 then
-    local head
-    if queued then
-      head = select(2, grant(ch, idle, ''))
-    end
-    tidy(head)
+    tidy(serve())
   end
   return out({ 0, 0, 0 })
 end
@@ -136,10 +140,6 @@ else
   noted(id, 2)
   h.n, used = cnt - n, used - n
   redis.call('HSET', KEYS[1], tok, fmt(h.n), ':used', fmt(used), ':d:' .. tok, '1')
-  local head
-  if queued then
-    head = select(2, grant(ch, idle, ''))
-  end
-  tidy(head)
+  tidy(serve())
 end
 return out({ 1, cnt - n, tonumber(f) })
