@@ -32,12 +32,6 @@ if ARGV[8] and stale(ARGV[8]) then
   return { 6, now_ms }
 end
 
--- A release that names its holding, found there with that token, and
--- that no release lowered or refused (':d:'<token> unset), is no repeat:
--- a run of it would have ended the holding (no two holdings get one
--- fencing token) or set ':d:'. It need not look up its id, and takes the
--- call ids' prune marker from the state hash (see lib.lua's cached_mark).
--- The holding is read before prune (see hold), which keeps it up to date.
 -- Serves the queue with the permits there are (see grant) and returns its
 -- head, if anyone queued since the state hash was made (':q' set).
 local function serve()
@@ -46,6 +40,12 @@ local function serve()
   end
 end
 
+-- A release that names its holding, found there with that token, and
+-- that no release lowered or refused (':d:'<token> unset), is no repeat:
+-- a run of it would have ended the holding (no two holdings get one
+-- fencing token) or set ':d:'. It need not look up its id, and takes the
+-- call ids' prune marker from the state hash (see lib.lua's cached_mark).
+-- The holding is read before prune (see hold), which keeps it up to date.
 marks = true
 local first = hold(tok)
 local done
