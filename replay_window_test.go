@@ -31,14 +31,7 @@ func TestReleaseCopyWithinTheWindowAfterARepeatChangesNothing(t *testing.T) {
 	// them ends the holding, which its copies name.
 	eachLockRelease(t, func(t *testing.T, b redistest.Backend, k ownerReleaseKind, ctx context.Context, name string) {
 		f := scriptFaults(k.script)
-		rec := &redistest.Recorder{}
-		c, rdb := hookedClient(t, b, f, dsync.TTL(10*time.Minute))
-		rdb.AddHook(rec)
-		take, release := k.handle(c, name)
-		// Loaded first: the lost reply is of a release that ran.
-		must(t, lua.Script(k.script).Load(ctx, rdb).Err())
-		must(t, take(ctx))
-		must(t, take(ctx))
+		rdb, rec, release := twoLevels(t, b, k, ctx, name, f)
 		f.DropReplyNext(1, errors.New("i/o timeout"))
 		if err := release(ctx); err == nil {
 			t.Fatal("the release whose reply was lost returned nil")
@@ -72,14 +65,7 @@ func TestReleaseCopyPastItsIDButWithinTheWindowChangesNothing(t *testing.T) {
 	// For a Semaphore: TestLateCopyOfANamedPartialReleasePastItsBoundReleasesNothing.
 	eachLockRelease(t, func(t *testing.T, b redistest.Backend, k ownerReleaseKind, ctx context.Context, name string) {
 		late := &lateReply{sha: lua.Script(k.script).Hash(), after: func() { b.Advance(5 * time.Second) }}
-		rec := &redistest.Recorder{}
-		c, rdb := hookedClient(t, b, late, dsync.TTL(10*time.Minute))
-		rdb.AddHook(rec)
-		take, release := k.handle(c, name)
-		// Loaded first: the lost reply is of a release that ran.
-		must(t, lua.Script(k.script).Load(ctx, rdb).Err())
-		must(t, take(ctx))
-		must(t, take(ctx))
+		rdb, rec, release := twoLevels(t, b, k, ctx, name, late)
 		late.armed.Store(true)
 		if err := release(ctx); !errors.Is(err, redistest.ErrInjected) {
 			t.Fatalf("the release whose reply was lost = %v, want the injected error", err)
@@ -108,6 +94,24 @@ func eachLockRelease(t *testing.T, f func(t *testing.T, b redistest.Backend, k o
 			f(t, b, k, dsync.WithOwner(ctxT(t)), redistest.Key(t))
 		})
 	}
+}
+
+// twoLevels has the owner of ctx hold name twice through a handle of kind
+// k, on a Client with hook (a lease of 10 minutes: nothing ends the hold
+// while a test moves the clock), and returns that Client's go-redis
+// client, a recorder of its commands and the handle's release. The
+// release script is loaded first, so that a lost reply is of a release
+// that ran.
+func twoLevels(t *testing.T, b redistest.Backend, k ownerReleaseKind, ctx context.Context, name string, hook redis.Hook) (redis.UniversalClient, *redistest.Recorder, func(context.Context) error) {
+	t.Helper()
+	rec := &redistest.Recorder{}
+	c, rdb := hookedClient(t, b, hook, dsync.TTL(10*time.Minute))
+	rdb.AddHook(rec)
+	take, release := k.handle(c, name)
+	must(t, lua.Script(k.script).Load(ctx, rdb).Err())
+	must(t, take(ctx))
+	must(t, take(ctx))
+	return rdb, rec, release
 }
 
 // A lateReply, once armed, lets the next call of one script run on the
