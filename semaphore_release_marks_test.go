@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/dsync-go/dsync"
 	"github.com/dsync-go/dsync/internal/redistest"
@@ -58,5 +59,40 @@ func TestSemaphoreReleaseCopyAfterAJoinChangesNothing(t *testing.T) {
 				assertNoSemKeys(t, b, r.name)
 			})
 		}
+	})
+}
+
+// The state hash's mark that someone is queued (':q') is gone (removed by
+// hand: foreign interference) while a call waits: the release that frees
+// the permits skips the queue and hands nothing over, and the waiter is
+// served all the same by its own next attempt, within its wait (at most
+// half its TTL of 1 s here), not left waiting for good.
+func TestSemaphoreWaiterServedWithoutTheQueuedMark(t *testing.T) {
+	eachBackend(t, func(t *testing.T, b redistest.Backend) {
+		ctx, name := ctxT(t), redistest.Key(t)
+		rdb := b.NewClient(t)
+		k := semKeys(name)
+		holder := newClient(t, b).Semaphore(name, 1, dsync.TTL(time.Second))
+		waiter := newClient(t, b).Semaphore(name, 1, dsync.TTL(time.Second))
+		must(t, holder.Acquire(ctx, 1))
+		got := make(chan error, 1)
+		go func() { got <- waiter.Acquire(ctx, 1) }()
+		waitFor(t, 5*time.Second, "the waiter to queue", func() bool {
+			n, _ := rdb.ZCard(ctx, k.Queue).Result()
+			return n == 1
+		})
+		if q, err := rdb.HGet(ctx, k.State, ":q").Result(); err != nil || q == "" {
+			t.Fatalf("queued mark = %q, %v; want it set while a call is queued", q, err)
+		}
+		must(t, rdb.HDel(ctx, k.State, ":q").Err())
+		must(t, holder.Release(ctx, 1))
+		select {
+		case err := <-got:
+			must(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiter was not served 10 s after the release (its wait is at most 0.5 s)")
+		}
+		must(t, waiter.Release(ctx, 1))
+		assertNoSemKeys(t, b, name)
 	})
 }
