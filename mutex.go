@@ -27,8 +27,11 @@ import (
 // starvation mode (here from the first refused attempt on), a waiter takes
 // a place in a queue kept in Redis; newcomers, including the goroutine that
 // just unlocked, then queue behind it, and an unlock hands the lock straight
-// to the first in line, which owns it without another round trip. TryLock
-// never queues. Lock calls without an owner that wait while another call of
+// to the first in line, which owns it without another round trip (one whose
+// TTL is below 200 ms is instead left first in line and woken, and takes
+// the lock with its own attempt: a hold handed over lasts the waiter's TTL
+// from the release, which a waiter slow to run could miss). TryLock never
+// queues. Lock calls without an owner that wait while another call of
 // the same Client holds the name (or tries for it) wait in the process, in
 // arrival order, and the release passes the lock to the first of them in
 // its own round trip (with a new fencing token); while other processes are

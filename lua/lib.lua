@@ -66,6 +66,22 @@ local function place_ms(ttl)
   return ttl
 end
 
+-- Whether a release hands its hold to a waiting call whose lease TTL is
+-- ttl (ms, a string). A hold handed over lasts that TTL from the release,
+-- and its waiter must learn of it in time: from the notification, or, once
+-- it has waited a TTL, from an attempt made after it, which may come
+-- minRetry (20 ms) after its last one. A hold much shorter than that ends
+-- before its waiter learns of it when the waiter is slow to run, and the
+-- call starts again at the back of the queue, each time: it would starve.
+-- A release does not hand a hold shorter than the shortest place (200 ms,
+-- see place_ms) to its waiter: it leaves the waiter first in line and tells
+-- it to try again (see publish_retry); the waiter's own attempt takes the
+-- free hold, and until it does (or its place lapses, 200 ms after its last
+-- attempt at most) no one else takes it.
+local function hands_over(ttl)
+  return tonumber(ttl) >= 200
+end
+
 -- x as a plain decimal string (Lua's tostring would print 1.7e+15).
 -- Every number the scripts write is an integer below 2^53, which '%d'
 -- prints several times faster than '%.0f' (about 0.5 against 2 µs); one

@@ -107,11 +107,16 @@ local function head()
     if d then
       dl, ttl, cid, secret = string.match(d, '^(%d+) (%d+) (%S+) (%S+)$')
     end
+    -- A place too far off (see lib.lua's too_far) is dropped, not handed
+    -- the lock. A waiter not to be handed it keeps its place (the last
+    -- result says so).
+    local live = dl and tonumber(dl) > now_ms and not too_far(tonumber(dl), ttl) and not recall(KEYS[5], cid)
+    if live and not hands_over(ttl) then
+      return h, ttl, cid, secret, true
+    end
     redis.call('ZREM', KEYS[3], h)
     redis.call('HDEL', KEYS[4], h)
-    -- A place too far off (see lib.lua's too_far) is dropped, not handed
-    -- the lock.
-    if dl and tonumber(dl) > now_ms and not too_far(tonumber(dl), ttl) and not recall(KEYS[5], cid) then
+    if live then
       return h, ttl, cid, secret
     end
   end
@@ -224,9 +229,16 @@ if not cur[3] then
   return released
 end
 
-local h, ttl, cid, secret = head()
+local h, ttl, cid, secret, kept = head()
 if not h then
   redis.call('PUBLISH', ch, '')
+  return released
+end
+if kept then
+  -- The head's lease is too short to be handed over (see lib.lua's
+  -- hands_over): it takes the free lock with its own attempt, first in
+  -- line.
+  publish_retry(ch, cid, h, secret)
   return released
 end
 

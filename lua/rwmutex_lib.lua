@@ -222,7 +222,8 @@ end
 -- and changes nothing, and the notification (see publish_handover) tells
 -- that call, which then owns the lock without another attempt. Reports
 -- whether it did (or, when no fencing token can be issued, told the
--- waiters to try again instead).
+-- waiters to try again instead, or told a head whose lease is too short
+-- for a hand-over to take the lock itself).
 local function hand_over(ch, idle)
   prune_writers()
   for _ = 1, 100 do
@@ -230,8 +231,15 @@ local function hand_over(ch, idle)
     if not h then
       return false
     end
-    unplace(h)
     local ttl, cid, secret = string.match(d, '^(%d+) (%S+) (%S+)$')
+    if ttl and not hands_over(ttl) and not recall(X, cid) then
+      -- Its lease is too short to be handed over (see lib.lua's
+      -- hands_over): it keeps its place, first in line, and takes the
+      -- free lock with its own attempt.
+      publish_retry(ch, cid, h, secret)
+      return true
+    end
+    unplace(h)
     -- A call abandoned by its caller must not get the lock.
     if ttl and not recall(X, cid) then
       local f = next_fence(idle)

@@ -297,7 +297,9 @@ end
 -- dropping heads whose place lapsed, and tell each served waiter on the
 -- channel ("<call id> <fence>"): it holds them now, without another round
 -- trip. Stops at the first live head that does not fit, so a large request
--- is never passed by smaller ones. Returns the fencing token if the waiter
+-- is never passed by smaller ones, and at one that fits but is not self
+-- and whose lease is too short to be handed permits (it is told to try
+-- again). Returns the fencing token if the waiter
 -- with call id self was served (it learns from the reply instead; false if
 -- it fit but no token could be issued), the head the queue is left with
 -- (nil when empty) and, when read, that head's data. first, if given, is
@@ -325,6 +327,12 @@ local function grant(ch, idle, self, first)
     if not dl or tonumber(dl) <= now_ms or too_far(tonumber(dl), ttl) or string.sub(tok, 1, 1) == ':' then
       unqueue(h)
     elseif used + tonumber(n) > (in_force or 0) then
+      break
+    elseif h ~= self and not hands_over(ttl) then
+      -- Its lease is too short to be handed over (see lib.lua's
+      -- hands_over): it stays first in line, and its own attempt takes
+      -- the permits.
+      publish_retry(ch, h, tok, secret)
       break
     else
       -- A join under a lease not to be extended leaves the holding's
