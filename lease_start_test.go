@@ -161,11 +161,41 @@ func semHolderTTL(ctx context.Context, rdb redis.UniversalClient, name string) (
 }
 
 // scriptGate holds back the script calls of one go-redis client while it is
-// shut, and counts those that completed.
+// shut, and counts those that completed. With pipes, it holds back
+// pipelines that hold a script call too (a Client coalesces calls made
+// together into one, see batch.go).
 type scriptGate struct {
-	mu   sync.Mutex
-	shut chan struct{} // nil while open
-	done atomic.Int64
+	mu    sync.Mutex
+	shut  chan struct{} // nil while open
+	done  atomic.Int64
+	pipes bool
+	last  time.Time // when the last script call (or pipeline) went on
+}
+
+// lastCall returns when the last script call (or pipeline, with pipes)
+// that the gate let through went on.
+func (g *scriptGate) lastCall() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.last
+}
+
+// pass waits while the gate is shut, or until ctx ends.
+func (g *scriptGate) pass(ctx context.Context) error {
+	g.mu.Lock()
+	shut := g.shut
+	g.mu.Unlock()
+	if shut != nil {
+		select {
+		case <-shut:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	g.mu.Lock()
+	g.last = time.Now()
+	g.mu.Unlock()
+	return nil
 }
 
 func (g *scriptGate) close() {
@@ -192,15 +222,8 @@ func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if n := cmd.Name(); n != "evalsha" && n != "eval" {
 			return next(ctx, cmd)
 		}
-		g.mu.Lock()
-		shut := g.shut
-		g.mu.Unlock()
-		if shut != nil {
-			select {
-			case <-shut:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		if err := g.pass(ctx); err != nil {
+			return err
 		}
 		err := next(ctx, cmd)
 		g.done.Add(1)
@@ -209,7 +232,20 @@ func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	if !g.pipes {
+		return next
+	}
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if isScriptCmd(cmd) {
+				if err := g.pass(ctx); err != nil {
+					return err
+				}
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
 }
 
 // A hand-over notification can reach the waiter after the hold it gave has
