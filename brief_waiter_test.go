@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -215,7 +216,11 @@ func TestWaiterWithLongerTTLIsHandedTheHold(t *testing.T) {
 		if lw.Token() <= la.Token() {
 			t.Errorf("waiter's fencing token %d, want above the first hold's %d", lw.Token(), la.Token())
 		}
-		must(t, w.unlock(wctx))
+		// Its lease is measured from its last attempt, up to 150 ms before
+		// the release: a machine that stalls may see it lost by now.
+		if err := w.unlock(wctx); err != nil && !errors.Is(err, dsync.ErrLeaseLost) {
+			t.Errorf("the waiter's Unlock: %v", err)
+		}
 		return true
 	})
 }
