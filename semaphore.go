@@ -504,9 +504,13 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 // forgotten; a copy past the bound changes nothing.
 func (s *Semaphore) sendRelease(ctx context.Context, tok string, h *hold, id string, n int64) ([3]int64, error) {
 	var r [3]int64
-	var tokArg, name any = tok, argNone
+	// Boxed only when no hold carries it boxed already (one allocation
+	// less per release).
+	var tokArg, name any
 	if h != nil {
 		tokArg, name = h.tokArg(tok), h.fenceArg()
+	} else {
+		tokArg, name = tok, argNone
 	}
 	_, err := bounded(&s.c.clock, "semaphore release", func(bound any) (struct{}, int64, bool, error) {
 		cmd := s.c.eval(ctx, semRelease, s.kargs, tokArg, n, s.sizeArg, id, fenceIdleArg, s.chanArg, name, bound)
