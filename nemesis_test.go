@@ -191,14 +191,19 @@ type nemClass struct {
 	pReenter        float64 // an owner (or a shared holding) takes another level
 	pShortReentry   float64 // ... through a handle with a TTL from shortTTL
 	ttl, shortTTL   nemSpan
-	hold, longHold  nemSpan
-	reentryHold     nemSpan // hold of a re-entry, if set
-	pLongHold       float64
-	deadline        nemSpan
-	semSize         [2]int64 // [min, max)
-	onceSlow        float64
-	onceSlowBy      [2]float64 // f of a slow run lasts these multiples of the TTL
-	pOnceOK         float64
+	// With pBrief an operation that is no re-entry uses a TTL from brief:
+	// below 200 ms, a waiter's hold is not handed over by a release but
+	// taken by its own attempt, first in line (lib.lua's hands_over).
+	pBrief         float64
+	brief          nemSpan
+	hold, longHold nemSpan
+	reentryHold    nemSpan // hold of a re-entry, if set
+	pLongHold      float64
+	deadline       nemSpan
+	semSize        [2]int64 // [min, max)
+	onceSlow       float64
+	onceSlowBy     [2]float64 // f of a slow run lasts these multiples of the TTL
+	pOnceOK        float64
 
 	// With pFixed an operation's handles (not the shared ones) use
 	// FixedLease, with a TTL from fixedTTL if set: no renewal, a hold ends
@@ -313,6 +318,24 @@ var nemClasses = []*nemClass{
 		need: map[string]nemNeed{
 			"releases that passed the lock in the process": {n: 10, perSec: 5},
 			"holds live until their release":               {n: 10},
+		}},
+	// Waiters whose TTL is below 200 ms, on one name per kind, against
+	// waiters with longer ones: a release leaves such a waiter first in
+	// line and tells it to try again, and its own attempt takes the free
+	// hold (lib.lua's hands_over), under late duplicates, forged and
+	// replayed notifications, notifications that arrive late, stalls and
+	// outages.
+	{name: "brief-waiters", on: map[string]time.Duration{"redis": 3 * time.Second, "cluster": 3 * time.Second},
+		clients: 3, workers: 12, modes: []bool{false, true}, kinds: []nemKind{kMutex, kRW, kSem}, names: 1, owners: 2, shared: 1,
+		pOwner: 0.4, pShared: 0.1, pCarry: 0.2, pTry: 0.05, pWrite: 0.8, pReenter: 0.1,
+		ttl: secs(1, 3), pBrief: 0.5, brief: secs(0.03, 0.19), hold: secs(0.002, 0.02), longHold: secs(0.1, 0.3), pLongHold: 0.05,
+		deadline: secs(0.3, 2), semSize: [2]int64{2, 3},
+		forge: 150 * time.Millisecond, replay: 300 * time.Millisecond, dup: 60 * time.Millisecond, dupAge: secs(0.3, 5),
+		stall: 1500 * time.Millisecond, stallLen: secs(0.05, 0.3), down: 2 * time.Second, downLen: secs(0.05, 0.3),
+		psDelay: secs(0.05, 0.3),
+		need: map[string]nemNeed{
+			"holds of a brief TTL taken after waiting longer than it": {n: 5, perSec: 2},
+			"holds live until their release":                          {n: 10},
 		}},
 	// One owner's ctx used by several goroutines at once, in both modes.
 	{name: "shared-owner", on: map[string]time.Duration{"miniredis": 1500 * time.Millisecond, "redis": 2 * time.Second},
@@ -1112,6 +1135,9 @@ func (w *nemWorld) ttl(r *rand.Rand, reentry bool) time.Duration {
 	if reentry && w.cl.shortTTL[1] > 0 && r.Float64() < w.cl.pShortReentry {
 		return w.cl.shortTTL.pick(r)
 	}
+	if !reentry && w.cl.brief[1] > 0 && r.Float64() < w.cl.pBrief {
+		return w.cl.brief.pick(r)
+	}
 	return w.cl.ttl.pick(r)
 }
 
@@ -1252,6 +1278,10 @@ func (w *nemWorld) acquire(r *rand.Rand, hd nemHolder, n *nemName, what string, 
 	w.counts["holds "+n.kind.String()]++
 	if ttl < w.cl.ttl[0] && !hd.fixed {
 		w.counts["holds with a short TTL"]++
+	}
+	if ttl < nemBriefTTL && end.Sub(start) > ttl && !try {
+		// A waiter too brief to be handed the hold, served all the same.
+		w.counts["holds of a brief TTL taken after waiting longer than it"]++
 	}
 	if hd.fixed {
 		w.counts["holds with FixedLease"]++
@@ -3067,6 +3097,10 @@ type nemNeed struct {
 	n      int
 	perSec float64
 }
+
+// nemBriefTTL is the TTL below which a waiter is not handed a hold
+// (lib.lua's hands_over).
+const nemBriefTTL = 200 * time.Millisecond
 
 func (n nemNeed) of(d time.Duration) int {
 	return max(n.n, int(n.perSec*d.Seconds()))
