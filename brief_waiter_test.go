@@ -279,3 +279,50 @@ func TestDeadBriefWaiterDelaysOthersByItsPlace(t *testing.T) {
 		return true
 	})
 }
+
+// A waiter with a 150 ms TTL that a release left first in line gives up
+// (its ctx cancelled) before its own attempt: the next waiter (10 s TTL)
+// is woken by the abandon's clean-up and takes the free name, well before
+// the brief waiter's place would have lapsed (200 ms from its last
+// attempt); a round counts only when the release came within 60 ms of
+// that attempt.
+func TestAbandonedBriefWaiterWakesTheNext(t *testing.T) {
+	briefRounds(t, func(t *testing.T, b redistest.Backend, ctx context.Context, k briefKind, name string) bool {
+		rdb := b.NewClient(t)
+		a := k.hold(newClient(t, b), name)
+		actx := dsync.WithOwner(ctx)
+		must(t, a.lock(actx))
+		g := &scriptGate{pipes: true}
+		defer g.open()
+		_, _, got := queueWaiter(t, b, ctx, k, rdb, name, 150*time.Millisecond, g)
+		next := k.hold(newClient(t, b, dsync.TTL(10*time.Second)), name)
+		nctx := dsync.WithOwner(ctx)
+		gotNext := async(func() error { return next.lock(nctx) })
+		waitFor(t, 5*time.Second, "the second waiter queued", func() bool {
+			n, err := k.queued(ctx, rdb, name)
+			must(t, err)
+			return n == 2
+		})
+		g.close()
+		last := g.lastCall()
+		must(t, a.unlock(actx))
+		if time.Since(last) > 60*time.Millisecond {
+			got.end(t)
+			if err := <-gotNext; err == nil {
+				_ = next.unlock(nctx)
+			}
+			return false
+		}
+		start := time.Now()
+		got.end(t) // cancelled: its clean-up runs
+		recvNil(t, gotNext, 10*time.Second, "the Lock behind the abandoned brief waiter")
+		d := time.Since(start)
+		left := 200*time.Millisecond - start.Sub(last)
+		t.Logf("the next waiter took the name %v after the brief waiter gave up (its place had %v left)", d.Round(time.Millisecond), left.Round(time.Millisecond))
+		if d > left-20*time.Millisecond && d > 60*time.Millisecond {
+			t.Errorf("the next waiter took the name %v after the brief waiter gave up, with its place %v from lapsing: the abandon did not wake it", d, left)
+		}
+		must(t, next.unlock(nctx))
+		return true
+	})
+}
