@@ -225,6 +225,55 @@ func TestWaiterWithLongerTTLIsHandedTheHold(t *testing.T) {
 	})
 }
 
+// A briefScene is a name held by a, a waiter with a 150 ms TTL queued
+// behind it whose script calls go through g, and a second waiter queued
+// behind that one.
+type briefScene struct {
+	a       holdCalls
+	actx    context.Context
+	g       *scriptGate
+	got     *waiterCall
+	next    holdCalls
+	nctx    context.Context
+	gotNext <-chan error
+}
+
+// newBriefScene sets up a briefScene on name; the second waiter's Client
+// has the options opts.
+func newBriefScene(t *testing.T, b redistest.Backend, ctx context.Context, k briefKind, rdb redis.UniversalClient, name string, opts ...dsync.Option) *briefScene {
+	t.Helper()
+	s := &briefScene{a: k.hold(newClient(t, b), name), actx: dsync.WithOwner(ctx), g: &scriptGate{pipes: true}}
+	must(t, s.a.lock(s.actx))
+	t.Cleanup(s.g.open)
+	_, _, s.got = queueWaiter(t, b, ctx, k, rdb, name, 150*time.Millisecond, s.g)
+	s.next, s.nctx = k.hold(newClient(t, b, opts...), name), dsync.WithOwner(ctx)
+	s.gotNext = async(func() error { return s.next.lock(s.nctx) })
+	waitFor(t, 5*time.Second, "the second waiter queued", func() bool {
+		n, err := k.queued(ctx, rdb, name)
+		must(t, err)
+		return n == 2
+	})
+	return s
+}
+
+// release holds the first waiter's script calls back from now on, ends
+// a's hold, and returns when the first waiter's last script call went out.
+func (s *briefScene) release(t *testing.T) time.Time {
+	t.Helper()
+	s.g.close()
+	last := s.g.lastCall()
+	must(t, s.a.unlock(s.actx))
+	return last
+}
+
+// drop ends both waiting calls of a round whose timing did not hold.
+func (s *briefScene) drop(t *testing.T) {
+	s.got.end(t)
+	if err := <-s.gotNext; err == nil {
+		_ = s.next.unlock(s.nctx)
+	}
+}
+
 // A waiter with a short TTL that a release left first in line, and that
 // never comes back for the hold (dead, or held back for good), delays the
 // others until its place lapses (200 ms after its last attempt), no more:
@@ -233,49 +282,30 @@ func TestWaiterWithLongerTTLIsHandedTheHold(t *testing.T) {
 func TestDeadBriefWaiterDelaysOthersByItsPlace(t *testing.T) {
 	briefRounds(t, func(t *testing.T, b redistest.Backend, ctx context.Context, k briefKind, name string) bool {
 		rdb := b.NewClient(t)
-		a := k.hold(newClient(t, b), name)
-		actx := dsync.WithOwner(ctx)
-		must(t, a.lock(actx))
-		g := &scriptGate{pipes: true}
-		defer g.open()
-		_, _, got := queueWaiter(t, b, ctx, k, rdb, name, 150*time.Millisecond, g)
-		next := k.hold(newClient(t, b), name)
-		nctx := dsync.WithOwner(ctx)
-		gotNext := async(func() error { return next.lock(nctx) })
-		waitFor(t, 5*time.Second, "the second waiter queued", func() bool {
-			n, err := k.queued(ctx, rdb, name)
-			must(t, err)
-			return n == 2
-		})
-
-		g.close() // the first waiter attempts no more
-		last := g.lastCall()
-		must(t, a.unlock(actx))
+		s := newBriefScene(t, b, ctx, k, rdb, name)
+		last := s.release(t) // the first waiter attempts no more
 		held, err := k.held(ctx, rdb, name)
 		must(t, err)
 		if time.Since(last) > placeMargin {
-			got.end(t)
-			if err := <-gotNext; err == nil {
-				_ = next.unlock(nctx)
-			}
+			s.drop(t)
 			return false
 		}
 		if held {
 			t.Fatal("the release handed its hold to a waiter whose TTL (150 ms) is below 200 ms")
 		}
 		start := time.Now()
-		recvNil(t, gotNext, 10*time.Second, "the Lock behind the dead waiter")
+		recvNil(t, s.gotNext, 10*time.Second, "the Lock behind the dead waiter")
 		t.Logf("the Lock behind the dead waiter got the name %v after the release", time.Since(start).Round(time.Millisecond))
 		if held, err := k.held(ctx, rdb, name); err != nil || !held {
 			t.Fatalf("the second waiter's Lock returned, Redis holds %v (%v)", held, err)
 		}
 		select {
-		case err := <-got.got:
+		case err := <-s.got.got:
 			t.Fatalf("the held-back waiter's Lock returned %v while none of its script calls ran", err)
 		default:
 		}
-		must(t, next.unlock(nctx))
-		got.end(t)
+		must(t, s.next.unlock(s.nctx))
+		s.got.end(t)
 		return true
 	})
 }
@@ -288,41 +318,22 @@ func TestDeadBriefWaiterDelaysOthersByItsPlace(t *testing.T) {
 // that attempt.
 func TestAbandonedBriefWaiterWakesTheNext(t *testing.T) {
 	briefRounds(t, func(t *testing.T, b redistest.Backend, ctx context.Context, k briefKind, name string) bool {
-		rdb := b.NewClient(t)
-		a := k.hold(newClient(t, b), name)
-		actx := dsync.WithOwner(ctx)
-		must(t, a.lock(actx))
-		g := &scriptGate{pipes: true}
-		defer g.open()
-		_, _, got := queueWaiter(t, b, ctx, k, rdb, name, 150*time.Millisecond, g)
-		next := k.hold(newClient(t, b, dsync.TTL(10*time.Second)), name)
-		nctx := dsync.WithOwner(ctx)
-		gotNext := async(func() error { return next.lock(nctx) })
-		waitFor(t, 5*time.Second, "the second waiter queued", func() bool {
-			n, err := k.queued(ctx, rdb, name)
-			must(t, err)
-			return n == 2
-		})
-		g.close()
-		last := g.lastCall()
-		must(t, a.unlock(actx))
+		s := newBriefScene(t, b, ctx, k, b.NewClient(t), name, dsync.TTL(10*time.Second))
+		last := s.release(t)
 		if time.Since(last) > 60*time.Millisecond {
-			got.end(t)
-			if err := <-gotNext; err == nil {
-				_ = next.unlock(nctx)
-			}
+			s.drop(t)
 			return false
 		}
 		start := time.Now()
-		got.end(t) // cancelled: its clean-up runs
-		recvNil(t, gotNext, 10*time.Second, "the Lock behind the abandoned brief waiter")
+		s.got.end(t) // cancelled: its clean-up runs
+		recvNil(t, s.gotNext, 10*time.Second, "the Lock behind the abandoned brief waiter")
 		d := time.Since(start)
 		left := 200*time.Millisecond - start.Sub(last)
 		t.Logf("the next waiter took the name %v after the brief waiter gave up (its place had %v left)", d.Round(time.Millisecond), left.Round(time.Millisecond))
 		if d > left-20*time.Millisecond && d > 60*time.Millisecond {
 			t.Errorf("the next waiter took the name %v after the brief waiter gave up, with its place %v from lapsing: the abandon did not wake it", d, left)
 		}
-		must(t, next.unlock(nctx))
+		must(t, s.next.unlock(s.nctx))
 		return true
 	})
 }
