@@ -39,7 +39,11 @@ package dsync_test
 //     its levels, and the levels of a lost hold are gone, so once the owner
 //     holds again, another goroutine's Unlock of "its" level of the lost
 //     hold ends a level of the new one (Mutex.Unlock); the hold's Lease
-//     tells its goroutine. Holds of one owner do not conflict,
+//     tells its goroutine. And an owner's release that fails with its
+//     outcome unknown still counts: the owner's next release, by whichever
+//     goroutine, repeats it first and answers as it would have (ErrLeaseLost
+//     for a hold lost meanwhile), so that next release finding its own hold
+//     "gone" is no vanished hold. Holds of one owner do not conflict,
 //     except, with client reentrancy, holds in different processes;
 //   - handle: a handle without an owner is locked from its Lock until its
 //     Unlock, whatever happened to the lease;
@@ -2841,6 +2845,30 @@ func (w *nemWorld) joinedUnknown(h *nemHold, before time.Time) *nemCall {
 	return nil
 }
 
+// repeatedRelease returns an earlier hold of h's owner in h's process, of
+// the same kind and mode, whose release failed with its outcome unknown (a
+// Redis error, not its ctx's end) and returned before h's release was
+// called; nil if none. Its level still counts: the owner's next unlock,
+// made by whichever of its goroutines, repeats that release under its
+// call id and answers as it would have (Mutex.Unlock), ErrLeaseLost for a
+// hold lost meanwhile, and ends no level of the owner's later hold. h's
+// release may be that repeat. (Mutex and RWMutex only: a Semaphore
+// Release with an unknown outcome is settled as its godoc says, not by
+// the next one.)
+func repeatedRelease(h *nemHold, hs []*nemHold) *nemHold {
+	if !h.owned || h.rel.IsZero() || h.kind == kSem || h.kind == kOnce {
+		return nil
+	}
+	for _, o := range hs {
+		if o != h && o.owned && o.ident == h.ident && o.proc == h.proc && o.kind == h.kind && o.write == h.write &&
+			releaseFailed(o) && !errors.Is(o.unlockE, context.DeadlineExceeded) && !errors.Is(o.unlockE, context.Canceled) &&
+			o.call.Before(h.call) && o.relDone.Before(h.rel) {
+			return o
+		}
+	}
+	return nil
+}
+
 // checkErrors: releases and leases tell the holder the truth.
 func (w *nemWorld) checkErrors(hs []*nemHold, live map[*nemHold]time.Time) {
 	// What a release finds in Redis may have been taken by an earlier hold
@@ -2872,7 +2900,8 @@ func (w *nemWorld) checkErrors(hs []*nemHold, live map[*nemHold]time.Time) {
 		// holder took afresh (the first of its holds that overlap, in a
 		// run where every outcome is known) lasts its TTL.
 		fresh := !h.fixed || since[h].Equal(h.call) && w.cl.strict()
-		if errors.Is(h.unlockE, dsync.ErrLeaseLost) && h.relErr == nil && !deleted && !excused && fresh && h.relDone.Before(h.call.Add(h.ttl/2)) {
+		if errors.Is(h.unlockE, dsync.ErrLeaseLost) && h.relErr == nil && !deleted && !excused && fresh && h.relDone.Before(h.call.Add(h.ttl/2)) &&
+			repeatedRelease(h, hs) == nil {
 			// The server keeps a hold at least a TTL from the call that
 			// took it, renewed or not, and the release reached it before
 			// it returned. (An excused hold is one of an owner's holds
@@ -3283,6 +3312,30 @@ func TestNemesisVanishedCountsDeletionsFromTheHolding(t *testing.T) {
 		hs := []*nemHold{mk(0, 1000, nil), mk(500, 600, dsync.ErrLeaseLost)}
 		w.checkErrors(hs, w.liveEnds(hs, at(2000), w.delIdx["x"]))
 	}, "the holding deleted at 300 ms, before the re-entry", "no deletion", "a vanished hold")
+}
+
+// TestNemesisVanishedExcusesTheRepeatOfAnUnknownRelease: an owner's
+// release fails with its outcome unknown (the server unreachable) and the
+// caller gives up; the owner's hold is lost meanwhile, and the owner takes
+// the name afresh. The owner's next Unlock, for a level of the fresh hold,
+// repeats the failed one first and answers as it would have: ErrLeaseLost
+// (Mutex.Unlock: the goroutines of one owner share its levels). That is no
+// vanished hold. With the first release answered, it is.
+func TestNemesisVanishedExcusesTheRepeatOfAnUnknownRelease(t *testing.T) {
+	// A class with outages: there a release may fail.
+	checkExcused(t, &nemClass{down: time.Second}, 3000, func(w *nemWorld, at func(int) time.Time, unknown bool) {
+		w.delIdx = map[string]*nemIndex{"x": newIndex(nil)}
+		mk := func(call, rel int, err error) *nemHold {
+			return &nemHold{kind: kRW, name: "x", write: true, ident: "owner o@p0", owned: true, ttl: 3 * time.Second,
+				call: at(call), ret: at(call), rel: at(rel), relDone: at(rel), unlockE: err, lease: &dsync.Lease{}}
+		}
+		first := mk(0, 500, nil)
+		if unknown {
+			first.unlockE = errors.New("server unreachable")
+		}
+		hs := []*nemHold{first, mk(1000, 1100, dsync.ErrLeaseLost)}
+		w.checkErrors(hs, w.liveEnds(hs, at(3000), w.delIdx["x"]))
+	}, "the owner's earlier release failed, its outcome unknown", "the earlier release answered", "a vanished hold")
 }
 
 // TestNemesisExcusesAHoldEndedByItsOwner: goroutines acting for one owner
