@@ -504,8 +504,8 @@ func (s *Semaphore) release(ctx context.Context, tok string, owned bool, h *hold
 // forgotten; a copy past the bound changes nothing.
 func (s *Semaphore) sendRelease(ctx context.Context, tok string, h *hold, id string, n int64) ([3]int64, error) {
 	var r [3]int64
-	// Boxed only when no hold carries it boxed already (one allocation
-	// less per release).
+	// The token is boxed here only when no hold carries it boxed: boxing
+	// a string allocates.
 	var tokArg, name any
 	if h != nil {
 		tokArg, name = h.tokArg(tok), h.fenceArg()
