@@ -2852,17 +2852,33 @@ func (w *nemWorld) joinedUnknown(h *nemHold, before time.Time) *nemCall {
 // made by whichever of its goroutines, repeats that release under its
 // call id and answers as it would have (Mutex.Unlock), ErrLeaseLost for a
 // hold lost meanwhile, and ends no level of the owner's later hold. h's
-// release may be that repeat. (Mutex and RWMutex only: a Semaphore
-// Release with an unknown outcome is settled as its godoc says, not by
-// the next one.)
+// release may be that repeat, if it is the owner's first release called
+// after that one returned, or comes after releases that failed the same
+// way (a repeat whose outcome stays unknown is repeated by the next).
+// (Mutex and RWMutex only: a Semaphore Release with an unknown outcome is
+// settled as its godoc says, not by the next one.)
 func repeatedRelease(h *nemHold, hs []*nemHold) *nemHold {
 	if !h.owned || h.rel.IsZero() || h.kind == kSem || h.kind == kOnce {
 		return nil
 	}
+	same := func(o *nemHold) bool {
+		return o != h && o.owned && o.ident == h.ident && o.proc == h.proc && o.kind == h.kind && o.write == h.write
+	}
+	unknown := func(o *nemHold) bool {
+		return releaseFailed(o) && !errors.Is(o.unlockE, context.DeadlineExceeded) && !errors.Is(o.unlockE, context.Canceled)
+	}
 	for _, o := range hs {
-		if o != h && o.owned && o.ident == h.ident && o.proc == h.proc && o.kind == h.kind && o.write == h.write &&
-			releaseFailed(o) && !errors.Is(o.unlockE, context.DeadlineExceeded) && !errors.Is(o.unlockE, context.Canceled) &&
-			o.call.Before(h.call) && o.relDone.Before(h.rel) {
+		if !same(o) || !unknown(o) || !o.call.Before(h.call) || !o.relDone.Before(h.rel) {
+			continue
+		}
+		settled := false
+		for _, p := range hs {
+			if p != o && same(p) && !p.rel.IsZero() && p.rel.After(o.relDone) && p.rel.Before(h.rel) && !unknown(p) {
+				settled = true // an earlier release of the owner repeated it
+				break
+			}
+		}
+		if !settled {
 			return o
 		}
 	}
@@ -3336,6 +3352,21 @@ func TestNemesisVanishedExcusesTheRepeatOfAnUnknownRelease(t *testing.T) {
 		hs := []*nemHold{first, mk(1000, 1100, dsync.ErrLeaseLost)}
 		w.checkErrors(hs, w.liveEnds(hs, at(3000), w.delIdx["x"]))
 	}, "the owner's earlier release failed, its outcome unknown", "the earlier release answered", "a vanished hold")
+	// Only the owner's next release is that repeat: with another release
+	// of the owner in between (which settled the failed one), the later
+	// hold's ErrLeaseLost is a vanished hold.
+	checkExcused(t, &nemClass{down: time.Second}, 3000, func(w *nemWorld, at func(int) time.Time, next bool) {
+		w.delIdx = map[string]*nemIndex{"x": newIndex(nil)}
+		mk := func(call, rel int, err error) *nemHold {
+			return &nemHold{kind: kMutex, name: "x", write: true, ident: "owner o@p0", owned: true, ttl: 3 * time.Second,
+				call: at(call), ret: at(call), rel: at(rel), relDone: at(rel), unlockE: err, lease: &dsync.Lease{}}
+		}
+		hs := []*nemHold{mk(0, 500, errors.New("server unreachable")), mk(1000, 1300, dsync.ErrLeaseLost)}
+		if !next {
+			hs = append(hs, mk(900, 1100, nil))
+		}
+		w.checkErrors(hs, w.liveEnds(hs, at(3000), w.delIdx["x"]))
+	}, "the owner's next release after the failed one", "another release of the owner in between", "a vanished hold")
 }
 
 // TestNemesisExcusesAHoldEndedByItsOwner: goroutines acting for one owner
